@@ -1,0 +1,30 @@
+# make demo / make test create the environment (.venv, Horovod built once per user) when needed.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+READY := $(VENV)/.horovod-hetero-ready
+NP ?= 4
+
+.PHONY: demo test test-single test-parallel bench env clean
+
+$(READY): tools/bootstrap.sh tools/requirements.txt setup.py
+	VENV=$(VENV) bash tools/bootstrap.sh
+
+env: $(READY)
+
+demo: $(READY)
+	$(VENV)/bin/horovod-hetero demo
+
+test: test-single test-parallel
+
+test-single: $(READY)
+	$(PY) -m pytest -q -p no:cacheprovider tests/single
+
+test-parallel: $(READY)
+	VENV=$(VENV) tools/run_parallel.sh $(NP) tests/parallel/test_torch.py
+	VENV=$(VENV) tools/run_parallel.sh $(NP) tests/parallel/test_keras.py
+
+bench: $(READY)
+	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) benchmarks/averaging_cost.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,81 @@
+"""Per-step cost of hh.DistributedOptimizer against plain hvd.DistributedOptimizer, same run.
+
+    horovodrun -np 2 -H localhost:2 --gloo python benchmarks/averaging_cost.py   (make bench)
+
+Variants are interleaved (each repetition times every variant once) and the median per-step
+time over repetitions is reported, so slow drifts of the machine hit all variants alike. The
+"hvd.DistributedOptimizer (A/A)" row is a second copy of the reference: its distance from 1.00
+is the noise floor of the measurement. Targets: Synchronous() within 3% of Horovod's own,
+LocalSGD(1) within 10%.
+"""
+import argparse
+import statistics
+import time
+
+import torch
+
+import horovod.torch as hvd
+import horovod_hetero.torch as hh
+
+
+def make(width):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(256, width), torch.nn.ReLU(), torch.nn.Linear(width, width),
+                               torch.nn.ReLU(), torch.nn.Linear(width, 10))
+
+
+VARIANTS = {
+    "hvd.DistributedOptimizer": lambda m: hvd.DistributedOptimizer(
+        torch.optim.SGD(m.parameters(), lr=0.01), named_parameters=m.named_parameters()),
+    "hvd.DistributedOptimizer (A/A)": lambda m: hvd.DistributedOptimizer(
+        torch.optim.SGD(m.parameters(), lr=0.01), named_parameters=m.named_parameters()),
+    "hh Synchronous()": lambda m: hh.DistributedOptimizer(
+        torch.optim.SGD(m.parameters(), lr=0.01), named_parameters=m.named_parameters(), strategy=hh.Synchronous()),
+    "hh LocalSGD(1)": lambda m: hh.DistributedOptimizer(
+        torch.optim.SGD(m.parameters(), lr=0.01), named_parameters=m.named_parameters(), strategy=hh.LocalSGD(1)),
+    "hh LocalSGD(8)": lambda m: hh.DistributedOptimizer(
+        torch.optim.SGD(m.parameters(), lr=0.01), named_parameters=m.named_parameters(), strategy=hh.LocalSGD(8)),
+}
+
+
+def time_steps(model, opt, x, y, steps):
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return (time.perf_counter() - t0) / steps
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--steps", type=int, default=40, help="steps per timing (a multiple of 8)")
+    p.add_argument("--reps", type=int, default=7)
+    args = p.parse_args()
+    hvd.init()
+    torch.set_num_threads(1)
+    x, y = torch.randn(args.batch, 256), torch.randint(0, 10, (args.batch,))
+    runs = {}
+    for name, build in VARIANTS.items():
+        model = make(args.width)
+        runs[name] = (model, build(model))
+        time_steps(model, runs[name][1], x, y, 8)           # warm-up
+    times = {name: [] for name in VARIANTS}
+    for _ in range(args.reps):
+        for name, (model, opt) in runs.items():
+            times[name].append(time_steps(model, opt, x, y, args.steps))
+    if hvd.rank() == 0:
+        params = sum(p.numel() for p in runs["hh LocalSGD(1)"][0].parameters())
+        ref = statistics.median(times["hvd.DistributedOptimizer"])
+        print(f"averaging_cost: {hvd.size()} ranks (Gloo, CPU), MLP with {params / 1e6:.2f} M parameters, "
+              f"batch {args.batch}, median of {args.reps} x {args.steps} steps")
+        print(f"{'variant':<32} {'ms/step':>8} {'ratio':>6}")
+        for name, ts in times.items():
+            med = statistics.median(ts)
+            print(f"{name:<32} {med * 1000:>8.2f} {med / ref:>6.3f}")
+
+
+if __name__ == "__main__":
+    main()

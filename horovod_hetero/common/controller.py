@@ -1,0 +1,107 @@
+"""The per-rank driver shared by the torch wrapper and the Keras callbacks.
+
+The adapters only say "a local step happened" and provide the fused averaging collective;
+the controller asks the strategy whether to synchronise, runs the round, simulates slowdown
+and records telemetry. It imports no framework.
+"""
+import time
+
+from horovod_hetero.common.rounds import RoundProtocol
+from horovod_hetero.common.straggler import Slowdown
+from horovod_hetero.common.telemetry import Telemetry
+
+
+def ring_bytes(payload_bytes, size):
+    """Bytes one rank sends in a ring allreduce of ``payload_bytes``: 2(n-1)/n of the payload."""
+    return int(2 * (size - 1) * payload_bytes / size) if size > 1 else 0
+
+
+class HeteroController:
+    """Runs a strategy on one rank.
+
+    Args:
+        strategy: a ``Strategy``; its counters are part of ``state_dict()``.
+        average: the fused weighted-averaging collective (see ``RoundProtocol``).
+        size, rank: of the process set.
+        payload_bytes: bytes of the averaged tensors (for the telemetry's bytes estimate).
+        telemetry: a ``Telemetry``, a directory, or ``None`` (``HOROVOD_HETERO_TELEMETRY``).
+        slowdown: a ``Slowdown``, factors (``"1,1,1,4"`` or a list), or ``None``
+            (``HOROVOD_HETERO_SLOWDOWN``).
+        clock: injected for tests.
+    """
+
+    def __init__(self, strategy, average, size, rank, payload_bytes=0, telemetry=None,
+                 slowdown=None, clock=time.perf_counter):
+        self.strategy = strategy
+        self.protocol = RoundProtocol(average, size)
+        self.size, self.rank = size, rank
+        self.payload_bytes = payload_bytes
+        self.telemetry = telemetry if isinstance(telemetry, Telemetry) else Telemetry(rank, telemetry)
+        self.slowdown = slowdown if isinstance(slowdown, Slowdown) else Slowdown(rank, slowdown)
+        self._clock = clock
+        self._t_last = clock()
+        self._extra_comm = 0.0
+
+    def after_step(self, comm_s=0.0, bytes_sent=0):
+        """Account for one local optimizer step and synchronise if the strategy says so.
+
+        ``comm_s``/``bytes_sent``: communication the adapter did itself during the step
+        (gradient allreduce of ``Synchronous``). Returns True if an averaging round ran.
+        """
+        now = self._clock()
+        compute = max(0.0, now - self._t_last - comm_s)
+        compute += self.slowdown.pad(compute)
+        local_steps = self.protocol.steps_since_round + 1
+        self.protocol.local_step()
+        synced = self.strategy.after_step()
+        if synced:
+            t0 = self._clock()
+            self.protocol.run_round()
+            comm_s += self._clock() - t0
+            bytes_sent += ring_bytes(self.payload_bytes, self.size)
+        self.telemetry.record(step=self.strategy.step, local_steps=local_steps, compute_s=compute,
+                              comm_s=comm_s + self._extra_comm, bytes_sent=bytes_sent, synced=synced)
+        self._extra_comm = 0.0
+        self._t_last = self._clock()
+        return synced
+
+    def join(self):
+        """Join rounds until every rank has joined; all ranks then hold identical tensors."""
+        t0 = self._clock()
+        rounds = self.protocol.join()
+        self._extra_comm += self._clock() - t0
+        self._t_last = self._clock()
+        return rounds
+
+    def state_dict(self):
+        return {"strategy": self.strategy.state_dict(), "rounds": self.protocol.state_dict()}
+
+    def load_state_dict(self, state):
+        self.strategy.load_state_dict(state["strategy"])
+        self.protocol.load_state_dict(state["rounds"])
+
+
+def call_with_timeout(fn, timeout_s, what):
+    """Run a blocking collective ``fn()`` with a time limit; raise ``TimeoutError`` naming ``what``.
+
+    For frameworks whose collectives cannot be polled (TensorFlow eager ops): the call runs in
+    a helper thread; on timeout the caller gets an error instead of hanging forever.
+    """
+    import threading
+    box = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # re-raised in the caller
+            box["error"] = e
+
+    thread = threading.Thread(target=target, name="horovod_hetero-collective", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise TimeoutError(f"{what} did not complete in {timeout_s:g} s: a rank may have died, or ranks "
+                           f"stopped entering the same rounds. Raise the limit with timeout=...")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]

@@ -1,0 +1,1 @@
+"""TensorFlow adapters of horovod-hetero (Keras: ``horovod_hetero.tensorflow.keras``)."""

@@ -1,0 +1,78 @@
+"""Keras callbacks: thin ``tf.keras.callbacks.Callback`` subclasses over ``horovod_hetero._keras``."""
+import tensorflow as tf
+
+import horovod.tensorflow as hvd
+
+from horovod_hetero._keras import callbacks as _impl
+from horovod_hetero.common.controller import call_with_timeout
+
+
+class _TensorFlowAveraging:
+    """The fused weighted-averaging collective over tf.Variables (Horovod's TensorFlow ops)."""
+
+    def _hh_size_rank(self):
+        if not hvd.is_initialized():
+            raise RuntimeError(f"{type(self).__name__}: Horovod is not initialized; call hvd.init() first")
+        ps = self.process_set or hvd.global_process_set
+        if not ps.included():
+            raise ValueError("this rank is not in process_set; add the callback only on its members")
+        return ps.size(), ps.rank()
+
+    def _hh_average(self, weight, control):
+        variables = self._hh_variables
+        tensors = [v.value() if weight == 1.0 else v.value() * weight for v in variables]
+        tensors.append(tf.constant(control, dtype=tf.float64))
+        ps = self.process_set or hvd.global_process_set
+        out = call_with_timeout(
+            lambda: hvd.grouped_allreduce(tensors, op=hvd.Sum, name="horovod_hetero.average", process_set=ps),
+            self.timeout, "model averaging round")
+        summed = out[-1].numpy().tolist()
+        if summed[0] > 0:
+            for v, s in zip(variables, out[:-1]):
+                v.assign(s / tf.cast(summed[0], s.dtype))
+        return summed
+
+
+class HeteroSyncCallback(_TensorFlowAveraging, _impl.HeteroSyncCallbackImpl, tf.keras.callbacks.Callback):
+    """Train with a model-averaging strategy: the general form every algorithm uses.
+
+    The model is compiled with a plain local optimizer; after each batch the strategy decides
+    whether the weights are averaged across ranks (one fused ``grouped_allreduce``). At the end
+    of training all replicas hold identical weights, even if ranks saw different numbers of
+    batches.
+
+    Args:
+        strategy: a model-averaging strategy, e.g. ``LocalSGD(period=8)``.
+        process_set: Horovod process set (default: all ranks).
+        telemetry: directory for per-rank step records (default ``$HOROVOD_HETERO_TELEMETRY``).
+        slowdown: per-rank factors such as ``"1,1,1,4"`` (default ``$HOROVOD_HETERO_SLOWDOWN``).
+        batch_size: samples per batch, for the telemetry's samples/s (optional).
+        timeout: seconds an averaging collective may take before a ``TimeoutError``.
+
+    Example::
+
+        model.compile(optimizer=tf.keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy")
+        model.fit(x, y, epochs=5, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                                             hh.callbacks.HeteroSyncCallback(hh.LocalSGD(period=8))])
+    """
+
+    def __init__(self, strategy, process_set=None, telemetry=None, slowdown=None, batch_size=None,
+                 timeout=_impl.DEFAULT_TIMEOUT_S):
+        super().__init__(tf.keras.backend, strategy, process_set, telemetry, slowdown, batch_size, timeout)
+
+
+class LocalSGDCallback(_TensorFlowAveraging, _impl.LocalSGDCallbackImpl, tf.keras.callbacks.Callback):
+    """Local SGD for Keras: average the model after every ``period``-th batch, counted across epochs.
+
+    Same as ``HeteroSyncCallback(LocalSGD(period, warmup_steps))``; see it for the other arguments.
+
+    Example::
+
+        model.fit(x, y, epochs=5, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                                             hh.callbacks.LocalSGDCallback(period=8)])
+    """
+
+    def __init__(self, period, warmup_steps=0, process_set=None, telemetry=None, slowdown=None,
+                 batch_size=None, timeout=_impl.DEFAULT_TIMEOUT_S):
+        super().__init__(tf.keras.backend, period, warmup_steps, process_set, telemetry, slowdown,
+                         batch_size, timeout)

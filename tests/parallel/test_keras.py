@@ -1,0 +1,88 @@
+"""Keras callbacks under horovodrun: identical weights at averaging batches and at the end."""
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import horovod.tensorflow.keras as hvd  # noqa: E402
+import horovod_hetero.tensorflow.keras as hh  # noqa: E402
+
+hvd.init()
+RANK, SIZE = hvd.rank(), hvd.size()
+tf.config.threading.set_inter_op_parallelism_threads(1)
+tf.config.threading.set_intra_op_parallelism_threads(1)
+
+
+class Recorder(tf.keras.callbacks.Callback):
+    """Keeps a copy of the first kernel after every batch (runs after the averaging callback)."""
+
+    def __init__(self):
+        super().__init__()
+        self.kernels = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.kernels.append(self.model.weights[0].numpy().copy())
+
+
+def make_model():
+    tf.keras.utils.set_random_seed(RANK)            # a different start on every rank
+    model = tf.keras.Sequential([tf.keras.Input((6,)), tf.keras.layers.Dense(4),
+                                 tf.keras.layers.BatchNormalization(), tf.keras.layers.Dense(3)])
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.1), run_eagerly=False,
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def rank_data(n):
+    rng = np.random.default_rng(10 + RANK)
+    return rng.normal(size=(n, 6)).astype("float32"), rng.integers(0, 3, size=n)
+
+
+def gathered(arrays):
+    return hvd.allgather_object([a.tolist() for a in arrays])
+
+
+def test_localsgd_callback_identical_at_averaging_batches_and_at_the_end():
+    model, recorder = make_model(), Recorder()
+    x, y = rank_data(40)                              # 5 batches of 8 per epoch, 2 epochs
+    callback = hh.callbacks.LocalSGDCallback(period=3)
+    model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[callback, recorder])
+    per_rank = gathered(recorder.kernels)
+    final = gathered([w.numpy() for w in model.weights])
+    identical = [all(np.array_equal(per_rank[0][b], per_rank[r][b]) for r in range(SIZE))
+                 for b in range(len(recorder.kernels))]
+    # batches counted across epochs: averaging after batches 3, 6, 9 (1-based)
+    assert identical == [False, False, True, False, False, True, False, False, True, False]
+    assert all(np.array_equal(final[0][i], final[r][i]) for r in range(SIZE) for i in range(len(final[0])))
+    assert len(model.weights) == 8 and callback.state_dict()["strategy"]["step"] == 10
+
+
+def test_averaging_batch_holds_the_exact_mean_of_the_ranks_weights():
+    model = tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1, use_bias=False,
+                                                                             kernel_initializer="zeros")])
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.0), loss="mse")
+    model.weights[0].assign([[float(RANK)]])
+    recorder = Recorder()
+    model.fit(np.ones((4, 1), "float32"), np.ones((4, 1), "float32"), batch_size=2, epochs=1, verbose=0,
+              callbacks=[hh.callbacks.HeteroSyncCallback(hh.LocalSGD(period=2)), recorder])
+    assert [k[0, 0] for k in recorder.kernels] == [float(RANK), np.mean(range(SIZE))]
+
+
+def test_ranks_with_different_numbers_of_batches_end_identical():
+    model = make_model()
+    x, y = rank_data(8 * (2 + RANK))                  # 2, 3, 4, 5 batches per epoch
+    model.fit(x, y, batch_size=8, epochs=3, verbose=0,
+              callbacks=[hh.callbacks.LocalSGDCallback(period=2, timeout=120)])
+    final = gathered([w.numpy() for w in model.weights])
+    assert all(np.array_equal(final[0][i], final[r][i]) for r in range(SIZE) for i in range(len(final[0])))
+
+
+def test_synchronous_strategy_is_refused_with_a_pointer_to_hvd_distributed_optimizer():
+    try:
+        hh.callbacks.HeteroSyncCallback(hh.Synchronous())
+    except ValueError as e:
+        assert "hvd.DistributedOptimizer" in str(e)
+    else:
+        raise AssertionError("HeteroSyncCallback(Synchronous()) did not raise")

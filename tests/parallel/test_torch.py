@@ -1,0 +1,174 @@
+"""PyTorch adapter under horovodrun: exact rank-derived values on averaging steps."""
+import numpy as np
+import pytest
+import torch
+
+import horovod.torch as hvd
+import horovod_hetero.torch as hh
+
+hvd.init()
+RANK, SIZE = hvd.rank(), hvd.size()
+RANKS = np.arange(SIZE, dtype=np.float64)
+
+
+def gather(t):
+    """Every rank's copy of tensor ``t``: shape (SIZE, *t.shape)."""
+    return hvd.allgather(t.detach().reshape(1, -1).clone(), name="test.gather").numpy()
+
+
+def all_identical(t):
+    g = gather(t)
+    return bool((g == g[0]).all())
+
+
+def constant_grad_step(opt, params, grads):
+    for p, g in zip(params, grads):
+        p.grad = torch.full_like(p, g)
+    opt.step()
+
+
+def expected_localsgd(period, steps, lr=1.0):
+    """Reference model of per-rank constant gradients g_r = r + 1 from w_r = r, averaged every period."""
+    w = RANKS.copy()
+    history = []
+    for step in range(1, steps + 1):
+        w = w - lr * (RANKS + 1)
+        if step % period == 0:
+            w = np.full(SIZE, w.mean())
+        history.append(w.copy())
+    return history
+
+
+def test_localsgd_parameters_are_the_exact_mean_on_averaging_steps_and_differ_between():
+    p = torch.nn.Parameter(torch.full((3,), float(RANK)))
+    opt = hh.DistributedOptimizer(torch.optim.SGD([p], lr=1.0), named_parameters=[("p", p)],
+                                  strategy=hh.LocalSGD(period=3))
+    seen = []
+    for _ in range(7):
+        constant_grad_step(opt, [p], [RANK + 1.0])
+        seen.append(gather(p)[:, 0])
+    for step, (got, want) in enumerate(zip(seen, expected_localsgd(3, 7)), start=1):
+        np.testing.assert_array_equal(got, want, err_msg=f"step {step}")
+        assert (len(set(got)) == 1) == (step % 3 == 0), f"step {step}: {got}"
+
+
+def test_float_buffers_are_averaged_and_integer_buffers_left_alone():
+    model = torch.nn.BatchNorm1d(2)
+    with torch.no_grad():
+        model.running_mean.fill_(float(RANK))
+        model.num_batches_tracked.fill_(RANK)
+    opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                  named_parameters=model.named_parameters(),
+                                  named_buffers=model.named_buffers(), strategy=hh.LocalSGD(period=2))
+    constant_grad_step(opt, list(model.parameters()), [0.0, 0.0])
+    before = model.running_mean.clone()
+    constant_grad_step(opt, list(model.parameters()), [0.0, 0.0])
+    assert before.tolist() == [float(RANK)] * 2
+    assert model.running_mean.tolist() == [RANKS.mean()] * 2
+    assert model.num_batches_tracked.item() == RANK
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+
+
+def rank_batches(n, seed_offset=0):
+    g = torch.Generator().manual_seed(100 + RANK + seed_offset)
+    return [(torch.randn(5, 8, generator=g), torch.randint(0, 3, (5,), generator=g)) for _ in range(n)]
+
+
+def train(model, opt, batches):
+    for x, y in batches:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+
+def test_synchronous_matches_horovod_distributed_optimizer_bit_for_bit():
+    batches = rank_batches(6)
+    reference, ours = make_model(), make_model()
+    ref_opt = hvd.DistributedOptimizer(torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9),
+                                       named_parameters=reference.named_parameters())
+    train(reference, ref_opt, batches)
+    opt = hh.DistributedOptimizer(torch.optim.SGD(ours.parameters(), lr=0.1, momentum=0.9),
+                                  named_parameters=ours.named_parameters(), strategy=hh.Synchronous())
+    train(ours, opt, batches)
+    assert isinstance(opt, torch.optim.SGD)
+    for a, b in zip(reference.parameters(), ours.parameters()):
+        assert torch.equal(a, b)
+    assert reference[0].weight.sum().item() != make_model()[0].weight.sum().item()
+
+
+def test_sync_model_leaves_bit_identical_parameters():
+    model = make_model(seed=RANK)                  # different start on every rank
+    opt = hh.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
+                                  named_parameters=model.named_parameters(), strategy=hh.LocalSGD(period=100))
+    train(model, opt, rank_batches(4))
+    differed = not all_identical(model[0].weight)
+    opt.sync_model()
+    identical = [all_identical(p) for p in model.parameters()]
+    assert differed and all(identical)
+    assert isinstance(opt, torch.optim.Adam)
+
+
+@pytest.mark.parametrize("strategy", [hh.LocalSGD(period=2), hh.Synchronous()], ids=repr)
+def test_ranks_with_different_numbers_of_batches_end_identical(strategy):
+    model = make_model()
+    opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  named_parameters=model.named_parameters(), strategy=strategy)
+    train(model, opt, rank_batches(3 + 4 * RANK))   # 3, 7, 11, 15 batches
+    opt.sync_model()
+    assert all(all_identical(p) for p in model.parameters())
+    assert opt.strategy.step == 3 + 4 * RANK
+
+
+def test_resume_from_state_dict_keeps_the_averaging_phase():
+    p = torch.nn.Parameter(torch.full((1,), float(RANK)))
+    opt = hh.DistributedOptimizer(torch.optim.SGD([p], lr=1.0), named_parameters=[("p", p)],
+                                  strategy=hh.LocalSGD(period=4))
+    for _ in range(5):
+        constant_grad_step(opt, [p], [RANK + 1.0])
+    state = opt.state_dict()
+    resumed = hh.DistributedOptimizer(torch.optim.SGD([p], lr=1.0), named_parameters=[("p", p)],
+                                      strategy=hh.LocalSGD(period=4))
+    resumed.load_state_dict(state)
+    seen = []
+    for _ in range(4):                                # steps 6..9: averaging at step 8 only
+        constant_grad_step(resumed, [p], [RANK + 1.0])
+        seen.append(gather(p)[:, 0])
+    expected = expected_localsgd(4, 9)[5:]
+    for got, want in zip(seen, expected):
+        np.testing.assert_array_equal(got, want)
+    assert [len(set(g)) == 1 for g in seen] == [False, False, True, False]
+    assert state["horovod_hetero"]["strategy"]["step"] == 5
+
+
+def test_one_fused_collective_per_averaging_step(monkeypatch):
+    calls = []
+    original = hvd.grouped_allreduce_async_
+
+    def spy(tensors, *args, **kwargs):
+        calls.append((len(tensors), kwargs.get("name")))
+        return original(tensors, *args, **kwargs)
+
+    monkeypatch.setattr(hvd, "grouped_allreduce_async_", spy)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  named_parameters=model.named_parameters(),
+                                  named_buffers=model.named_buffers(), strategy=hh.LocalSGD(period=2))
+    train(model, opt, [(torch.randn(6, 4), torch.randint(0, 4, (6,))) for _ in range(4)])
+    # 4 parameters + 2 float buffers + the control vector, once per averaging step (2 and 4)
+    assert calls == [(7, "horovod_hetero.average")] * 2
+
+
+def test_telemetry_counts_local_steps_and_syncs():
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = hh.DistributedOptimizer(torch.optim.SGD([p], lr=1.0), named_parameters=[("p", p)],
+                                  strategy=hh.LocalSGD(period=2))
+    for _ in range(4):
+        constant_grad_step(opt, [p], [1.0])
+    recs = opt.telemetry.records
+    assert [r["synced"] for r in recs] == [False, True, False, True]
+    assert [r["local_steps"] for r in recs] == [1, 2, 1, 2]
+    assert recs[1]["bytes_sent"] == int(2 * (SIZE - 1) * 8 / SIZE)   # 2 float32 values, ring estimate

@@ -1,0 +1,86 @@
+import numpy as np
+import pytest
+
+from fakes import ThreadAllreduce, run_ranks, weighted_average_fn
+from horovod_hetero.common.controller import HeteroController
+from horovod_hetero.common.rounds import RoundMismatchError, RoundProtocol
+from horovod_hetero.common.strategy import LocalSGD
+
+
+def test_round_averages_models_exactly():
+    allreduce = ThreadAllreduce(4)
+
+    def rank_main(rank):
+        model = {"w": np.full(3, float(rank))}
+        protocol = RoundProtocol(weighted_average_fn(allreduce, rank, model), size=4)
+        protocol.local_step()
+        result = protocol.run_round()
+        return model["w"], result
+
+    out = run_ranks(4, rank_main)
+    for w, result in out:
+        assert np.array_equal(w, np.full(3, 1.5))
+        assert result.total_weight == 4.0 and result.done == 0 and result.round == 1
+
+
+def test_ranks_with_different_step_counts_end_identical_without_hanging():
+    """Rank r makes 5 + 7r local steps (period 2); join() carries the short ranks through."""
+    size, allreduce = 3, ThreadAllreduce(3)
+    steps = [5, 12, 19]
+
+    def rank_main(rank):
+        model = {"w": np.array([100.0 * rank])}
+        ctl = HeteroController(LocalSGD(period=2), weighted_average_fn(allreduce, rank, model), size, rank)
+        for _ in range(steps[rank]):
+            model["w"] = model["w"] + 1.0        # a local "update"
+            ctl.after_step()
+        joined = ctl.join()
+        return model["w"][0], ctl.protocol.round, joined
+
+    out = run_ranks(size, rank_main)
+    finals = {w for w, _, _ in out}
+    assert len(finals) == 1
+    # every rank entered the same number of rounds: rank 2's 9 scheduled rounds + the final one
+    assert {r for _, r, _ in out} == {10}
+    assert [j for _, _, j in out] == [8, 4, 1]
+
+
+def test_joined_rank_adopts_the_mean_of_active_ranks_and_contributes_nothing():
+    allreduce = ThreadAllreduce(2)
+
+    def rank_main(rank):
+        model = {"w": np.array([10.0 * (rank + 1)])}
+        protocol = RoundProtocol(weighted_average_fn(allreduce, rank, model), size=2)
+        protocol.local_step()
+        protocol.run_round()                      # both: (10 + 20) / 2 = 15
+        seen = []
+        if rank == 0:
+            protocol.join()                       # no new steps: weight 0 from now on
+        else:
+            model["w"] = model["w"] + 4.0         # 19
+            protocol.local_step()
+            result = protocol.run_round()         # rank 0 joined with weight 0: result is 19
+            seen.append((model["w"][0], result.total_weight, result.done))
+            protocol.join()
+        return model["w"][0], seen
+
+    (w0, _), (w1, seen) = run_ranks(2, rank_main)
+    assert seen == [(19.0, 1.0, 1)]
+    assert w0 == w1 == 19.0
+
+
+def test_round_mismatch_is_detected():
+    def average(weight, control):
+        return [control[0] * 2, control[1] * 2, control[2] + 7.0]   # the other rank is in another round
+    with pytest.raises(RoundMismatchError, match="different rounds"):
+        RoundProtocol(average, size=2).run_round()
+
+
+def test_state_dict_round_trip():
+    protocol = RoundProtocol(lambda w, c: [x * 1 for x in c], size=1)
+    protocol.local_step()
+    protocol.run_round()
+    protocol.local_step()
+    other = RoundProtocol(lambda w, c: c, size=1)
+    other.load_state_dict(protocol.state_dict())
+    assert (other.round, other.steps_since_round) == (1, 1)

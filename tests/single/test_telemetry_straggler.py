@@ -1,0 +1,85 @@
+import json
+
+import pytest
+
+from horovod_hetero.common.controller import HeteroController, ring_bytes
+from horovod_hetero.common.straggler import Slowdown, parse_factors
+from horovod_hetero.common.strategy import LocalSGD
+from horovod_hetero.common.telemetry import Telemetry, format_summary, load, summarize
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_slowdown_proportional_and_fixed_base():
+    slept = []
+    s = Slowdown(rank=3, factors="1,1,1,4", sleep=slept.append)
+    assert s.pad(0.01) == pytest.approx(0.03) and slept == [pytest.approx(0.03)]
+    fixed = Slowdown(rank=1, factors=[1, 2], base_step_s=0.05, sleep=slept.append)
+    assert fixed.pad(0.01) == pytest.approx(0.09)
+    assert Slowdown(rank=0, factors=[1, 2], base_step_s=0.05, sleep=slept.append).pad(0.07) == 0.0
+    assert not Slowdown(rank=0, factors=None).active
+
+
+def test_slowdown_reads_the_environment(monkeypatch):
+    monkeypatch.setenv("HOROVOD_HETERO_SLOWDOWN", "1,2.5")
+    assert Slowdown(rank=1).factor == 2.5
+
+
+@pytest.mark.parametrize("text", ["1,x", "1,0", "1,-2", ""])
+def test_bad_factors_name_the_variable(text):
+    with pytest.raises((ValueError, TypeError), match="HOROVOD_HETERO_SLOWDOWN"):
+        parse_factors(text)
+
+
+def test_too_few_factors_for_the_rank():
+    with pytest.raises(ValueError, match="one factor per rank"):
+        Slowdown(rank=4, factors="1,1,1,4")
+
+
+def test_controller_records_compute_comm_and_bytes(tmp_path):
+    clock = FakeClock()
+    slept = []
+
+    def sleep(s):
+        slept.append(s)
+        clock.now += s
+
+    def average(weight, control):
+        clock.now += 0.5                           # the collective takes 0.5 s
+        return [c * 2 for c in control]
+
+    ctl = HeteroController(LocalSGD(period=2), average, size=2, rank=1, payload_bytes=1000,
+                           telemetry=str(tmp_path), slowdown=Slowdown(1, "1,3", sleep=sleep), clock=clock)
+    for _ in range(4):
+        clock.now += 0.1                           # 0.1 s of compute, padded to 0.3 s
+        ctl.telemetry.annotate(samples=32, loss=1.0)
+        ctl.after_step()
+    ctl.telemetry.close()
+    recs = load(str(tmp_path))[1]
+    assert [r["synced"] for r in recs] == [False, True, False, True]
+    assert [r["local_steps"] for r in recs] == [1, 2, 1, 2]
+    assert [round(r["compute_s"], 9) for r in recs] == [0.3] * 4
+    assert [round(r["comm_s"], 9) for r in recs] == [0.0, 0.5, 0.0, 0.5]
+    assert [r["bytes_sent"] for r in recs] == [0, 1000, 0, 1000] == [0, ring_bytes(1000, 2), 0, 1000]
+    summary = summarize({1: recs})[1]
+    assert summary["steps"] == 4 and summary["syncs"] == 2 and summary["samples"] == 128
+    assert summary["compute_ratio"] == pytest.approx(1.2 / 2.2)
+    assert summary["wait_share"] == pytest.approx(1.0 / 2.2)
+    assert summary["samples_per_s"] == pytest.approx(128 / 2.2)
+    assert summary["mean_local_steps"] == 2.0
+    assert "samples/s" in format_summary(summarize({1: recs}))
+    assert json.loads((tmp_path / "rank1.jsonl").read_text().splitlines()[0])["rank"] == 1
+
+
+def test_annotations_go_to_the_next_record_only():
+    t = Telemetry(rank=0, directory="")
+    t.annotate(loss=2.0)
+    t.record(step=1)
+    t.record(step=2)
+    assert "loss" in t.records[0] and "loss" not in t.records[1]
