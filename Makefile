@@ -20,8 +20,9 @@ test-single: $(READY)
 	$(PY) -m pytest -q -p no:cacheprovider tests/single
 
 test-parallel: $(READY)
-	VENV=$(VENV) tools/run_parallel.sh $(NP) tests/parallel/test_torch.py
-	VENV=$(VENV) tools/run_parallel.sh $(NP) tests/parallel/test_keras.py
+	@# one horovodrun job per file: test_torch_bitwise.py turns tensor fusion off for its whole job
+	for f in tests/parallel/test_torch.py tests/parallel/test_torch_bitwise.py tests/parallel/test_keras.py; do \
+	  VENV=$(VENV) tools/run_parallel.sh $(NP) $$f || exit 1; done
 
 bench: $(READY)
 	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) benchmarks/averaging_cost.py

@@ -51,7 +51,7 @@ def main():
 
     start = last_report = time.perf_counter()
     generator = torch.Generator().manual_seed(hvd.rank())
-    steps, out_of_time = 0, False
+    steps, samples, out_of_time = 0, 0, False
     for epoch in range(args.epochs):
         for idx in torch.randperm(len(y), generator=generator).split(args.batch_size):
             loss = F.cross_entropy(model(x[idx]), y[idx])
@@ -60,6 +60,7 @@ def main():
             opt.telemetry.annotate(loss=loss.item(), samples=len(idx))
             opt.step()
             steps += 1
+            samples += len(idx)
             now = time.perf_counter()
             if hvd.rank() == 0 and now - last_report >= args.progress:
                 print(f"  [{now - start:5.1f} s] epoch {epoch} step {steps} loss {loss.item():.3f}", flush=True)
@@ -74,7 +75,7 @@ def main():
 
     with torch.no_grad():
         accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
-    samples = hvd.allreduce(torch.tensor(float(steps * args.batch_size)), op=hvd.Sum).item()
+    samples = hvd.allreduce(torch.tensor(float(samples)), op=hvd.Sum, name="samples").item()
     if hvd.rank() == 0:
         result = {"strategy": repr(opt.strategy), "accuracy": accuracy, "steps_rank0": steps,
                   "samples": samples, "wall_s": wall, "samples_per_s": samples / wall}

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from horovod_hetero.common.validation import check_int
 
-#: Round numbers travel modulo this, so they stay exact in a float32 control vector.
-ROUND_MODULUS = 1 << 20
+#: Sums of round tags stay below this, so the control vector is exact even in float32.
+FLOAT32_EXACT = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ class RoundProtocol:
     Args:
         average: ``average(weight, control) -> summed_control``. Must allreduce-sum this rank's
             tensors multiplied by ``weight`` together with ``control`` (a list of 3 floats) in
-            one collective, set each tensor to ``sum / summed_control[0]`` when that total is
+            one collective (float32 is enough for the control vector), set each tensor to ``sum / summed_control[0]`` when that total is
             > 0 (else leave it unchanged), and return the summed control vector.
         size: number of ranks in the process set.
 
@@ -57,6 +57,7 @@ class RoundProtocol:
     def __init__(self, average, size):
         self._average = average
         self.size = check_int("size", size, 1)
+        self.modulus = max(2, FLOAT32_EXACT // self.size)   # round tags modulo this
         self.round = 0
         self.steps_since_round = 0
 
@@ -72,7 +73,7 @@ class RoundProtocol:
         """
         weight = 1.0 if (self.steps_since_round > 0 or self.round == 0) else 0.0
         self.round += 1
-        tag = self.round % ROUND_MODULUS
+        tag = self.round % self.modulus
         summed = self._average(weight, [weight, 1.0 if done else 0.0, float(tag)])
         if summed[2] != tag * self.size:
             raise RoundMismatchError(

@@ -6,6 +6,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+import horovod.tensorflow as hvd_tf  # noqa: E402
 import horovod.tensorflow.keras as hvd  # noqa: E402
 import horovod_hetero.tensorflow.keras as hh  # noqa: E402
 
@@ -41,7 +42,7 @@ def rank_data(n):
 
 
 def gathered(arrays):
-    return hvd.allgather_object([a.tolist() for a in arrays])
+    return hvd_tf.allgather_object([a.tolist() for a in arrays])
 
 
 def test_localsgd_callback_identical_at_averaging_batches_and_at_the_end():

@@ -19,17 +19,32 @@ class _TensorFlowAveraging:
         return ps.size(), ps.rank()
 
     def _hh_average(self, weight, control):
+        # TensorFlow's grouped allreduce takes one dtype: one group per dtype (normally just
+        # float32), the control vector riding with float64 variables if any, else float32 ones.
         variables = self._hh_variables
-        tensors = [v.value() if weight == 1.0 else v.value() * weight for v in variables]
-        tensors.append(tf.constant(control, dtype=tf.float64))
+        by_dtype = {}
+        for v in variables:
+            by_dtype.setdefault(v.dtype, []).append(v)
+        ctl_dtype = tf.float64 if tf.float64 in by_dtype else tf.float32
+        by_dtype.setdefault(ctl_dtype, [])
         ps = self.process_set or hvd.global_process_set
-        out = call_with_timeout(
-            lambda: hvd.grouped_allreduce(tensors, op=hvd.Sum, name="horovod_hetero.average", process_set=ps),
-            self.timeout, "model averaging round")
-        summed = out[-1].numpy().tolist()
+
+        def collective():
+            out = {}
+            for dtype, group in by_dtype.items():
+                tensors = [v.value() if weight == 1.0 else v.value() * weight for v in group]
+                if dtype == ctl_dtype:
+                    tensors.append(tf.constant(control, dtype=dtype))
+                out[dtype] = hvd.grouped_allreduce(tensors, op=hvd.Sum, process_set=ps,
+                                                   name=f"horovod_hetero.average.{dtype.name}")
+            return out
+
+        out = call_with_timeout(collective, self.timeout, "model averaging round")
+        summed = out[ctl_dtype][-1].numpy().tolist()
         if summed[0] > 0:
-            for v, s in zip(variables, out[:-1]):
-                v.assign(s / tf.cast(summed[0], s.dtype))
+            for dtype, group in by_dtype.items():
+                for v, s in zip(group, out[dtype]):
+                    v.assign(s / tf.cast(summed[0], dtype))
         return summed
 
 
