@@ -1,0 +1,90 @@
+"""ESync's state server decision (QUERY-STATE) as a pure, clock-injected object.
+
+Li et al., "ESync: An Efficient Synchronous Parallel Algorithm for Distributed ML in
+Heterogeneous Clusters", Algorithm 2. Before each local iteration a worker asks whether to
+aggregate now. It is *ready* when it has made at least one local iteration this round and
+(it is the slowest worker, or the slowest is already ready, or it cannot finish another
+iteration before the slowest finishes its current one: ``capability + eps > rest time``).
+So when the slowest worker completes one iteration the others have done as many as fit.
+"""
+import time
+from dataclasses import dataclass
+
+from horovod_hetero.common.validation import check_float, check_int
+
+
+@dataclass
+class Record:
+    """The listing's record: (rank, local_iterations, capability, last_finish_time, ready, round)."""
+
+    rank: int
+    local_iterations: int = 0
+    capability: float = None      # seconds per local iteration (query round trip included)
+    last_finish_time: float = None
+    ready: bool = False
+    round: int = 0
+
+
+class ESyncState:
+    """QUERY-STATE and RESET-STATE-SERVER of ESync for ``size`` workers.
+
+    Args:
+        size: number of workers.
+        epsilon: small slack (seconds) against boundary errors, the paper's eps.
+        clock: the server's clock (injected so tests are exact).
+
+    The slowest worker is the one with the largest capability (ties: the lowest rank). A
+    worker that has not reported yet, or a slowest worker still in an earlier round (it has
+    not pulled the new model), makes everyone not ready.
+
+    Example:
+        >>> now = [10.0]
+        >>> s = ESyncState(2, epsilon=0.01, clock=lambda: now[0])
+        >>> s.query(1, 0, 4.0, 10.0), s.query(0, 1, 1.0, 10.0)   # slow worker starts at 10
+        (False, False)
+        >>> now[0] = 13.5; s.query(0, 4, 1.0, 13.5)                # 0.5 s left, 1 s step: ready
+        True
+    """
+
+    def __init__(self, size, epsilon=1e-3, clock=time.monotonic):
+        self.size = check_int("size", size, 1)
+        self.epsilon = check_float("epsilon", epsilon, 0.0)
+        self.clock = clock
+        self.records = [Record(rank) for rank in range(self.size)]
+
+    def _record(self, rank):
+        return self.records[check_int("rank", rank, 0, self.size - 1)]
+
+    def slowest(self):
+        """The record of the slowest worker, or None while some worker has not reported."""
+        if any(r.capability is None for r in self.records):
+            return None
+        return max(self.records, key=lambda r: (r.capability, -r.rank))
+
+    def query(self, rank, local_iterations, capability, last_finish_time):
+        """QUERY-STATE: update ``rank``'s record and answer whether it aggregates now."""
+        current = self._record(rank)
+        current.local_iterations = check_int("local_iterations", local_iterations, 0)
+        current.capability = check_float("capability", capability, 0.0)
+        current.last_finish_time = check_float("last_finish_time", last_finish_time)
+        slowest = self.slowest()
+        if current.local_iterations == 0 or slowest is None or slowest.round < current.round:
+            return False
+        rest = slowest.capability - self.clock() + slowest.last_finish_time
+        if current is slowest or slowest.ready or current.capability + self.epsilon > rest:
+            current.ready = True
+        return current.ready
+
+    def reset(self, rank, round, finish_time):
+        """RESET-STATE-SERVER: ``rank`` finished the aggregation of round ``round - 1``."""
+        current = self._record(rank)
+        current.round = check_int("round", round, 0)
+        current.local_iterations = 0
+        current.ready = False
+        current.last_finish_time = check_float("finish_time", finish_time)
+
+    def state_dict(self):
+        return {"records": [vars(r).copy() for r in self.records]}
+
+    def load_state_dict(self, state):
+        self.records = [Record(**r) for r in state["records"]]
