@@ -90,6 +90,134 @@ def demo(num_proc, slowdown, base_step, budget, keep):
     click.echo(f"\ntelemetry: {root} (horovod-hetero telemetry DIR prints per-worker figures)")
 
 
+def parse_speeds(text):
+    """``"1,1,1,4"`` or ``"1.0x4,3.2x4"`` (value x count) into a list of step times."""
+    out = []
+    for part in text.split(","):
+        value, _, count = part.strip().partition("x")
+        try:
+            out += [float(value)] * (int(count) if count else 1)
+        except ValueError:
+            raise click.BadParameter(f"{part!r}: use numbers, optionally with xCOUNT (e.g. 1.0x4,3.2x4)") from None
+    return out
+
+
+def parse_floats(text, name):
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"{name} must be comma-separated numbers, got {text!r}") from None
+
+
+@cli.command()
+@click.option("--speeds", required=True,
+              help="seconds per step of each worker: 1,1,1,4 or 1.0x4,3.2x4 (value x count)")
+@click.option("--strategy", "strategies", default="all", show_default=True,
+              help="all, or a comma list of sync, localsgd, esync, elasticbsp, dssp, wagma")
+@click.option("--duration", default=300.0, show_default=True, help="simulated seconds")
+@click.option("--jitter", default=0.0, show_default=True, help="relative std of each step's time")
+@click.option("--change-at", type=float, default=None, help="time at which step times change")
+@click.option("--change-factors", default=None, help="per-worker factors applied from --change-at on")
+@click.option("--model-mb", default=4.0, show_default=True, help="model size in MB")
+@click.option("--bandwidth-gbps", default=10.0, show_default=True, help="link bandwidth, Gbit/s")
+@click.option("--latency-us", default=50.0, show_default=True, help="per-message latency, microseconds")
+@click.option("--batch", default=32, show_default=True, help="samples per step")
+@click.option("--period", default=8, show_default=True, help="LocalSGD period")
+@click.option("-R", "lookahead", default=15, show_default=True, help="ElasticBSP lookahead R")
+@click.option("--s-lower", default=3, show_default=True, help="DSSP lower staleness bound")
+@click.option("--s-upper", default=15, show_default=True, help="DSSP upper staleness bound")
+@click.option("--group-size", type=int, default=None, help="WAGMA group size (default: nearest sqrt(P))")
+@click.option("--wagma-period", default=10, show_default=True, help="WAGMA global averaging period")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--per-worker", is_flag=True, help="also print every worker's steps and compute ratio")
+@click.option("--png", type=click.Path(dir_okay=False), default=None, help="write a bar chart here")
+def simulate(speeds, strategies, duration, jitter, change_at, change_factors, model_mb, bandwidth_gbps,
+             latency_us, batch, period, lookahead, s_lower, s_upper, group_size, wagma_period, seed,
+             per_worker, png):
+    """Simulate the strategies on a cluster of workers with the given speeds."""
+    from horovod_hetero.common import simulate as sim
+
+    step_times = parse_speeds(speeds)
+    makers = {"sync": lambda: sim.Sync(), "localsgd": lambda: sim.LocalSGD(period), "esync": lambda: sim.ESync(),
+              "elasticbsp": lambda: sim.ElasticBSP(lookahead), "dssp": lambda: sim.DSSP(s_lower, s_upper),
+              "wagma": lambda: sim.WAGMA(group_size, wagma_period)}
+    names = list(makers) if strategies == "all" else [n.strip() for n in strategies.split(",")]
+    unknown = [n for n in names if n not in makers]
+    if unknown:
+        raise click.BadParameter(f"unknown {', '.join(unknown)}; choose from all, {', '.join(makers)}",
+                                 param_hint="--strategy")
+    try:
+        cluster = sim.Cluster(step_times, jitter=jitter, change_at=change_at,
+                              change_factors=parse_floats(change_factors, "--change-factors") if change_factors else None,
+                              model_bytes=model_mb * 1e6, latency_s=latency_us * 1e-6,
+                              bandwidth=bandwidth_gbps * 1.25e8, samples_per_step=batch, seed=seed)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"{cluster.n} workers, {duration:g} simulated s, model {model_mb:g} MB, "
+               f"{bandwidth_gbps:g} Gbit/s, jitter {jitter:g}")
+    results = []
+    for name in names:
+        strategy = makers[name]()
+        try:
+            results += sim.compare(cluster, [strategy], duration)
+        except ValueError as e:
+            click.echo(f"{strategy.name}: skipped ({e})")
+    if not results:
+        raise click.ClickException("no strategy could be simulated")
+    click.echo(sim.format_table(results))
+    if per_worker:
+        for r in results:
+            click.echo(f"{r.strategy}: steps {r.steps.tolist()} compute ratio "
+                       f"{[round(float(x), 2) for x in r.compute_ratio]}")
+    if png:
+        plot_results(results, png)
+        click.echo(f"chart: {png}")
+
+
+def plot_results(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r.strategy for r in results]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    a.bar(names, [r.samples_per_s for r in results], color="tab:blue")
+    a.set_ylabel("samples/s")
+    a.set_title("throughput")
+    x = range(len(results))
+    b.bar([i - 0.2 for i in x], [r.compute_ratio.mean() for r in results], 0.4, label="mean")
+    b.bar([i + 0.2 for i in x], [r.compute_ratio.min() for r in results], 0.4, label="lowest worker")
+    b.set_xticks(list(x), names)
+    b.set_ylim(0, 1.05)
+    b.set_ylabel("compute-time ratio")
+    b.set_title("compute / wall")
+    b.legend(loc="upper left", fontsize="small")
+    for ax in (a, b):
+        ax.tick_params(axis="x", rotation=30)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+@cli.command()
+@click.option("--last-ends", required=True, help="each worker's latest iteration end time, comma-separated")
+@click.option("--intervals", required=True, help="each worker's iteration interval, comma-separated")
+@click.option("-R", "lookahead", default=15, show_default=True, help="lookahead: iterations predicted per worker")
+def plan(last_ends, intervals, lookahead):
+    """Print the ZipLine barrier (ElasticBSP) for workers' last end times and intervals."""
+    from horovod_hetero.common.zipline import predict_ends, zipline
+
+    try:
+        result = zipline(predict_ends(parse_floats(last_ends, "--last-ends"),
+                                      parse_floats(intervals, "--intervals"), lookahead))
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"barrier at t_sync = {result.t_sync:g} (fastest worker waits {result.wait:g})")
+    click.echo(f"{'worker':>6} {'iterations before the barrier':>30}")
+    for p, k in enumerate(result.steps.tolist()):
+        click.echo(f"{p:>6} {k:>30}")
+
+
 @cli.command()
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 def telemetry(directory):

@@ -43,10 +43,10 @@ def test_server_bounds_staleness_by_s_lower_without_a_range():
 def test_server_grants_the_controllers_extra_iterations_exactly():
     """Figure 2's moment: worker 0 (interval 1) is one ahead of worker 1 (interval 2.6, running
     iteration ends at 0.5) with s_lower = 0, s_upper = 4; r* = 3 means exactly 3 more OKs."""
-    server = DSSPServer(2, s_lower=0, s_upper=4)
-    server.counts[:] = 5
-    server.pushes[0] = [-1.0, -2.0]
-    server.pushes[1] = [-2.1, -4.7]
+    server = DSSPServer(2, s_lower=0, s_upper=0)
+    for t0, t1 in zip([-5.0, -4.0, -3.0, -2.0, -1.0], [-12.5, -9.9, -7.3, -4.7, -2.1]):
+        assert server.push(0, t0) == [] and server.push(1, t1) == [1, 0]    # lock-step
+    server.r_max = 4                             # now open the range: s_upper = 4
     oks = [server.push(0, t) for t in (0.0, 1.0, 2.0, 3.0)]
     assert oks == [[0], [0], [0], []]            # 3 extra iterations, then it waits at t = 3
     assert server.push(1, 0.5) == [1]            # the slowest goes on; worker 0 is 3 ahead

@@ -1,0 +1,53 @@
+import json
+
+from click.testing import CliRunner
+
+from horovod_hetero.cli import cli, parse_speeds
+
+
+def run(*args):
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
+
+
+def test_parse_speeds():
+    assert parse_speeds("1,1,4") == [1.0, 1.0, 4.0]
+    assert parse_speeds("1.0x2,3.2x3") == [1.0, 1.0, 3.2, 3.2, 3.2]
+
+
+def test_simulate_prints_a_comparison_and_a_chart(tmp_path):
+    png = tmp_path / "chart.png"
+    result = run("simulate", "--speeds", "1,1,1,4", "--duration", "100", "--png", str(png))
+    assert result.exit_code == 0
+    lines = result.output.splitlines()
+    rows = {line.split()[0]: line.split() for line in lines if line and line.split()[0] in
+            ("Synchronous", "LocalSGD(8)", "ESync", "ElasticBSP(R=15)", "DSSP(3,15)", "WAGMA(S=auto,10)")}
+    assert len(rows) == 6
+    assert float(rows["ESync"][2].rstrip("x")) > 3.0            # vs Synchronous
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_simulate_skips_wagma_on_a_non_power_of_two_with_the_reason():
+    result = run("simulate", "--speeds", "1x3", "--strategy", "sync,wagma", "--duration", "10")
+    assert result.exit_code == 0 and "WAGMA(S=auto,10): skipped (P must be a power of two" in result.output
+
+
+def test_simulate_bad_input():
+    assert run("simulate", "--speeds", "1,fast").exit_code != 0
+    bad = run("simulate", "--speeds", "1,1", "--strategy", "magic")
+    assert bad.exit_code != 0 and "unknown magic" in bad.output
+
+
+def test_plan_prints_the_barrier():
+    result = run("plan", "--last-ends", "0,0,0.5", "--intervals", "1,1,4", "-R", "8")
+    assert result.exit_code == 0
+    assert "t_sync = 4.5" in result.output and "waits 0.5" in result.output
+    assert [line.split() for line in result.output.splitlines()[2:]] == [["0", "4"], ["1", "4"], ["2", "1"]]
+    assert run("plan", "--last-ends", "0", "--intervals", "-1").exit_code != 0
+
+
+def test_telemetry_summary(tmp_path):
+    (tmp_path / "rank0.jsonl").write_text("\n".join(json.dumps(
+        {"rank": 0, "compute_s": 0.3, "comm_s": 0.1, "samples": 10, "synced": i % 2 == 1}) for i in range(4)))
+    result = run("telemetry", str(tmp_path))
+    assert result.exit_code == 0
+    assert result.output.splitlines()[1].split()[:6] == ["0", "4", "2", "25.0", "0.75", "0.25"]
