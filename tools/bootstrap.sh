@@ -1,36 +1,54 @@
 #!/usr/bin/env bash
-# Create or update .venv with PyTorch, TensorFlow, Horovod (Gloo) and this package (make runs it when needed).
-# The Horovod wheel is built once per user and cached, keyed by the versions it is built against.
+# Create or update the environment: PyTorch, TensorFlow, Horovod (Gloo) and this package
+# (make runs it when .venv is missing or the requirements changed).
+#
+# Both costly parts are cached per user, keyed by what they are built from, so only the first
+# set-up on a machine is slow: the Horovod wheel (built from its sdist, 10-20 min on 2 cores)
+# and the environment itself. .venv is a link to the cached environment (VENV=dir: a private one).
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
 TORCH_VERSION=2.13.0
 TF_VERSION=2.15.1
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-VENV="${VENV:-$ROOT/.venv}"
 PYTHON="${PYTHON:-python3.11}"
-CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/horovod-hetero/horovod-${HOROVOD_VERSION}-torch${TORCH_VERSION}-tf${TF_VERSION}"
-STAMP="$VENV/.horovod-hetero-ready"
+CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/horovod-hetero"
+CACHE="$CACHE_ROOT/horovod-${HOROVOD_VERSION}-torch${TORCH_VERSION}-tf${TF_VERSION}"
+KEY=$( (cat "$ROOT/tools/requirements.txt"; echo "$HOROVOD_VERSION $("$PYTHON" -V 2>&1)") | sha256sum | cut -c1-12)
 
 log() { printf '[bootstrap %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+# pip warns about every package the machine's extra local indexes lack: keep the log readable
+quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 
 start=$(date +%s)
-if [ ! -x "$VENV/bin/python" ]; then
-  log "creating $VENV with $PYTHON"
-  "$PYTHON" -m venv "$VENV"
+mkdir -p "$CACHE_ROOT" "$CACHE"
+exec 9>"$CACHE_ROOT/.lock"
+flock -w 3600 9 || { echo "bootstrap: another set-up holds $CACHE_ROOT/.lock for over an hour" >&2; exit 1; }
+
+if [ -z "${VENV:-}" ] || [ "$VENV" = ".venv" ] || [ "$VENV" = "$ROOT/.venv" ]; then
+  VENV="$ROOT/.venv"
+  if [ -d "$VENV" ] && [ ! -L "$VENV" ]; then
+    target="$VENV"                                 # an existing private .venv is kept
+  else
+    target="$CACHE_ROOT/venv-$KEY"
+    ln -sfn "$target" "$VENV"
+  fi
+else
+  target="$VENV"                                   # VENV=dir: a private environment
+fi
+if [ ! -x "$target/bin/python" ]; then
+  log "creating $target with $PYTHON"
+  "$PYTHON" -m venv "$target"
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 
 log "installing PyTorch $TORCH_VERSION, TensorFlow $TF_VERSION and the tools"
-# pip warns about every package the machine's extra local indexes lack: keep the log readable
-quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 quiet "${PIP[@]}" install -q --upgrade "pip<25" "setuptools<75" wheel
 quiet "${PIP[@]}" install -q -r "$ROOT/tools/requirements.txt"
 
 wheel=$(ls "$CACHE"/horovod-"$HOROVOD_VERSION"-*.whl 2>/dev/null | head -n1 || true)
 if [ -z "$wheel" ]; then
   log "building Horovod $HOROVOD_VERSION with Gloo, PyTorch and TensorFlow (10-20 min, once per user)"
-  mkdir -p "$CACHE"
   tmp=$(mktemp -d)
   export PATH="$VENV/bin:$PATH"
   (
@@ -47,17 +65,19 @@ if [ -z "$wheel" ]; then
 else
   log "using cached Horovod wheel $wheel"
 fi
-quiet "${PIP[@]}" install -q "$wheel"
-quiet "${PIP[@]}" install -q --no-deps -e "$ROOT"
-
-log "checking the Horovod build"
-check=$("$VENV/bin/horovodrun" --check-build)
-echo "$check"
-for fw in TensorFlow PyTorch Gloo; do
-  if ! echo "$check" | grep -q "\[X\] $fw"; then
-    echo "Horovod was built without $fw; remove $CACHE and run again" >&2
-    exit 1
-  fi
-done
-touch "$STAMP"
+STAMP="$VENV/.horovod-hetero-ready"
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$wheel" ]; then
+  quiet "${PIP[@]}" install -q --force-reinstall --no-deps "$wheel"
+  log "checking the Horovod build"
+  check=$("$VENV/bin/horovodrun" --check-build)
+  echo "$check"
+  for fw in TensorFlow PyTorch Gloo; do
+    if ! echo "$check" | grep -q "\[X\] $fw"; then
+      echo "Horovod was built without $fw; remove $CACHE and run again" >&2
+      exit 1
+    fi
+  done
+fi
+quiet "${PIP[@]}" install -q --no-deps -e "$ROOT"      # this checkout's package (re-pointed per clone)
+echo "$wheel" > "$STAMP"
 log "environment ready in $(( $(date +%s) - start )) s"
