@@ -12,7 +12,7 @@ $(READY): tools/bootstrap.sh tools/requirements.txt setup.py
 env: $(READY)
 
 demo: $(READY)
-	$(VENV)/bin/horovod-hetero demo
+	$(PY) -m horovod_hetero.cli demo
 
 test: test-single test-parallel
 

@@ -11,7 +11,8 @@ import click
 
 from horovod_hetero.common.telemetry import format_summary, load, summarize
 
-EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
 DEMO_STRATEGIES = {"Synchronous": ["--strategy", "sync"], "LocalSGD(8)": ["--strategy", "localsgd", "--period", "8"]}
 
 
@@ -66,6 +67,7 @@ def demo(num_proc, slowdown, base_step, budget, keep):
         out = root / label.replace("(", "_").replace(")", "")
         out.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, HOROVOD_HETERO_SLOWDOWN=slowdown, HOROVOD_HETERO_BASE_STEP_S=str(base_step),
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
                    HOROVOD_HETERO_TELEMETRY=str(out / "telemetry"), PYTHONUNBUFFERED="1")
         cmd = horovodrun(num_proc) + [sys.executable, str(script), *args, "--time-budget", str(budget),
                                       "--epochs", "100000", "--result", str(out / "result.json")]
@@ -230,3 +232,7 @@ def telemetry(directory):
 
 def main():
     cli()
+
+
+if __name__ == "__main__":
+    main()
