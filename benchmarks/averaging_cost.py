@@ -2,15 +2,17 @@
 
     horovodrun -np 2 -H localhost:2 --gloo python benchmarks/averaging_cost.py   (make bench)
 
-Variants are interleaved (each repetition times every variant once) and the median per-step
-time over repetitions is reported, so slow drifts of the machine hit all variants alike. The
-"hvd.DistributedOptimizer (A/A)" row is a second copy of the reference: its distance from 1.00
-is the noise floor of the measurement. Targets: Synchronous() within 3% of Horovod's own,
+Every repetition times each variant once, back to back, in a rotating order; a variant's
+ratio is its time over the reference's time *in the same repetition* (paired), and the table
+gives the median and the interquartile range of those ratios, so drifts of a shared 2-core
+machine cancel. The "hvd.DistributedOptimizer (A/A)" row is a second copy of the reference:
+its spread is the noise floor of the measurement. Targets: Synchronous() within 3% of Horovod's own,
 LocalSGD(1) within 10%.
 """
 import argparse
-import statistics
 import time
+
+import numpy as np
 
 import torch
 
@@ -52,7 +54,7 @@ def main():
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=16, help="steps per timing (a multiple of 8)")
-    p.add_argument("--reps", type=int, default=25)
+    p.add_argument("--reps", type=int, default=40)
     args = p.parse_args()
     hvd.init()
     torch.set_num_threads(1)
@@ -62,19 +64,22 @@ def main():
         model = make(args.width)
         runs[name] = (model, build(model))
         time_steps(model, runs[name][1], x, y, 8)           # warm-up
-    times = {name: [] for name in VARIANTS}
-    for _ in range(args.reps):
-        for name, (model, opt) in runs.items():
+    names = list(VARIANTS)
+    times = {name: [] for name in names}
+    for rep in range(args.reps):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:    # rotate the order
+            model, opt = runs[name]
             times[name].append(time_steps(model, opt, x, y, args.steps))
     if hvd.rank() == 0:
         params = sum(p.numel() for p in runs["hh LocalSGD(1)"][0].parameters())
-        ref = statistics.median(times["hvd.DistributedOptimizer"])
+        ref = np.array(times["hvd.DistributedOptimizer"])
         print(f"averaging_cost: {hvd.size()} ranks (Gloo, CPU), MLP with {params / 1e6:.2f} M parameters, "
-              f"batch {args.batch}, median of {args.reps} x {args.steps} steps")
-        print(f"{'variant':<32} {'ms/step':>8} {'ratio':>6}")
-        for name, ts in times.items():
-            med = statistics.median(ts)
-            print(f"{name:<32} {med * 1000:>8.2f} {med / ref:>6.3f}")
+              f"batch {args.batch}, {args.reps} repetitions x {args.steps} steps")
+        print(f"{'variant':<32} {'ms/step':>8} {'ratio':>6} {'IQR of ratio':>14}")
+        for name in names:
+            ratios = np.array(times[name]) / ref
+            q1, med, q3 = np.percentile(ratios, [25, 50, 75])
+            print(f"{name:<32} {np.median(times[name]) * 1000:>8.2f} {med:>6.3f} {q1:>6.3f}-{q3:<6.3f}")
 
 
 if __name__ == "__main__":
