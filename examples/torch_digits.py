@@ -22,12 +22,16 @@ from horovod_hetero.data import digits
 def build_strategy(args):
     if args.strategy == "sync":
         return hh.Synchronous()
+    if args.strategy == "esync":
+        return hh.ESync(global_lr=args.global_lr, mode=args.mode)
     return hh.LocalSGD(period=args.period, warmup_steps=args.warmup_steps)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--strategy", choices=["sync", "localsgd"], default="localsgd")
+    p.add_argument("--strategy", choices=["sync", "localsgd", "esync"], default="localsgd")
+    p.add_argument("--mode", choices=["blocking", "delayed_ack"], default="blocking", help="ESync mode")
+    p.add_argument("--global-lr", type=float, default=1.0, help="ESync global step size")
     p.add_argument("--period", type=int, default=8)
     p.add_argument("--warmup-steps", type=int, default=0)
     p.add_argument("--epochs", type=int, default=40)

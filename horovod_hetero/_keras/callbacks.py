@@ -4,7 +4,7 @@ The thin ``keras.callbacks.Callback`` subclasses in ``horovod_hetero.tensorflow.
 in and provide one method, ``_hh_average(weight, control)``, the fused averaging collective.
 """
 from horovod_hetero.common.controller import HeteroController
-from horovod_hetero.common.strategy import LocalSGD, check_strategy
+from horovod_hetero.common.strategy import ESync, LocalSGD, check_strategy
 from horovod_hetero.common.validation import check_float, check_int
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -42,7 +42,8 @@ class HeteroSyncCallbackImpl:
             size, rank = self._hh_size_rank()
             payload = sum(int(v.shape.num_elements()) * v.dtype.size for v in self._hh_variables)
             self._hh = HeteroController(self.strategy, self._hh_average, size, rank, payload,
-                                        self._telemetry, self._slowdown)
+                                        self._telemetry, self._slowdown, broadcast=self._hh_broadcast,
+                                        host=self._hh_host(), model_ops=(self._hh_snapshot, self._hh_blend))
             if self._pending_state is not None:
                 self._hh.load_state_dict(self._pending_state)
                 self._pending_state = None
@@ -88,3 +89,11 @@ class LocalSGDCallbackImpl(HeteroSyncCallbackImpl):
 
     def __init__(self, backend, period, warmup_steps=0, *args, **kwargs):
         super().__init__(backend, LocalSGD(period, warmup_steps), *args, **kwargs)
+
+
+class ESyncCallbackImpl(HeteroSyncCallbackImpl):
+    """``HeteroSyncCallbackImpl`` with ``ESync(global_lr, mode, ...)``."""
+
+    def __init__(self, backend, global_lr=1.0, mode="blocking", esync_options=None, *args, **kwargs):
+        super().__init__(backend, ESync(global_lr, mode, **(esync_options or {})), *args, **kwargs)
+

@@ -2,4 +2,4 @@
 
 Nothing here imports torch or tensorflow; collectives come in as arguments.
 """
-from horovod_hetero.common.strategy import LocalSGD, Strategy, Synchronous, check_strategy  # noqa: F401
+from horovod_hetero.common.strategy import ESync, LocalSGD, Strategy, Synchronous, check_strategy  # noqa: F401

@@ -27,18 +27,28 @@ class HeteroController:
         telemetry: a ``Telemetry``, a directory, or ``None`` (``HOROVOD_HETERO_TELEMETRY``).
         slowdown: a ``Slowdown``, factors (``"1,1,1,4"`` or a list), or ``None``
             (``HOROVOD_HETERO_SLOWDOWN``).
+        broadcast: ``broadcast(obj)`` from rank 0 of the set (strategies that start a server).
+        host: address other ranks reach this machine at.
+        model_ops: ``(snapshot, blend)`` for strategies with ``global_lr != 1``: ``snapshot()``
+            keeps the current model as w_t; ``blend(lr)`` sets w = w_t + lr (w - w_t), then w_t = w.
         clock: injected for tests.
     """
 
     def __init__(self, strategy, average, size, rank, payload_bytes=0, telemetry=None,
-                 slowdown=None, clock=time.perf_counter):
+                 slowdown=None, broadcast=None, host="127.0.0.1", model_ops=None, clock=time.perf_counter):
         self.strategy = strategy
         self.protocol = RoundProtocol(average, size)
+        if strategy.global_lr != 1.0:
+            if model_ops is None:
+                raise ValueError(f"global_lr={strategy.global_lr} needs model snapshots this adapter lacks")
+            model_ops[0]()
+        self._model_ops = model_ops
         self.size, self.rank = size, rank
         self.payload_bytes = payload_bytes
         self.telemetry = telemetry if isinstance(telemetry, Telemetry) else Telemetry(rank, telemetry)
         self.slowdown = slowdown if isinstance(slowdown, Slowdown) else Slowdown(rank, slowdown)
         self._clock = clock
+        strategy.bind(rank, size, broadcast, host)
         self._t_last = clock()
         self._extra_comm = 0.0
 
@@ -53,22 +63,30 @@ class HeteroController:
         compute += self.slowdown.pad(compute)
         local_steps = self.protocol.steps_since_round + 1
         self.protocol.local_step()
-        synced = self.strategy.after_step()
+        t0 = self._clock()
+        synced = self.strategy.after_step(step_s=compute)      # may ask a state server
         if synced:
-            t0 = self._clock()
             self.protocol.run_round()
-            comm_s += self._clock() - t0
+            self._after_round()
             bytes_sent += ring_bytes(self.payload_bytes, self.size)
+        comm_s += self._clock() - t0
         self.telemetry.record(step=self.strategy.step, local_steps=local_steps, compute_s=compute,
-                              comm_s=comm_s + self._extra_comm, bytes_sent=bytes_sent, synced=synced)
+                              comm_s=comm_s + self._extra_comm, bytes_sent=bytes_sent, synced=synced,
+                              **self.strategy.telemetry_fields())
         self._extra_comm = 0.0
         self._t_last = self._clock()
         return synced
 
+    def _after_round(self):
+        if self.strategy.global_lr != 1.0:
+            self._model_ops[1](self.strategy.global_lr)
+        self.strategy.after_round(self.protocol.round)
+
     def join(self):
         """Join rounds until every rank has joined; all ranks then hold identical tensors."""
         t0 = self._clock()
-        rounds = self.protocol.join()
+        self.strategy.leave()
+        rounds = self.protocol.join(on_round=self._after_round)
         self._extra_comm += self._clock() - t0
         self._t_last = self._clock()
         return rounds

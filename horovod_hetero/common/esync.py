@@ -23,6 +23,7 @@ class Record:
     last_finish_time: float = None
     ready: bool = False
     round: int = 0
+    left: bool = False            # stopped training (joined): not counted as the slowest
 
 
 class ESyncState:
@@ -31,6 +32,10 @@ class ESyncState:
     Args:
         size: number of workers.
         epsilon: small slack (seconds) against boundary errors, the paper's eps.
+        overshoot: fraction of a worker's own step time by which its next step may end after
+            the slowest's (0, the default, is the paper's rule). With speeds in an exact ratio
+            (1:4) the paper's rule stops fast workers one step early, since their query round
+            trips add up; 0.5 lets the slowest wait at most half a fast step instead.
         clock: the server's clock (injected so tests are exact).
 
     The slowest worker is the one with the largest capability (ties: the lowest rank). A
@@ -46,9 +51,10 @@ class ESyncState:
         True
     """
 
-    def __init__(self, size, epsilon=1e-3, clock=time.monotonic):
+    def __init__(self, size, epsilon=1e-3, overshoot=0.0, clock=time.monotonic):
         self.size = check_int("size", size, 1)
         self.epsilon = check_float("epsilon", epsilon, 0.0)
+        self.overshoot = check_float("overshoot", overshoot, 0.0, 1.0)
         self.clock = clock
         self.records = [Record(rank) for rank in range(self.size)]
 
@@ -56,22 +62,30 @@ class ESyncState:
         return self.records[check_int("rank", rank, 0, self.size - 1)]
 
     def slowest(self):
-        """The record of the slowest worker, or None while some worker has not reported."""
-        if any(r.capability is None for r in self.records):
+        """The slowest worker still training, or None while one of them has not reported."""
+        active = [r for r in self.records if not r.left]
+        if not active or any(r.capability is None for r in active):
             return None
-        return max(self.records, key=lambda r: (r.capability, -r.rank))
+        return max(active, key=lambda r: (r.capability, -r.rank))
 
     def query(self, rank, local_iterations, capability, last_finish_time):
-        """QUERY-STATE: update ``rank``'s record and answer whether it aggregates now."""
+        """QUERY-STATE: update ``rank``'s record and answer whether it aggregates now.
+
+        ``capability=None`` leaves it unchanged (the listing's -1), e.g. for the k = 0 query
+        that registers a worker before it has measured a step.
+        """
         current = self._record(rank)
+        current.left = False
         current.local_iterations = check_int("local_iterations", local_iterations, 0)
-        current.capability = check_float("capability", capability, 0.0)
+        if capability is not None:
+            current.capability = check_float("capability", capability, 0.0)
         current.last_finish_time = check_float("last_finish_time", last_finish_time)
         slowest = self.slowest()
         if current.local_iterations == 0 or slowest is None or slowest.round < current.round:
             return False
         rest = slowest.capability - self.clock() + slowest.last_finish_time
-        if current is slowest or slowest.ready or current.capability + self.epsilon > rest:
+        step = current.capability * (1.0 - self.overshoot)
+        if current is slowest or slowest.ready or step + self.epsilon > rest:
             current.ready = True
         return current.ready
 
@@ -82,6 +96,10 @@ class ESyncState:
         current.local_iterations = 0
         current.ready = False
         current.last_finish_time = check_float("finish_time", finish_time)
+
+    def leave(self, rank):
+        """``rank`` stopped training (it joins the others' rounds until they stop too)."""
+        self._record(rank).left = True
 
     def state_dict(self):
         return {"records": [vars(r).copy() for r in self.records]}

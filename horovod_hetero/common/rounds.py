@@ -83,12 +83,17 @@ class RoundProtocol:
         self.steps_since_round = 0
         return RoundResult(self.round, weight, float(summed[0]), int(round(summed[1])))
 
-    def join(self):
-        """Enter rounds as *done* until every rank has joined; return the number of rounds entered."""
+    def join(self, on_round=None):
+        """Enter rounds as *done* until every rank has joined; return the number of rounds entered.
+
+        ``on_round()`` runs after each of them (the controller's per-round bookkeeping).
+        """
         entered = 0
         while True:
             result = self.run_round(done=True)
             entered += 1
+            if on_round is not None:
+                on_round()
             if result.done >= self.size:
                 return entered
 

@@ -4,7 +4,12 @@ A strategy is framework-free. The optimizer wrapper (torch) or callback (Keras) 
 ``after_step()`` once per local optimizer step and runs an averaging round when it returns True;
 the strategy's counters travel in ``state_dict()`` so a resumed run keeps its phase.
 """
-from horovod_hetero.common.validation import as_schedule, check_int
+import logging
+import time
+
+from horovod_hetero.common.validation import as_schedule, check_float, check_int
+
+log = logging.getLogger("horovod_hetero")
 
 
 class Strategy:
@@ -15,17 +20,36 @@ class Strategy:
     """
 
     averages_gradients = False
+    global_lr = 1.0     # w_{t+1} = w_t + global_lr * (mean of the models - w_t)
 
     def __init__(self):
         self.step = 0
 
-    def after_step(self):
-        """Count one local optimizer step; return True if the model is averaged after it."""
+    def bind(self, rank, size, broadcast, host="127.0.0.1"):
+        """Called once by the controller: this rank, the set's size, ``broadcast(obj)`` from rank 0,
+        and the address other ranks reach this machine at."""
+
+    def after_step(self, step_s=None):
+        """Count one local optimizer step (it took ``step_s`` seconds); return True if the model
+        is averaged after it."""
         self.step += 1
         return self._decide(self.step)
 
     def _decide(self, step):
         raise NotImplementedError
+
+    def after_round(self, round):
+        """Called after every averaging round (``round`` is the same on all ranks)."""
+
+    def leave(self):
+        """This rank stopped stepping and only joins the other ranks' rounds from now on."""
+
+    def telemetry_fields(self):
+        """Extra per-step telemetry (e.g. a state-server round trip)."""
+        return {}
+
+    def close(self):
+        """Release connections and threads."""
 
     def state_dict(self):
         return {"kind": type(self).__name__, "step": self.step}
@@ -103,6 +127,147 @@ class LocalSGD(Strategy):
 
     def __repr__(self):
         return f"LocalSGD(period={self._period_arg!r}, warmup_steps={self.warmup_steps})"
+
+
+class ESync(Strategy):
+    """ESync: every worker runs as many local steps as fit while the slowest runs one.
+
+    Li et al., "ESync: An Efficient Synchronous Parallel Algorithm for Distributed ML in
+    Heterogeneous Clusters". Before each local step a worker asks the state server (started by
+    rank 0 in a background thread, address shared with a Horovod broadcast) whether to
+    aggregate; its capability is its measured step time plus the query round trip. At the
+    round's end the model deltas are averaged: w_{t+1} = w_t + global_lr * mean(w_i - w_t).
+
+    Args:
+        global_lr: the paper's epsilon, > 0 (1.0: plain averaging of the replicas).
+        mode: ``"blocking"`` (wait for each answer) or ``"delayed_ack"`` (send the query, keep
+            training, aggregate at the first step boundary after READY arrives; a worker the
+            server reports as the slowest waits for its answer, so it aggregates after one step).
+        epsilon: the state server's slack against boundary errors (seconds).
+        overshoot: fraction of a worker's step by which its last local step may end after the
+            slowest's (0 is the paper's rule; see ``ESyncState``).
+        timeout: seconds to wait for the state server before falling back.
+        fallback_period: when the server cannot be reached or stops answering, aggregate every
+            this many local steps (a warning is logged once).
+        server_address: ``tcp://host:port`` of a state server started elsewhere (tests).
+
+    Example::
+
+        opt = hh.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                      strategy=hh.ESync(global_lr=1.0, mode="blocking"))
+    """
+
+    MODES = ("blocking", "delayed_ack")
+
+    def __init__(self, global_lr=1.0, mode="blocking", epsilon=1e-3, overshoot=0.5, timeout=2.0,
+                 fallback_period=8, server_address=None):
+        super().__init__()
+        self.global_lr = check_float("global_lr", global_lr, 0.0, min_exclusive=True)
+        if mode not in self.MODES:
+            raise ValueError(f"mode must be one of {', '.join(map(repr, self.MODES))}, got {mode!r}")
+        self.mode = mode
+        self.epsilon = check_float("epsilon", epsilon, 0.0)
+        self.overshoot = check_float("overshoot", overshoot, 0.0, 1.0)
+        self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
+        self.fallback_period = check_int("fallback_period", fallback_period, 1)
+        self.server_address = server_address
+        self.round = 0
+        self.local_steps = 0
+        self.capability = None
+        self.fallback = False
+        self.server = self.client = None
+        self._left = False
+        self._last_answer = None
+
+    def bind(self, rank, size, broadcast, host="127.0.0.1"):
+        from horovod_hetero.common.state_server import StateClient, StateServer
+
+        address = self.server_address
+        if address is None:
+            if rank == 0:
+                self.server = StateServer(size, host, epsilon=self.epsilon, overshoot=self.overshoot)
+                address = self.server.address
+            address = broadcast(address)
+        self.client = StateClient(address, rank, timeout=self.timeout)
+        self._begin_round()
+
+    def _fall_back(self, why):
+        if not self.fallback:
+            log.warning("ESync: %s; falling back to averaging every %d local steps", why, self.fallback_period)
+        self.fallback = True
+
+    def _begin_round(self):
+        """The listing's k = 0 query: registers the round and measures the round trip."""
+        self.local_steps = 0
+        if self.fallback or self.client is None:
+            return
+        try:
+            self.client.query(0, self.capability, self.round)
+            self._last_answer = time.perf_counter()
+        except RuntimeError as e:   # StateServerTimeout
+            self._fall_back(str(e))
+
+    def after_step(self, step_s=None):
+        self.step += 1
+        self.local_steps += 1
+        if self._left:                                  # training again after a join
+            self._left = False
+            if self.client is not None and not self.fallback:
+                self.client.reset(self.round)
+        if self.fallback or self.client is None:
+            return self.local_steps >= self.fallback_period
+        self.capability = (step_s or 0.0) + (self.client.last_rtt or 0.0)
+        try:
+            if self.mode == "blocking":
+                return self.client.query(self.local_steps, self.capability, self.round)
+            self.client.send_query(self.local_steps, self.capability, self.round)
+            answers = self.client.poll(self.timeout if self.client.slowest else 0.0)
+        except RuntimeError as e:   # StateServerTimeout
+            self._fall_back(str(e))
+            return self.local_steps >= self.fallback_period
+        now = time.perf_counter()
+        if answers:
+            self._last_answer = now
+        elif now - self._last_answer > self.timeout:
+            self._fall_back(f"the state server has not answered for {self.timeout:g} s")
+            return self.local_steps >= self.fallback_period
+        return any(a.get("ready") and a.get("round") == self.round for a in answers)
+
+    def after_round(self, round):
+        self.round = round
+        if self._left:                      # joining others' rounds: no server traffic
+            self.local_steps = 0
+            return
+        if not self.fallback and self.client is not None:
+            self.client.reset(round)
+        self._begin_round()
+
+    def leave(self):
+        if self.client is not None and not self.fallback and not self._left:
+            self.client.leave()
+        self._left = True
+
+    def telemetry_fields(self):
+        rtt = None if self.client is None else self.client.last_rtt
+        return {"rtt_s": rtt, "fallback": self.fallback} if rtt is not None else {"fallback": self.fallback}
+
+    def state_dict(self):
+        return dict(super().state_dict(), round=self.round, local_steps=self.local_steps,
+                    capability=self.capability)
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.round, self.capability = state["round"], state["capability"]
+        self.local_steps = state["local_steps"]
+
+    def close(self):
+        if self.client is not None:
+            self.client.close()
+        if self.server is not None:
+            self.server.close()
+
+    def __repr__(self):
+        return f"ESync(global_lr={self.global_lr}, mode={self.mode!r})"
 
 
 def check_strategy(strategy, allowed=(Strategy,)):

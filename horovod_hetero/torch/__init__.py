@@ -1,4 +1,4 @@
 """PyTorch adapter: ``import horovod_hetero.torch as hh`` next to ``import horovod.torch as hvd``."""
-from horovod_hetero.common.strategy import LocalSGD, Strategy, Synchronous  # noqa: F401
+from horovod_hetero.common.strategy import ESync, LocalSGD, Strategy, Synchronous  # noqa: F401
 from horovod_hetero.torch.optimizer import (  # noqa: F401
     DEFAULT_TIMEOUT_S, CollectiveTimeoutError, DistributedOptimizer)

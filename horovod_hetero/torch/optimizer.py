@@ -14,6 +14,7 @@ from horovod.torch.compression import Compression
 from horovod.torch.optimizer import _DistributedOptimizer
 
 from horovod_hetero.common.controller import HeteroController
+from horovod_hetero.common.state_server import server_host
 from horovod_hetero.common.strategy import check_strategy
 from horovod_hetero.common.validation import check_float, check_int
 
@@ -81,8 +82,13 @@ class _HeteroMethods:
         self._hh_tensors = [p.data for _, p in params] + [b.data for _, b in buffers]
         ps = self._hh_process_set
         payload = sum(t.numel() * t.element_size() for t in self._hh_tensors)
-        self._hh = HeteroController(strategy, self._hh_average, ps.size(), ps.rank(), payload,
-                                    telemetry, slowdown)
+        root = 0 if ps == hvd.global_process_set else ps.ranks[0]
+        self._hh = HeteroController(
+            strategy, self._hh_average, ps.size(), ps.rank(), payload, telemetry, slowdown,
+            broadcast=lambda obj: hvd.broadcast_object(obj, root_rank=root, process_set=ps,
+                                                       name="horovod_hetero.broadcast"),
+            host=server_host(hvd.local_size() == hvd.size()),
+            model_ops=(self._hh_snapshot, self._hh_blend))
 
     @property
     def strategy(self):
@@ -110,6 +116,16 @@ class _HeteroMethods:
                     else:
                         t.copy_(s.div_(total))
         return ctl.tolist()
+
+    def _hh_snapshot(self):
+        self._hh_global = [t.clone() for t in self._hh_tensors]
+
+    @torch.no_grad()
+    def _hh_blend(self, lr):
+        """w = w_t + lr (w - w_t); then w_t = w (ESync's global step size)."""
+        for t, g in zip(self._hh_tensors, self._hh_global):
+            t.sub_(g).mul_(lr).add_(g)
+            g.copy_(t)
 
     def sync_model(self):
         """Average the model across the process set now; every rank must call it.
@@ -208,7 +224,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
     Args:
         optimizer: the ``torch.optim.Optimizer`` to wrap.
         named_parameters: ``model.named_parameters()`` (names the collectives; optional).
-        strategy: ``Synchronous()`` (default), ``LocalSGD(period, warmup_steps)``.
+        strategy: ``Synchronous()`` (default), ``LocalSGD(period, warmup_steps)``,
+            ``ESync(global_lr, mode)``.
         process_set: Horovod process set to synchronise over (default: all ranks).
         named_buffers: ``model.named_buffers()``: floating-point buffers (BatchNorm running
             statistics) are averaged with the parameters; without it only parameters are.

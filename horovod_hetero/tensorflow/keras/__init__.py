@@ -1,4 +1,4 @@
 """Keras adapter: ``import horovod_hetero.tensorflow.keras as hh`` next to
 ``import horovod.tensorflow.keras as hvd``; the callbacks are in ``hh.callbacks``."""
-from horovod_hetero.common.strategy import LocalSGD, Strategy, Synchronous  # noqa: F401
+from horovod_hetero.common.strategy import ESync, LocalSGD, Strategy, Synchronous  # noqa: F401
 from horovod_hetero.tensorflow.keras import callbacks  # noqa: F401

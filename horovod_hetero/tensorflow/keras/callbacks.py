@@ -5,6 +5,7 @@ import horovod.tensorflow as hvd
 
 from horovod_hetero._keras import callbacks as _impl
 from horovod_hetero.common.controller import call_with_timeout
+from horovod_hetero.common.state_server import server_host
 
 
 class _TensorFlowAveraging:
@@ -17,6 +18,23 @@ class _TensorFlowAveraging:
         if not ps.included():
             raise ValueError("this rank is not in process_set; add the callback only on its members")
         return ps.size(), ps.rank()
+
+    def _hh_broadcast(self, obj):
+        ps = self.process_set or hvd.global_process_set
+        root = 0 if ps == hvd.global_process_set else ps.ranks[0]
+        return hvd.broadcast_object(obj, root_rank=root, process_set=ps, name="horovod_hetero.broadcast")
+
+    def _hh_host(self):
+        return server_host(hvd.local_size() == hvd.size())
+
+    def _hh_snapshot(self):
+        self._hh_global = [tf.identity(v) for v in self._hh_variables]
+
+    def _hh_blend(self, lr):
+        """w = w_t + lr (w - w_t); then w_t = w (ESync's global step size)."""
+        for v, g in zip(self._hh_variables, self._hh_global):
+            v.assign(g + tf.cast(lr, v.dtype) * (v - g))
+        self._hh_snapshot()
 
     def _hh_average(self, weight, control):
         # TensorFlow's grouped allreduce takes one dtype: one group per dtype (normally just
@@ -91,3 +109,22 @@ class LocalSGDCallback(_TensorFlowAveraging, _impl.LocalSGDCallbackImpl, tf.kera
                  batch_size=None, timeout=_impl.DEFAULT_TIMEOUT_S):
         super().__init__(tf.keras.backend, period, warmup_steps, process_set, telemetry, slowdown,
                          batch_size, timeout)
+
+
+class ESyncCallback(_TensorFlowAveraging, _impl.ESyncCallbackImpl, tf.keras.callbacks.Callback):
+    """ESync for Keras: each rank runs as many batches as fit while the slowest runs one.
+
+    Same as ``HeteroSyncCallback(ESync(global_lr, mode, **esync_options))``; see ``hh.ESync``
+    for the algorithm and ``HeteroSyncCallback`` for the other arguments.
+
+    Example::
+
+        model.fit(x, y, epochs=5, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                                             hh.callbacks.ESyncCallback(global_lr=1.0, mode="delayed_ack")])
+    """
+
+    def __init__(self, global_lr=1.0, mode="blocking", esync_options=None, process_set=None, telemetry=None,
+                 slowdown=None, batch_size=None, timeout=_impl.DEFAULT_TIMEOUT_S):
+        super().__init__(tf.keras.backend, global_lr, mode, esync_options, process_set, telemetry, slowdown,
+                         batch_size, timeout)
+

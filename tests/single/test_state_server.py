@@ -1,0 +1,133 @@
+import json
+import logging
+import threading
+import time
+
+import pytest
+import zmq
+
+from fakes import run_ranks
+from horovod_hetero.common.state_server import StateClient, StateServer, StateServerTimeout
+from horovod_hetero.common.strategy import ESync
+
+
+@pytest.fixture
+def server():
+    s = StateServer(3, epsilon=0.001)
+    yield s
+    s.close()
+
+
+def test_blocking_queries_follow_query_state(server):
+    fast, slow, other = (StateClient(server.address, r) for r in range(3))
+    assert fast.query(0, None, 0) is False                 # registration, capability unknown
+    assert slow.query(0, None, 0) is False and other.query(0, None, 0) is False
+    assert fast.query(1, 0.01, 0) is False                 # others have not measured a step yet
+    assert other.query(1, 0.01, 0) is False                # the slow one has not either
+    assert slow.query(1, 10.0, 0) is True                  # the slowest: ready after one step
+    assert fast.query(2, 0.01, 0) is True                  # slowest already ready
+    assert fast.last_rtt is not None and fast.last_rtt < 1.0
+    for c in (fast, slow, other):
+        c.close()
+
+
+def test_many_clients_concurrently(server):
+    answers = run_ranks(3, lambda r: [StateClient(server.address, r).query(k, 0.001 * (r + 1), 0)
+                                      for k in range(1, 30)])
+    assert all(len(a) == 29 for a in answers) and server.handled >= 87
+
+
+def test_delayed_ack_send_and_poll(server):
+    c = StateClient(server.address, 0)
+    seqs = [c.send_query(k, 0.01, 0) for k in range(1, 4)]
+    got = []
+    deadline = time.monotonic() + 2
+    while len(got) < 3 and time.monotonic() < deadline:
+        got += c.poll(0.1)
+    assert [a["seq"] for a in got] == seqs and all(a["round"] == 0 for a in got)
+    c.close()
+
+
+def test_server_survives_a_disconnecting_worker_and_garbage(server):
+    gone = StateClient(server.address, 1)
+    gone.send_query(1, 0.5, 0)
+    gone.close()                                           # disconnects with an answer pending
+    raw = zmq.Context.instance().socket(zmq.DEALER)
+    raw.connect(server.address)
+    raw.send_multipart([b"", b"not json"])
+    assert raw.poll(2000) and "error" in json.loads(raw.recv_multipart()[-1])
+    raw.close()
+    alive = StateClient(server.address, 0)
+    assert alive.query(1, 0.01, 0) in (True, False)
+    alive.close()
+
+
+def test_leave_excludes_a_worker_from_the_slowest(server):
+    a, b, c = (StateClient(server.address, r) for r in range(3))
+    b.query(1, 10.0, 0)
+    c.query(0, None, 0)                                    # c registered, has not measured a step
+    assert a.query(1, 0.01, 0) is False                    # nobody knows how slow c is
+    c.leave()                                              # c stopped training
+    time.sleep(0.05)
+    assert a.query(2, 0.01, 0) is False                    # b (10 s) is the slowest: a step fits
+    assert b.query(2, 10.0, 0) is True and a.query(3, 0.01, 0) is True
+    for client in (a, b, c):
+        client.close()
+
+
+def test_unreachable_server_times_out():
+    c = StateClient("tcp://127.0.0.1:9", 0, timeout=0.2)
+    t0 = time.monotonic()
+    with pytest.raises(StateServerTimeout, match="did not answer within 0.2 s"):
+        c.query(1, 0.01, 0)
+    assert time.monotonic() - t0 < 1.0
+    c.close()
+
+
+def test_esync_falls_back_once_with_a_warning(caplog):
+    s = ESync(timeout=0.1, fallback_period=3, server_address="tcp://127.0.0.1:9")
+    with caplog.at_level(logging.WARNING, logger="horovod_hetero"):
+        s.bind(0, 1, broadcast=lambda x: x)
+        decisions = []
+        for _ in range(7):
+            ready = s.after_step(step_s=0.01)
+            decisions.append(ready)
+            if ready:
+                s.after_round(s.round + 1)
+    assert decisions == [False, False, True, False, False, True, False]
+    assert s.fallback and len([r for r in caplog.records if "falling back" in r.message]) == 1
+    s.close()
+
+
+@pytest.mark.parametrize("kwargs,match", [({"global_lr": 0}, "global_lr"), ({"global_lr": -1.0}, "global_lr"),
+                                          ({"mode": "async"}, "mode must be one of 'blocking', 'delayed_ack'"),
+                                          ({"fallback_period": 0}, "fallback_period"),
+                                          ({"overshoot": 2.0}, "overshoot"), ({"timeout": 0}, "timeout")])
+def test_esync_bad_configuration(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        ESync(**kwargs)
+
+
+def test_two_workers_through_the_real_server_fast_runs_several_steps_slow_one():
+    """Threads stand in for ranks; a barrier stands in for the allreduce."""
+    barrier = threading.Barrier(2, timeout=10)
+    strategies = [ESync(overshoot=0.0), ESync(overshoot=0.0)]
+    strategies[0].bind(0, 2, broadcast=lambda x: x)             # rank 0 starts the server
+    strategies[1].bind(1, 2, broadcast=lambda x: strategies[0].server.address)
+
+    def rank_main(rank):
+        s, step = strategies[rank], (0.01, 0.06)[rank]
+        per_round = []
+        while len(per_round) < 5:
+            time.sleep(step)
+            if s.after_step(step_s=step):
+                per_round.append(s.local_steps)
+                barrier.wait()
+                s.after_round(s.round + 1)
+        return per_round
+
+    fast, slow = run_ranks(2, rank_main, timeout=30)
+    for s in strategies:
+        s.close()
+    assert slow == [1] * 5
+    assert min(fast[1:]) >= 3                            # ~5 fit in one slow step; round 1 warms up
