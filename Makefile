@@ -21,7 +21,8 @@ test-single: $(READY)
 
 test-parallel: $(READY)
 	@# one horovodrun job per file: test_torch_bitwise.py turns tensor fusion off for its whole job
-	for f in tests/parallel/test_torch.py tests/parallel/test_torch_bitwise.py tests/parallel/test_keras.py; do \
+	for f in tests/parallel/test_torch.py tests/parallel/test_torch_bitwise.py tests/parallel/test_esync.py \
+	         tests/parallel/test_keras.py; do \
 	  VENV=$(VENV) tools/run_parallel.sh $(NP) $$f || exit 1; done
 
 bench: $(READY)

@@ -13,7 +13,8 @@ from horovod_hetero.common.telemetry import format_summary, load, summarize
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
-DEMO_STRATEGIES = {"Synchronous": ["--strategy", "sync"], "LocalSGD(8)": ["--strategy", "localsgd", "--period", "8"]}
+DEMO_STRATEGIES = {"Synchronous": ["--strategy", "sync"], "LocalSGD(8)": ["--strategy", "localsgd", "--period", "8"],
+                   "ESync": ["--strategy", "esync"]}
 
 
 @click.group()
@@ -50,9 +51,9 @@ def run_worker_job(cmd, env, label, timeout_s):
 @cli.command()
 @click.option("--np", "num_proc", default=4, show_default=True, help="number of workers")
 @click.option("--slowdown", default="1,1,1,4", show_default=True, help="per-rank slowdown factors")
-@click.option("--base-step", default=0.01, show_default=True,
+@click.option("--base-step", default=0.1, show_default=True,
               help="seconds one step takes on a factor-1 worker (steps are padded to factor x this)")
-@click.option("--budget", default=30.0, show_default=True, help="wall-clock seconds of training per strategy")
+@click.option("--budget", default=25.0, show_default=True, help="wall-clock seconds of training per strategy")
 @click.option("--keep", type=click.Path(file_okay=False), default=None, help="keep telemetry in this folder")
 def demo(num_proc, slowdown, base_step, budget, keep):
     """Compare strategies on this machine: digits MLP, simulated stragglers, fixed time budget."""
@@ -80,15 +81,18 @@ def demo(num_proc, slowdown, base_step, budget, keep):
         result = json.loads((out / "result.json").read_text())
         summary = summarize(load(str(out / "telemetry")))
         fastest = max(summary.values(), key=lambda s: s["steps"])
+        rtts = [s["median_rtt_s"] for s in summary.values() if s["median_rtt_s"] is not None]
         rows.append((label, result["samples_per_s"], result["accuracy"], fastest["compute_ratio"],
-                     fastest["mean_local_steps"]))
+                     sorted(rtts)[len(rtts) // 2] if rtts else None))
         click.echo(f"[{i}/{len(DEMO_STRATEGIES)}] {label}: done in {time.perf_counter() - t0:.0f} s, "
                    f"test accuracy {result['accuracy']:.3f}")
     base = rows[0][1]
     click.echo("")
-    click.echo(f"{'strategy':<14} {'samples/s':>10} {'vs sync':>8} {'test acc':>9} {'fastest worker compute ratio':>29}")
-    for label, sps, acc, ratio, _ in rows:
-        click.echo(f"{label:<14} {sps:>10.0f} {sps / base:>7.2f}x {acc:>9.3f} {ratio:>29.2f}")
+    click.echo(f"{'strategy':<14} {'samples/s':>10} {'vs sync':>8} {'test acc':>9} "
+               f"{'fastest worker compute ratio':>29} {'state server RTT':>17}")
+    for label, sps, acc, ratio, rtt in rows:
+        rtt_text = f"{rtt * 1000:.2f} ms" if rtt is not None else "-"
+        click.echo(f"{label:<14} {sps:>10.0f} {sps / base:>7.2f}x {acc:>9.3f} {ratio:>29.2f} {rtt_text:>17}")
     click.echo(f"\ntelemetry: {root} (horovod-hetero telemetry DIR prints per-worker figures)")
 
 

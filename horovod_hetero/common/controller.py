@@ -41,6 +41,7 @@ class HeteroController:
         if strategy.global_lr != 1.0:
             if model_ops is None:
                 raise ValueError(f"global_lr={strategy.global_lr} needs model snapshots this adapter lacks")
+            self.protocol.run_round()      # w_0: the same on every rank, broadcast or not
             model_ops[0]()
         self._model_ops = model_ops
         self.size, self.rank = size, rank

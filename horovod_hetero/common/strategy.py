@@ -216,11 +216,17 @@ class ESync(Strategy):
                 self.client.reset(self.round)
         if self.fallback or self.client is None:
             return self.local_steps >= self.fallback_period
-        self.capability = (step_s or 0.0) + (self.client.last_rtt or 0.0)
+        if self.step == 1:
+            # warm-up: the first step (graph tracing, allocation) can take seconds; reported as
+            # capability it would make this rank look slowest and stall the others' readiness,
+            # so it is not reported, and nobody is ready before every rank measured a real step
+            capability = None
+        else:
+            capability = self.capability = (step_s or 0.0) + (self.client.last_rtt or 0.0)
         try:
             if self.mode == "blocking":
-                return self.client.query(self.local_steps, self.capability, self.round)
-            self.client.send_query(self.local_steps, self.capability, self.round)
+                return self.client.query(self.local_steps, capability, self.round)
+            self.client.send_query(self.local_steps, capability, self.round)
             answers = self.client.poll(self.timeout if self.client.slowest else 0.0)
         except RuntimeError as e:   # StateServerTimeout
             self._fall_back(str(e))

@@ -78,7 +78,7 @@ def summarize(by_rank):
     Returns ``{rank: {...}}`` with ``steps``, ``syncs``, ``samples``, ``wall_s`` (compute +
     communication), ``samples_per_s``, ``compute_ratio`` (compute / wall), ``wait_share``
     (communication / wall), ``mean_local_steps`` (local steps per synchronisation),
-    ``bytes_sent`` and ``last_loss``.
+    ``bytes_sent``, ``last_loss`` and ``median_rtt_s`` (state-server round trip, ESync).
     """
     out = {}
     for rank, recs in sorted(by_rank.items()):
@@ -88,6 +88,7 @@ def summarize(by_rank):
         samples = sum(r.get("samples", 0) for r in recs)
         syncs = sum(1 for r in recs if r.get("synced"))
         losses = [r["loss"] for r in recs if "loss" in r]
+        rtts = sorted(r["rtt_s"] for r in recs if r.get("rtt_s") is not None)
         out[rank] = {
             "steps": len(recs),
             "syncs": syncs,
@@ -99,15 +100,18 @@ def summarize(by_rank):
             "mean_local_steps": len(recs) / syncs if syncs else float(len(recs)),
             "bytes_sent": sum(r.get("bytes_sent", 0) for r in recs),
             "last_loss": losses[-1] if losses else None,
+            "median_rtt_s": rtts[len(rtts) // 2] if rtts else None,
         }
     return out
 
 
 def format_summary(summary):
     """The summary as a text table, one row per rank."""
-    head = f"{'rank':>4} {'steps':>6} {'syncs':>6} {'samples/s':>10} {'compute':>8} {'wait':>6} {'MB sent':>8}"
+    head = (f"{'rank':>4} {'steps':>6} {'syncs':>6} {'samples/s':>10} {'compute':>8} {'wait':>6} {'MB sent':>8}"
+            f" {'RTT ms':>7}")
     rows = [head]
     for rank, s in summary.items():
+        rtt = f"{s['median_rtt_s'] * 1000:.2f}" if s["median_rtt_s"] is not None else "-"
         rows.append(f"{rank:>4} {s['steps']:>6} {s['syncs']:>6} {s['samples_per_s']:>10.1f} "
-                    f"{s['compute_ratio']:>8.2f} {s['wait_share']:>6.2f} {s['bytes_sent'] / 1e6:>8.2f}")
+                    f"{s['compute_ratio']:>8.2f} {s['wait_share']:>6.2f} {s['bytes_sent'] / 1e6:>8.2f} {rtt:>7}")
     return "\n".join(rows)

@@ -87,3 +87,22 @@ def test_synchronous_strategy_is_refused_with_a_pointer_to_hvd_distributed_optim
         assert "hvd.DistributedOptimizer" in str(e)
     else:
         raise AssertionError("HeteroSyncCallback(Synchronous()) did not raise")
+
+
+def test_esync_callback_slowest_runs_one_batch_per_round_all_identical_at_the_end():
+    from horovod_hetero.common.straggler import Slowdown
+
+    model = make_model()
+    x, y = rank_data(8 * (24 if RANK == 3 else 96))    # fast ranks get the data they can process
+    callback = hh.callbacks.ESyncCallback(slowdown=Slowdown(RANK, "1,1,1,4", base_step_s=0.03))
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+    per_round = [r["local_steps"] for r in callback.telemetry.records if r["synced"]]
+    final = gathered([w.numpy() for w in model.weights])
+    rounds = hvd_tf.allgather_object(per_round)
+    callback.strategy.close()
+    assert all(np.array_equal(final[0][i], final[r][i]) for r in range(SIZE) for i in range(len(final[0])))
+    # round 1 is warm-up (the first batch traces the tf.function, which distorts every rank's
+    # measured capability); the last round is cut short by the end of the data
+    steady = [r[1:-1] for r in rounds]
+    assert len(steady[3]) >= 3 and set(steady[3]) == {1}        # the slowest: one batch per round
+    assert all(np.mean(steady[r]) >= 2.0 for r in range(3)), rounds

@@ -129,5 +129,5 @@ def test_two_workers_through_the_real_server_fast_runs_several_steps_slow_one():
     fast, slow = run_ranks(2, rank_main, timeout=30)
     for s in strategies:
         s.close()
-    assert slow == [1] * 5
-    assert min(fast[1:]) >= 3                            # ~5 fit in one slow step; round 1 warms up
+    assert slow[1:] == [1] * 4                           # round 1 also holds the unreported warm-up step
+    assert min(fast[1:]) >= 3                            # ~5 fit in one slow step
