@@ -78,6 +78,10 @@ class HeteroController:
         self._t_last = self._clock()
         return synced
 
+    def add_comm(self, seconds):
+        """Count communication the adapter did outside a step (e.g. a broadcast in sync_model)."""
+        self._extra_comm += seconds
+
     def _after_round(self):
         if self.strategy.global_lr != 1.0:
             self._model_ops[1](self.strategy.global_lr)
@@ -88,7 +92,7 @@ class HeteroController:
         t0 = self._clock()
         self.strategy.leave()
         rounds = self.protocol.join(on_round=self._after_round)
-        self._extra_comm += self._clock() - t0
+        self.add_comm(self._clock() - t0)
         self._t_last = self._clock()
         return rounds
 

@@ -13,7 +13,7 @@ import horovod.torch as hvd
 from horovod.torch.compression import Compression
 from horovod.torch.optimizer import _DistributedOptimizer
 
-from horovod_hetero.common.controller import HeteroController
+from horovod_hetero.common.controller import HeteroController, ring_bytes
 from horovod_hetero.common.state_server import server_host
 from horovod_hetero.common.strategy import check_strategy
 from horovod_hetero.common.validation import check_float, check_int
@@ -82,6 +82,8 @@ class _HeteroMethods:
         self._hh_tensors = [p.data for _, p in params] + [b.data for _, b in buffers]
         ps = self._hh_process_set
         payload = sum(t.numel() * t.element_size() for t in self._hh_tensors)
+        grads = sum(p.numel() * p.element_size() for _, p in params if p.requires_grad)
+        self._hh_grad_bytes = ring_bytes(grads, ps.size())     # Synchronous: one gradient allreduce
         root = 0 if ps == hvd.global_process_set else ps.ranks[0]
         self._hh = HeteroController(
             strategy, self._hh_average, ps.size(), ps.rank(), payload, telemetry, slowdown,
@@ -194,7 +196,7 @@ class _SynchronousOptimizer(_HeteroMethods):
                    for i, t in enumerate(self._hh_tensors)]
         for h in handles:
             wait(h, self._hh_timeout, "sync_model broadcast")
-        self._hh._extra_comm += time.perf_counter() - t0
+        self._hh.add_comm(time.perf_counter() - t0)
 
     def _hh_load_base(self, state_dict):
         _DistributedOptimizer.load_state_dict(self, state_dict)
@@ -266,7 +268,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
         opt = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                   gradient_predivide_factor, groups, sparse_as_dense, process_set)
         opt._hh_process_set = process_set
-        opt._hh_grad_bytes = 0
     else:
         if op != hvd.Average:
             raise ValueError(f"op must be hvd.Average with {type(strategy).__name__} (models are averaged)")
@@ -276,12 +277,4 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
         cls = type(name, (optimizer.__class__,), _methods(_HeteroMethods, _LocalOptimizer))
         opt = cls(optimizer.param_groups, process_set)
     opt._hh_setup(strategy, named_parameters, named_buffers, telemetry, slowdown, timeout)
-    if strategy.averages_gradients:
-        opt._hh_grad_bytes = _ring(opt, process_set)
     return opt
-
-
-def _ring(opt, process_set):
-    from horovod_hetero.common.controller import ring_bytes
-    grads = sum(p.numel() * p.element_size() for g in opt.param_groups for p in g["params"] if p.requires_grad)
-    return ring_bytes(grads, process_set.size())
