@@ -13,7 +13,7 @@ import horovod.torch as hvd
 from horovod.torch.compression import Compression
 from horovod.torch.optimizer import _DistributedOptimizer
 
-from horovod_hetero.common.controller import HeteroController, ring_bytes
+from horovod_hetero.common.controller import HeteroController, call_with_timeout, ring_bytes
 from horovod_hetero.common.state_server import server_host
 from horovod_hetero.common.strategy import check_strategy
 from horovod_hetero.common.validation import check_float, check_int
@@ -87,8 +87,9 @@ class _HeteroMethods:
         root = 0 if ps == hvd.global_process_set else ps.ranks[0]
         self._hh = HeteroController(
             strategy, self._hh_average, ps.size(), ps.rank(), payload, telemetry, slowdown,
-            broadcast=lambda obj: hvd.broadcast_object(obj, root_rank=root, process_set=ps,
-                                                       name="horovod_hetero.broadcast"),
+            broadcast=lambda obj: call_with_timeout(
+                lambda: hvd.broadcast_object(obj, root_rank=root, process_set=ps, name="horovod_hetero.broadcast"),
+                timeout, "the broadcast of the state server's address"),
             host=server_host(hvd.local_size() == hvd.size()),
             model_ops=(self._hh_snapshot, self._hh_blend))
 
@@ -191,7 +192,7 @@ class _SynchronousOptimizer(_HeteroMethods):
         if self._hh_process_set != hvd.global_process_set:
             return self._hh.join()
         t0 = time.perf_counter()
-        last = hvd.join()
+        last = call_with_timeout(hvd.join, self._hh_timeout, "hvd.join in sync_model")
         handles = [hvd.broadcast_async_(t, root_rank=last, name=f"horovod_hetero.sync.{i}")
                    for i, t in enumerate(self._hh_tensors)]
         for h in handles:

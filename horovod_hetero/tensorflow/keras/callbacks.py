@@ -22,7 +22,9 @@ class _TensorFlowAveraging:
     def _hh_broadcast(self, obj):
         ps = self.process_set or hvd.global_process_set
         root = 0 if ps == hvd.global_process_set else ps.ranks[0]
-        return hvd.broadcast_object(obj, root_rank=root, process_set=ps, name="horovod_hetero.broadcast")
+        return call_with_timeout(
+            lambda: hvd.broadcast_object(obj, root_rank=root, process_set=ps, name="horovod_hetero.broadcast"),
+            self.timeout, "the broadcast of the state server's address")
 
     def _hh_host(self):
         return server_host(hvd.local_size() == hvd.size())
