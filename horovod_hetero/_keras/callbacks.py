@@ -96,4 +96,3 @@ class ESyncCallbackImpl(HeteroSyncCallbackImpl):
 
     def __init__(self, backend, global_lr=1.0, mode="blocking", esync_options=None, *args, **kwargs):
         super().__init__(backend, ESync(global_lr, mode, **(esync_options or {})), *args, **kwargs)
-

@@ -13,6 +13,10 @@ from dataclasses import dataclass
 from horovod_hetero.common.validation import check_float, check_int
 
 
+class StateServerTimeout(RuntimeError):
+    """The state server did not answer in time."""
+
+
 @dataclass
 class Record:
     """The listing's record: (rank, local_iterations, capability, last_finish_time, ready, round)."""

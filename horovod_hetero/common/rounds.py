@@ -43,8 +43,9 @@ class RoundProtocol:
     Args:
         average: ``average(weight, control) -> summed_control``. Must allreduce-sum this rank's
             tensors multiplied by ``weight`` together with ``control`` (a list of 3 floats) in
-            one collective (float32 is enough for the control vector), set each tensor to ``sum / summed_control[0]`` when that total is
-            > 0 (else leave it unchanged), and return the summed control vector.
+            one collective (float32 is enough for the control vector), set each tensor to
+            ``sum / summed_control[0]`` when that total is > 0 (else leave it unchanged), and
+            return the summed control vector.
         size: number of ranks in the process set.
 
     Example:

@@ -23,7 +23,7 @@ import time
 
 import zmq
 
-from horovod_hetero.common.esync import ESyncState
+from horovod_hetero.common.esync import ESyncState, StateServerTimeout  # noqa: F401 (re-exported)
 
 
 def server_host(all_local):
@@ -32,10 +32,6 @@ def server_host(all_local):
     if all_local:
         return "127.0.0.1"
     return os.environ.get("HOROVOD_HETERO_STATE_SERVER_HOST") or socket.gethostbyname(socket.gethostname())
-
-
-class StateServerTimeout(RuntimeError):
-    """The state server did not answer in time."""
 
 
 #: Interpreter switch interval while a state server runs in this process (seconds).

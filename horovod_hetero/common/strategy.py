@@ -7,6 +7,7 @@ the strategy's counters travel in ``state_dict()`` so a resumed run keeps its ph
 import logging
 import time
 
+from horovod_hetero.common.esync import StateServerTimeout
 from horovod_hetero.common.validation import as_schedule, check_float, check_int
 
 log = logging.getLogger("horovod_hetero")
@@ -204,7 +205,7 @@ class ESync(Strategy):
         try:
             self.client.query(0, self.capability, self.round)
             self._last_answer = time.perf_counter()
-        except RuntimeError as e:   # StateServerTimeout
+        except StateServerTimeout as e:
             self._fall_back(str(e))
 
     def after_step(self, step_s=None):
@@ -214,8 +215,15 @@ class ESync(Strategy):
             self._left = False
             if self.client is not None and not self.fallback:
                 self.client.reset(self.round)
-        if self.fallback or self.client is None:
-            return self.local_steps >= self.fallback_period
+        if not self.fallback and self.client is not None:
+            try:
+                return self._ask(step_s)
+            except StateServerTimeout as e:
+                self._fall_back(str(e))
+        return self.local_steps >= self.fallback_period
+
+    def _ask(self, step_s):
+        """QUERY-STATE for the step just taken; raises ``StateServerTimeout`` when unanswered."""
         if self.step == 1:
             # warm-up: the first step (graph tracing, allocation) can take seconds; reported as
             # capability it would make this rank look slowest and stall the others' readiness,
@@ -223,20 +231,15 @@ class ESync(Strategy):
             capability = None
         else:
             capability = self.capability = (step_s or 0.0) + (self.client.last_rtt or 0.0)
-        try:
-            if self.mode == "blocking":
-                return self.client.query(self.local_steps, capability, self.round)
-            self.client.send_query(self.local_steps, capability, self.round)
-            answers = self.client.poll(self.timeout if self.client.slowest else 0.0)
-        except RuntimeError as e:   # StateServerTimeout
-            self._fall_back(str(e))
-            return self.local_steps >= self.fallback_period
+        if self.mode == "blocking":
+            return self.client.query(self.local_steps, capability, self.round)
+        self.client.send_query(self.local_steps, capability, self.round)
+        answers = self.client.poll(self.timeout if self.client.slowest else 0.0)
         now = time.perf_counter()
         if answers:
             self._last_answer = now
         elif now - self._last_answer > self.timeout:
-            self._fall_back(f"the state server has not answered for {self.timeout:g} s")
-            return self.local_steps >= self.fallback_period
+            raise StateServerTimeout(f"the state server has not answered for {self.timeout:g} s")
         return any(a.get("ready") and a.get("round") == self.round for a in answers)
 
     def after_round(self, round):
@@ -254,8 +257,10 @@ class ESync(Strategy):
         self._left = True
 
     def telemetry_fields(self):
-        rtt = None if self.client is None else self.client.last_rtt
-        return {"rtt_s": rtt, "fallback": self.fallback} if rtt is not None else {"fallback": self.fallback}
+        fields = {"fallback": self.fallback}
+        if self.client is not None and self.client.last_rtt is not None:
+            fields["rtt_s"] = self.client.last_rtt
+        return fields
 
     def state_dict(self):
         return dict(super().state_dict(), round=self.round, local_steps=self.local_steps,

@@ -129,4 +129,3 @@ class ESyncCallback(_TensorFlowAveraging, _impl.ESyncCallbackImpl, tf.keras.call
                  slowdown=None, batch_size=None, timeout=_impl.DEFAULT_TIMEOUT_S):
         super().__init__(tf.keras.backend, global_lr, mode, esync_options, process_set, telemetry, slowdown,
                          batch_size, timeout)
-
