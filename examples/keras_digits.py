@@ -1,6 +1,7 @@
 """Train an MLP on scikit-learn's digits with horovod-hetero (Keras).
 
     horovodrun -np 4 -H localhost:4 --gloo python examples/keras_digits.py --strategy localsgd --period 8
+    horovodrun -np 4 -H localhost:4 --gloo python examples/keras_digits.py --strategy wagma --period 8
 
 The model is compiled with a plain local optimizer; ``LocalSGDCallback`` averages it every
 ``period`` batches (counted across epochs) and leaves identical weights on every rank at the end.
@@ -20,15 +21,18 @@ from horovod_hetero.data import digits  # noqa: E402
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--strategy", choices=["sync", "localsgd"], default="localsgd")
-    p.add_argument("--period", type=int, default=8)
+    p.add_argument("--strategy", choices=["sync", "localsgd", "wagma"], default="localsgd")
+    p.add_argument("--period", type=int, default=8, help="LocalSGD period, WAGMA sync_period")
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--result", default=None)
     args = p.parse_args()
 
-    hvd.init()
+    if args.strategy == "wagma":         # WAGMA's group process sets are registered at init
+        hvd.init(process_sets=hh.wagma_process_sets(group_size=None))
+    else:
+        hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
     tf.keras.utils.set_random_seed(hvd.rank())
@@ -39,6 +43,8 @@ def main():
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
     if args.strategy == "sync":
         optimizer = hvd.DistributedOptimizer(optimizer)
+    elif args.strategy == "wagma":
+        callbacks.append(hh.callbacks.WAGMACallback(sync_period=args.period, batch_size=args.batch_size))
     else:
         callbacks.append(hh.callbacks.LocalSGDCallback(period=args.period, batch_size=args.batch_size))
     model.compile(optimizer=optimizer, metrics=["accuracy"],

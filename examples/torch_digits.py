@@ -1,6 +1,7 @@
 """Train an MLP on scikit-learn's digits with horovod-hetero (PyTorch).
 
     horovodrun -np 4 -H localhost:4 --gloo python examples/torch_digits.py --strategy localsgd --period 8
+    horovodrun -np 4 -H localhost:4 --gloo python examples/torch_digits.py --strategy wagma --period 8
 
 Ranks may stop at different steps (a wall-clock budget, or unequal data): each calls
 ``opt.sync_model()`` at the end, which keeps joining the others' averaging rounds until all are
@@ -24,15 +25,18 @@ def build_strategy(args):
         return hh.Synchronous()
     if args.strategy == "esync":
         return hh.ESync(global_lr=args.global_lr, mode=args.mode)
+    if args.strategy == "wagma":
+        return hh.WAGMA(group_size=args.group_size, sync_period=args.period)
     return hh.LocalSGD(period=args.period, warmup_steps=args.warmup_steps)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--strategy", choices=["sync", "localsgd", "esync"], default="localsgd")
+    p.add_argument("--strategy", choices=["sync", "localsgd", "esync", "wagma"], default="localsgd")
     p.add_argument("--mode", choices=["blocking", "delayed_ack"], default="blocking", help="ESync mode")
     p.add_argument("--global-lr", type=float, default=1.0, help="ESync global step size")
-    p.add_argument("--period", type=int, default=8)
+    p.add_argument("--period", type=int, default=8, help="LocalSGD period, WAGMA sync_period")
+    p.add_argument("--group-size", type=int, default=None, help="WAGMA group size (default: nearest sqrt(P))")
     p.add_argument("--warmup-steps", type=int, default=0)
     p.add_argument("--epochs", type=int, default=40)
     p.add_argument("--time-budget", type=float, default=None, help="stop after this many seconds")
@@ -42,7 +46,10 @@ def main():
     p.add_argument("--progress", type=float, default=5.0, help="seconds between progress lines")
     args = p.parse_args()
 
-    hvd.init()
+    if args.strategy == "wagma":         # WAGMA's group process sets are registered at init
+        hvd.init(process_sets=hh.wagma_process_sets(group_size=args.group_size))
+    else:
+        hvd.init()
     torch.manual_seed(0)
     torch.set_num_threads(1)
     x, y, x_test, y_test = (torch.from_numpy(a) for a in digits(hvd.rank(), hvd.size()))

@@ -6,6 +6,7 @@ in and provide one method, ``_hh_average(weight, control)``, the fused averaging
 from horovod_hetero.common.controller import HeteroController
 from horovod_hetero.common.strategy import ESync, LocalSGD, check_strategy
 from horovod_hetero.common.validation import check_float, check_int
+from horovod_hetero.common.wagma import WAGMA
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -43,7 +44,8 @@ class HeteroSyncCallbackImpl:
             payload = sum(int(v.shape.num_elements()) * v.dtype.size for v in self._hh_variables)
             self._hh = HeteroController(self.strategy, self._hh_average, size, rank, payload,
                                         self._telemetry, self._slowdown, broadcast=self._hh_broadcast,
-                                        host=self._hh_host(), model_ops=(self._hh_snapshot, self._hh_blend))
+                                        host=self._hh_host(), model_ops=(self._hh_snapshot, self._hh_blend),
+                                        group_ops=self._hh_group_ops())
             if self._pending_state is not None:
                 self._hh.load_state_dict(self._pending_state)
                 self._pending_state = None
@@ -96,3 +98,10 @@ class ESyncCallbackImpl(HeteroSyncCallbackImpl):
 
     def __init__(self, backend, global_lr=1.0, mode="blocking", esync_options=None, *args, **kwargs):
         super().__init__(backend, ESync(global_lr, mode, **(esync_options or {})), *args, **kwargs)
+
+
+class WAGMACallbackImpl(HeteroSyncCallbackImpl):
+    """``HeteroSyncCallbackImpl`` with ``WAGMA(group_size, sync_period, ...)``."""
+
+    def __init__(self, backend, group_size=None, sync_period=10, wagma_options=None, *args, **kwargs):
+        super().__init__(backend, WAGMA(group_size, sync_period, **(wagma_options or {})), *args, **kwargs)

@@ -31,11 +31,17 @@ class HeteroController:
         host: address other ranks reach this machine at.
         model_ops: ``(snapshot, blend)`` for strategies with ``global_lr != 1``: ``snapshot()``
             keeps the current model as w_t; ``blend(lr)`` sets w = w_t + lr (w - w_t), then w_t = w.
+        group_ops: for strategies that average within groups of ranks (WAGMA), an object with
+            ``allgather(obj)``, ``require_process_sets(rank_lists, init_call)``, ``current()`` (the
+            live model), ``snapshot()`` (a copy), ``allreduce(model, weight, control, ranks, name)``
+            (blocking, from any thread; returns the summed model and control) and
+            ``assign(summed, total, add_current=False)`` (model = (summed [+ model]) / total).
         clock: injected for tests.
     """
 
     def __init__(self, strategy, average, size, rank, payload_bytes=0, telemetry=None,
-                 slowdown=None, broadcast=None, host="127.0.0.1", model_ops=None, clock=time.perf_counter):
+                 slowdown=None, broadcast=None, host="127.0.0.1", model_ops=None, group_ops=None,
+                 clock=time.perf_counter):
         self.strategy = strategy
         self.protocol = RoundProtocol(average, size)
         if strategy.global_lr != 1.0:
@@ -47,9 +53,9 @@ class HeteroController:
         self.size, self.rank = size, rank
         self.payload_bytes = payload_bytes
         self.telemetry = telemetry if isinstance(telemetry, Telemetry) else Telemetry(rank, telemetry)
-        self.slowdown = slowdown if isinstance(slowdown, Slowdown) else Slowdown(rank, slowdown)
+        self.slowdown = slowdown if isinstance(slowdown, Slowdown) else Slowdown(rank, slowdown, size=size)
         self._clock = clock
-        strategy.bind(rank, size, broadcast, host)
+        strategy.bind(rank, size, broadcast, host, group_ops=group_ops)
         self._t_last = clock()
         self._extra_comm = 0.0
 
@@ -61,7 +67,7 @@ class HeteroController:
         """
         now = self._clock()
         compute = max(0.0, now - self._t_last - comm_s)
-        compute += self.slowdown.pad(compute)
+        compute += self.slowdown.pad(compute, step=self.strategy.step + 1)
         local_steps = self.protocol.steps_since_round + 1
         self.protocol.local_step()
         t0 = self._clock()

@@ -4,14 +4,42 @@
 heterogeneous cluster can be reproduced on one machine. By default the extra time is a sleep
 of ``(factor - 1) * measured step time``; with ``HOROVOD_HETERO_BASE_STEP_S=0.02`` each step
 is instead padded to ``factor * 0.02`` seconds, which is steadier when processes share cores.
+
+``HOROVOD_HETERO_RANDOM_DELAY="2:0.05"`` adds transient stragglers, as in the WAGMA paper's
+ResNet experiment: at each step index, 2 ranks drawn at random (the same draw on every rank)
+sleep 0.05 s more.
 """
 import os
 import time
 
-from horovod_hetero.common.validation import check_float
+import numpy as np
+
+from horovod_hetero.common.validation import check_float, check_int
 
 ENV_FACTORS = "HOROVOD_HETERO_SLOWDOWN"
 ENV_BASE = "HOROVOD_HETERO_BASE_STEP_S"
+ENV_RANDOM = "HOROVOD_HETERO_RANDOM_DELAY"
+
+
+def parse_random_delay(text, name=ENV_RANDOM):
+    """Parse ``"2:0.05"`` (ranks delayed per step : seconds) into ``(2, 0.05)``."""
+    try:
+        count, seconds = str(text).split(":")
+        count, seconds = int(count), float(seconds)
+    except ValueError:
+        raise ValueError(f"{name} must be COUNT:SECONDS, e.g. 2:0.05 (2 random ranks sleep 0.05 s more "
+                         f"each step), got {text!r}") from None
+    return check_int(f"{name} count", count, 0), check_float(f"{name} seconds", seconds, 0.0)
+
+
+def delayed_ranks(size, count, step, seed=0):
+    """The ``count`` ranks of ``size`` delayed at ``step``: the same on every rank.
+
+    Example:
+        >>> sorted(delayed_ranks(4, 2, step=7)) == sorted(delayed_ranks(4, 2, step=7))
+        True
+    """
+    return np.random.default_rng([seed, step]).choice(size, size=min(count, size), replace=False).tolist()
 
 
 def parse_factors(text, name=ENV_FACTORS):
@@ -34,6 +62,9 @@ class Slowdown:
             ``HOROVOD_HETERO_SLOWDOWN`` (unset: no slowdown).
         base_step_s: fixed base step time in seconds; ``None`` reads
             ``HOROVOD_HETERO_BASE_STEP_S`` (unset: proportional to the measured step time).
+        size: number of ranks (needed with ``random_delay``).
+        random_delay: ``(count, seconds)`` or ``"count:seconds"``: at each step ``count`` random
+            ranks sleep ``seconds`` more; ``None`` reads ``HOROVOD_HETERO_RANDOM_DELAY``.
         sleep: injected for tests.
 
     Example:
@@ -41,7 +72,7 @@ class Slowdown:
         0.02
     """
 
-    def __init__(self, rank, factors=None, base_step_s=None, sleep=time.sleep):
+    def __init__(self, rank, factors=None, base_step_s=None, sleep=time.sleep, size=None, random_delay=None):
         if factors is None:
             factors = os.environ.get(ENV_FACTORS) or None
         if base_step_s is None and os.environ.get(ENV_BASE):
@@ -56,19 +87,29 @@ class Slowdown:
                                  f"give one factor per rank, e.g. {','.join(['1'] * (rank + 1))}")
             self.factor = factors[rank]
         self.base_step_s = None if base_step_s is None else check_float("base_step_s", base_step_s, 0.0)
+        if random_delay is None:
+            random_delay = os.environ.get(ENV_RANDOM) or None
+        if isinstance(random_delay, str):
+            random_delay = parse_random_delay(random_delay)
+        if random_delay is not None and size is None:
+            raise ValueError("random_delay needs size= (the number of ranks)")
+        self.random_delay, self.rank, self.size = random_delay, rank, size
         self._sleep = sleep
 
     @property
     def active(self):
-        return self.factor != 1.0 or self.base_step_s is not None
+        return self.factor != 1.0 or self.base_step_s is not None or bool(self.random_delay)
 
-    def pad(self, measured_s):
-        """Sleep so that a step that took ``measured_s`` appears ``factor`` times slower; return the sleep."""
+    def pad(self, measured_s, step=0):
+        """Sleep so that a step that took ``measured_s`` appears ``factor`` times slower (plus the
+        random delay if this rank is drawn at ``step``); return the sleep."""
         if self.base_step_s is not None:
             extra = self.factor * self.base_step_s - measured_s
         else:
             extra = (self.factor - 1.0) * measured_s
         extra = max(0.0, extra)
+        if self.random_delay and self.rank in delayed_ranks(self.size, self.random_delay[0], step):
+            extra += self.random_delay[1]
         if extra > 0:
             self._sleep(extra)
         return extra

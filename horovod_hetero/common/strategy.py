@@ -26,9 +26,10 @@ class Strategy:
     def __init__(self):
         self.step = 0
 
-    def bind(self, rank, size, broadcast, host="127.0.0.1"):
+    def bind(self, rank, size, broadcast, host="127.0.0.1", group_ops=None):
         """Called once by the controller: this rank, the set's size, ``broadcast(obj)`` from rank 0,
-        and the address other ranks reach this machine at."""
+        the address other ranks reach this machine at, and the adapter's group collectives
+        (``group_ops``, see ``HeteroController``)."""
 
     def after_step(self, step_s=None):
         """Count one local optimizer step (it took ``step_s`` seconds); return True if the model
@@ -180,7 +181,7 @@ class ESync(Strategy):
         self._left = False
         self._last_answer = None
 
-    def bind(self, rank, size, broadcast, host="127.0.0.1"):
+    def bind(self, rank, size, broadcast, host="127.0.0.1", group_ops=None):
         from horovod_hetero.common.state_server import StateClient, StateServer
 
         address = self.server_address

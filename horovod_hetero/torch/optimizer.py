@@ -17,6 +17,7 @@ from horovod_hetero.common.controller import HeteroController, call_with_timeout
 from horovod_hetero.common.state_server import server_host
 from horovod_hetero.common.strategy import check_strategy
 from horovod_hetero.common.validation import check_float, check_int
+from horovod_hetero.process_sets import registered_sets
 
 #: Seconds a collective may take before it is declared stuck (a dead or diverged rank).
 DEFAULT_TIMEOUT_S = 300.0
@@ -42,6 +43,47 @@ def wait(handle, timeout_s, what):
         time.sleep(pause)
         pause = min(2 * pause or 1e-5, 1e-3)
     return hvd.synchronize(handle)
+
+
+class _GroupOps:
+    """WAGMA's group collectives over the optimizer's tensors (the contract is in ``HeteroController``)."""
+
+    def __init__(self, tensors, process_set, timeout):
+        self.tensors, self.process_set, self.timeout = tensors, process_set, timeout
+        self._sets = {}
+
+    def allgather(self, obj):
+        return call_with_timeout(lambda: hvd.allgather_object(obj, name="horovod_hetero.allgather"),
+                                 self.timeout, "the exchange of WAGMA's activation addresses")
+
+    def require_process_sets(self, rank_lists, init_call):
+        if self.process_set != hvd.global_process_set:
+            raise ValueError("WAGMA averages over all ranks: leave process_set at hvd.global_process_set")
+        from horovod.torch.mpi_ops import _basics      # Horovod's own table of registered sets
+        self._sets = registered_sets(_basics, rank_lists, init_call)
+
+    def current(self):
+        return self.tensors
+
+    @torch.no_grad()
+    def snapshot(self):
+        return [t.clone() for t in self.tensors]
+
+    @torch.no_grad()
+    def allreduce(self, model, weight, control, ranks, name):
+        sent = model if weight == 1.0 else [t * weight for t in model]
+        ctl = torch.tensor(control, dtype=torch.float64)
+        handle = hvd.grouped_allreduce_async(list(sent) + [ctl], op=hvd.Sum, name=name,
+                                             process_set=self._sets[tuple(ranks)])
+        out = wait(handle, self.timeout, "WAGMA group average")
+        return out[:-1], out[-1].tolist()
+
+    @torch.no_grad()
+    def assign(self, summed, total, add_current=False):
+        for t, s in zip(self.tensors, summed):
+            if add_current:
+                s.add_(t)
+            t.copy_(s.div_(total))
 
 
 def _require_init():
@@ -91,7 +133,8 @@ class _HeteroMethods:
                 lambda: hvd.broadcast_object(obj, root_rank=root, process_set=ps, name="horovod_hetero.broadcast"),
                 timeout, "the broadcast of the state server's address"),
             host=server_host(hvd.local_size() == hvd.size()),
-            model_ops=(self._hh_snapshot, self._hh_blend))
+            model_ops=(self._hh_snapshot, self._hh_blend),
+            group_ops=_GroupOps(self._hh_tensors, ps, timeout))
 
     @property
     def strategy(self):
@@ -228,7 +271,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
         optimizer: the ``torch.optim.Optimizer`` to wrap.
         named_parameters: ``model.named_parameters()`` (names the collectives; optional).
         strategy: ``Synchronous()`` (default), ``LocalSGD(period, warmup_steps)``,
-            ``ESync(global_lr, mode)``.
+            ``ESync(global_lr, mode)``, ``WAGMA(group_size, sync_period)``.
         process_set: Horovod process set to synchronise over (default: all ranks).
         named_buffers: ``model.named_buffers()``: floating-point buffers (BatchNorm running
             statistics) are averaged with the parameters; without it only parameters are.

@@ -9,6 +9,8 @@ import tensorflow as tf  # noqa: E402
 import horovod.tensorflow as hvd_tf  # noqa: E402
 import horovod.tensorflow.keras as hvd  # noqa: E402
 import horovod_hetero.tensorflow.keras as hh  # noqa: E402
+import keras_helpers  # noqa: E402
+from keras_helpers import Recorder  # noqa: E402
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
@@ -16,29 +18,12 @@ tf.config.threading.set_inter_op_parallelism_threads(1)
 tf.config.threading.set_intra_op_parallelism_threads(1)
 
 
-class Recorder(tf.keras.callbacks.Callback):
-    """Keeps a copy of the first kernel after every batch (runs after the averaging callback)."""
-
-    def __init__(self):
-        super().__init__()
-        self.kernels = []
-
-    def on_train_batch_end(self, batch, logs=None):
-        self.kernels.append(self.model.weights[0].numpy().copy())
-
-
 def make_model():
-    tf.keras.utils.set_random_seed(RANK)            # a different start on every rank
-    model = tf.keras.Sequential([tf.keras.Input((6,)), tf.keras.layers.Dense(4),
-                                 tf.keras.layers.BatchNormalization(), tf.keras.layers.Dense(3)])
-    model.compile(optimizer=tf.keras.optimizers.SGD(0.1), run_eagerly=False,
-                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
+    return keras_helpers.make_model(RANK)
 
 
 def rank_data(n):
-    rng = np.random.default_rng(10 + RANK)
-    return rng.normal(size=(n, 6)).astype("float32"), rng.integers(0, 3, size=n)
+    return keras_helpers.rank_data(RANK, n)
 
 
 def gathered(arrays):

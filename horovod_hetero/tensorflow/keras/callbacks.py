@@ -6,6 +6,64 @@ import horovod.tensorflow as hvd
 from horovod_hetero._keras import callbacks as _impl
 from horovod_hetero.common.controller import call_with_timeout
 from horovod_hetero.common.state_server import server_host
+from horovod_hetero.process_sets import registered_sets
+
+
+def _grouped_sum(tensors, control, process_set, name):
+    """Sum ``tensors`` and the ``control`` list over ``process_set``; returns (sums, summed control).
+
+    TensorFlow's grouped allreduce takes one dtype: one group per dtype (normally just
+    float32), the control vector riding with float64 tensors if any, else float32 ones.
+    """
+    by_dtype = {}
+    for i, t in enumerate(tensors):
+        by_dtype.setdefault(t.dtype, []).append(i)
+    ctl_dtype = tf.float64 if tf.float64 in by_dtype else tf.float32
+    by_dtype.setdefault(ctl_dtype, [])
+    sums, summed_control = [None] * len(tensors), None
+    for dtype, index in by_dtype.items():
+        group = [tensors[i] for i in index]
+        if dtype == ctl_dtype:
+            group.append(tf.constant(control, dtype=dtype))
+        out = hvd.grouped_allreduce(group, op=hvd.Sum, process_set=process_set, name=f"{name}.{dtype.name}")
+        for i, s in zip(index, out):
+            sums[i] = s
+        if dtype == ctl_dtype:
+            summed_control = out[-1].numpy().tolist()
+    return sums, summed_control
+
+
+class _GroupOps:
+    """WAGMA's group collectives over the model's variables (the contract is in ``HeteroController``)."""
+
+    def __init__(self, variables, process_set, timeout):
+        self.variables, self.process_set, self.timeout = variables, process_set, timeout
+        self._sets = {}
+
+    def allgather(self, obj):
+        return call_with_timeout(lambda: hvd.allgather_object(obj, name="horovod_hetero.allgather"),
+                                 self.timeout, "the exchange of WAGMA's activation addresses")
+
+    def require_process_sets(self, rank_lists, init_call):
+        if self.process_set not in (None, hvd.global_process_set):
+            raise ValueError("WAGMA averages over all ranks: leave process_set at its default")
+        from horovod.tensorflow.mpi_ops import _basics      # Horovod's own table of registered sets
+        self._sets = registered_sets(_basics, rank_lists, init_call)
+
+    def current(self):
+        return [v.value() for v in self.variables]
+
+    def snapshot(self):
+        return [tf.identity(v) for v in self.variables]
+
+    def allreduce(self, model, weight, control, ranks, name):
+        sent = model if weight == 1.0 else [t * weight for t in model]
+        return call_with_timeout(lambda: _grouped_sum(sent, control, self._sets[tuple(ranks)], name),
+                                 self.timeout, "WAGMA group average")
+
+    def assign(self, summed, total, add_current=False):
+        for v, s in zip(self.variables, summed):
+            v.assign(((s + v) if add_current else s) / tf.cast(total, v.dtype))
 
 
 class _TensorFlowAveraging:
@@ -38,33 +96,17 @@ class _TensorFlowAveraging:
             v.assign(g + tf.cast(lr, v.dtype) * (v - g))
         self._hh_snapshot()
 
+    def _hh_group_ops(self):
+        return _GroupOps(self._hh_variables, self.process_set, self.timeout)
+
     def _hh_average(self, weight, control):
-        # TensorFlow's grouped allreduce takes one dtype: one group per dtype (normally just
-        # float32), the control vector riding with float64 variables if any, else float32 ones.
-        variables = self._hh_variables
-        by_dtype = {}
-        for v in variables:
-            by_dtype.setdefault(v.dtype, []).append(v)
-        ctl_dtype = tf.float64 if tf.float64 in by_dtype else tf.float32
-        by_dtype.setdefault(ctl_dtype, [])
+        tensors = [v.value() if weight == 1.0 else v.value() * weight for v in self._hh_variables]
         ps = self.process_set or hvd.global_process_set
-
-        def collective():
-            out = {}
-            for dtype, group in by_dtype.items():
-                tensors = [v.value() if weight == 1.0 else v.value() * weight for v in group]
-                if dtype == ctl_dtype:
-                    tensors.append(tf.constant(control, dtype=dtype))
-                out[dtype] = hvd.grouped_allreduce(tensors, op=hvd.Sum, process_set=ps,
-                                                   name=f"horovod_hetero.average.{dtype.name}")
-            return out
-
-        out = call_with_timeout(collective, self.timeout, "model averaging round")
-        summed = out[ctl_dtype][-1].numpy().tolist()
+        sums, summed = call_with_timeout(lambda: _grouped_sum(tensors, control, ps, "horovod_hetero.average"),
+                                         self.timeout, "model averaging round")
         if summed[0] > 0:
-            for dtype, group in by_dtype.items():
-                for v, s in zip(group, out[dtype]):
-                    v.assign(s / tf.cast(summed[0], dtype))
+            for v, s in zip(self._hh_variables, sums):
+                v.assign(s / tf.cast(summed[0], v.dtype))
         return summed
 
 
@@ -129,3 +171,23 @@ class ESyncCallback(_TensorFlowAveraging, _impl.ESyncCallbackImpl, tf.keras.call
                  slowdown=None, batch_size=None, timeout=_impl.DEFAULT_TIMEOUT_S):
         super().__init__(tf.keras.backend, global_lr, mode, esync_options, process_set, telemetry, slowdown,
                          batch_size, timeout)
+
+
+class WAGMACallback(_TensorFlowAveraging, _impl.WAGMACallbackImpl, tf.keras.callbacks.Callback):
+    """WAGMA-SGD for Keras: group averaging after every batch, a global average every ``sync_period``.
+
+    Same as ``HeteroSyncCallback(WAGMA(group_size, sync_period, **wagma_options))``; Horovod must
+    be initialised with ``hvd.init(process_sets=hh.wagma_process_sets(group_size))``. See
+    ``hh.WAGMA`` for the algorithm and ``HeteroSyncCallback`` for the other arguments.
+
+    Example::
+
+        hvd.init(process_sets=hh.wagma_process_sets(group_size=None))
+        model.fit(x, y, epochs=5, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0),
+                                             hh.callbacks.WAGMACallback(group_size=None, sync_period=10)])
+    """
+
+    def __init__(self, group_size=None, sync_period=10, wagma_options=None, process_set=None, telemetry=None,
+                 slowdown=None, batch_size=None, timeout=_impl.DEFAULT_TIMEOUT_S):
+        super().__init__(tf.keras.backend, group_size, sync_period, wagma_options, process_set, telemetry,
+                         slowdown, batch_size, timeout)

@@ -1,0 +1,115 @@
+"""WAGMA under horovodrun -np 4 with S=2: group membership, exact group means, global sync every tau."""
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import horovod.torch as hvd
+import horovod_hetero.torch as hh
+from horovod_hetero.common.grouping import butterfly_groups
+from horovod_hetero.torch.optimizer import _GroupOps
+
+hvd.init(process_sets=hh.wagma_process_sets(group_size=2))
+RANK, SIZE = hvd.rank(), hvd.size()
+pytestmark = pytest.mark.skipif(SIZE != 4, reason="written for 4 ranks (S=2)")
+
+
+def wagma_opt(p, group_size=2, **kwargs):
+    """Plain SGD with lr 1 and gradient -(rank + 1): every local step adds rank + 1."""
+    return hh.DistributedOptimizer(torch.optim.SGD([p], lr=1.0), named_parameters=[("p", p)],
+                                   strategy=hh.WAGMA(group_size=group_size, **kwargs))
+
+
+def step(opt, p, sleep_s=0.0):
+    time.sleep(sleep_s)
+    p.grad = torch.full_like(p, -(RANK + 1.0))
+    opt.step()
+
+
+def reference_blocking(steps, period):
+    """Algorithm 2 without staleness, every rank's model after each step (exact in float64)."""
+    w = np.arange(SIZE, dtype=np.float64)
+    history = []
+    for s in range(1, steps + 1):
+        w = w + np.arange(1, SIZE + 1)
+        if s % period == 0:
+            w[:] = w.mean()
+        else:
+            for g in butterfly_groups(SIZE, 2, s - 1):
+                w[list(g)] = w[list(g)].sum() / 2
+        history.append(w.copy())
+    return np.array(history)
+
+
+def test_groups_follow_the_butterfly_and_hold_the_exact_mean_global_every_period():
+    p = torch.nn.Parameter(torch.full((3,), float(RANK), dtype=torch.float64))
+    opt = wagma_opt(p, sync_period=4, wait_avoiding=False)
+    after, groups = [], []
+    for _ in range(9):
+        step(opt, p)
+        after.append(p[0].item())
+        groups.append(opt.telemetry.records[-1].get("group"))
+    opt.sync_model()
+    everyone = hvd.allgather_object((after, groups, p.tolist()), name="wagma.blocking")
+    expected = reference_blocking(9, period=4)
+    assert np.array_equal(np.array([e[0] for e in everyone]).T, expected)
+    for s, g in enumerate(groups, start=1):
+        mine = None if s % 4 == 0 else [list(x) for x in butterfly_groups(SIZE, 2, s - 1) if RANK in x][0]
+        assert g == mine, (s, g)
+    assert all(e[2] == everyone[0][2] for e in everyone)        # sync_model: identical at the end
+    opt.strategy.close()
+
+
+def test_straggler_is_served_stale_its_peer_does_not_wait_and_line_13_holds():
+    """Rank 3 sleeps 1 s in step 2. Its step-2 peer (rank 1) averages with rank 3's step-1 model
+    after rank 3's 0.2 s patience; rank 3 then takes (W_sum + W')/3. Step 3 likewise with rank 2.
+    The others' patience (0.8 s) covers rank 1's 0.2 s wait, so their own pairs stay fresh."""
+    p = torch.nn.Parameter(torch.full((2,), float(RANK), dtype=torch.float64))
+    opt = wagma_opt(p, sync_period=4, patience=0.2 if RANK == 3 else 0.8)
+    after, stale, waits = [], [], []
+    for s in range(1, 5):
+        step(opt, p, sleep_s=1.0 if (RANK == 3 and s == 2) else 0.0)
+        record = opt.telemetry.records[-1]
+        after.append(p[0].item())
+        stale.append(record.get("stale"))
+        waits.append(record.get("group_s"))
+    everyone = hvd.allgather_object((after, stale, waits, opt.strategy.exchange.served_stale), name="wagma.stale")
+    opt.sync_model()
+    opt.strategy.close()
+    w1 = [2.0, 2.0, 6.0, 6.0]                                       # step 1: fresh pairs (0,1), (2,3)
+    w3_2 = (4.0 + 6.0 + 10.0) / 3                                   # rank 3: rank 1's W' + its stale + its W'
+    expected2 = [6.0, (4.0 + 6.0) / 2, 6.0, w3_2]                   # pairs (0,2) fresh, (1,3) stale
+    expected3 = [7.0, 7.0, (9.0 + 6.0) / 2, (9.0 + 6.0 + (w3_2 + 4.0)) / 3]
+    assert [e[0][0] for e in everyone] == w1
+    assert [e[0][1] for e in everyone] == expected2
+    assert [e[0][2] for e in everyone] == expected3
+    assert [e[1][1] for e in everyone] == [False, False, False, True]
+    assert [e[1][2] for e in everyone] == [False, False, False, True]
+    assert [e[3] for e in everyone] == [0, 0, 0, 2]
+    assert everyone[1][2][1] < 0.8 and everyone[2][2][2] < 0.8     # peers did not wait the 1 s out
+    finals = [e[0][3] for e in everyone]
+    assert finals == [finals[0]] * SIZE                              # step 4: global average
+    assert finals[0] == pytest.approx((8.0 + 9.0 + 10.5 + expected3[3] + 4.0) / 4, rel=1e-15)
+
+
+def test_uneven_steps_with_wait_avoidance_end_identical():
+    """Rank r runs 5 + 3r steps; ranks that stop keep serving group averages (weight 0) and
+    joining global ones: nobody hangs, and every rank ends with the same model."""
+    torch.manual_seed(RANK)
+    p = torch.nn.Parameter(torch.randn(5, dtype=torch.float64))
+    opt = wagma_opt(p, sync_period=3)
+    for _ in range(5 + 3 * RANK):
+        step(opt, p, sleep_s=0.01 * RANK)
+    opt.sync_model()
+    finals = hvd.allgather_object(p.tolist(), name="wagma.uneven")
+    opt.strategy.close()
+    assert all(f == finals[0] for f in finals)
+
+
+def test_missing_process_sets_name_the_init_call():
+    ops = _GroupOps([], hvd.global_process_set, 5.0)
+    with pytest.raises(ValueError, match=r"missing \[\[0, 3\]\].*hvd.init\(process_sets=hh.wagma_process_sets"):
+        ops.require_process_sets([[0, 3]], "hvd.init(process_sets=hh.wagma_process_sets(group_size=2))")
+    with pytest.raises(ValueError, match=r"S \(group size\) must be <= P = 4, got 8; e.g. S = 2"):
+        wagma_opt(torch.nn.Parameter(torch.zeros(1)), group_size=8)

@@ -1,0 +1,182 @@
+"""WAGMA's core without Horovod: process sets, errors, the wait-avoiding exchange over real sockets."""
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from horovod_hetero.common.straggler import Slowdown, delayed_ranks, parse_random_delay
+from horovod_hetero.common.wagma import (
+    WAGMA, Activations, GroupExchange, process_set_ranks, registered_ids, resolve_group_size, world_size)
+from fakes import run_ranks
+
+
+def test_process_sets_every_group_of_every_partition_without_singletons_or_the_world():
+    assert process_set_ranks(4, 2) == [[0, 1], [2, 3], [0, 2], [1, 3]]
+    assert process_set_ranks(4) == process_set_ranks(4, 2)           # None: nearest sqrt(4)
+    assert process_set_ranks(8, 4) == [[0, 1, 2, 3], [4, 5, 6, 7], [0, 1, 4, 5], [2, 3, 6, 7],
+                                       [0, 2, 4, 6], [1, 3, 5, 7]]
+    assert process_set_ranks(4, 4) == [] and process_set_ranks(4, 1) == []
+
+
+def test_sizes_fail_early_and_name_the_fix(monkeypatch):
+    with pytest.raises(ValueError, match="launch a power-of-two number of processes"):
+        resolve_group_size(None, 6)
+    with pytest.raises(ValueError, match=r"must be <= P = 4, got 8; e.g. S = 2"):
+        resolve_group_size(8, 4)
+    with pytest.raises(ValueError, match="group_size must be a power of two"):
+        WAGMA(group_size=3)
+    with pytest.raises(ValueError, match=r"sync_period must be an int >= 1, got 0"):
+        WAGMA(sync_period=0)
+    with pytest.raises(ValueError, match=r"patience must be"):
+        WAGMA(patience=-1)
+    for name in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError, match=r"launch with horovodrun.*wagma_process_sets\(group_size=2, size=4\)"):
+        world_size()
+    monkeypatch.setenv("HOROVOD_SIZE", "8")
+    assert world_size() == 8 and world_size(4) == 4
+
+
+def test_unregistered_process_sets_name_the_init_call():
+    table = {0: [0, 1, 2, 3], 1: [0, 1], 2: [2, 3]}
+    assert registered_ids(table, [[0, 1], [2, 3]], "x") == {(0, 1): 1, (2, 3): 2}
+    with pytest.raises(ValueError, match=r"missing \[\[0, 2\], \[1, 3\]\].*initialise Horovod with hvd.init"):
+        registered_ids(table, process_set_ranks(4, 2), "hvd.init(process_sets=hh.wagma_process_sets())")
+
+
+class GroupAllreduce:
+    """Fake group allreduce matched by name (as Horovod matches ops), callable from any thread."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._parts = {}
+        self.calls = []
+
+    def __call__(self, model, weight, control, group, name):
+        with self._cond:
+            self.calls.append((name, weight))
+            self._parts.setdefault(name, []).append((weight * np.asarray(model, float), np.asarray(control)))
+            self._cond.notify_all()
+            assert self._cond.wait_for(lambda: len(self._parts[name]) >= len(group), timeout=5)
+            parts = self._parts[name]
+            return sum(p[0] for p in parts), sum(p[1] for p in parts).tolist()
+
+
+def exchanges(patience=0.0, wait_avoiding=True):
+    """Two ranks' exchanges (group (0, 1) at every step) over real activation sockets."""
+    allreduce, slots, barrier = GroupAllreduce(), [None, None], threading.Barrier(2)
+
+    def make(rank):
+        def allgather(address):
+            slots[rank] = address
+            barrier.wait()
+            return list(slots)
+
+        acts = Activations("127.0.0.1", allgather) if wait_avoiding else None
+        return GroupExchange(rank, lambda step: (0, 1), allreduce, acts, patience=patience, timeout=5)
+
+    return run_ranks(2, make), allreduce
+
+
+def test_a_straggler_is_served_from_its_last_model_and_its_peer_does_not_wait():
+    (fast, slow), allreduce = exchanges()
+    fast.publish([0.0]), slow.publish([10.0])
+    results = {}
+
+    def straggler():
+        time.sleep(0.5)
+        results["slow"] = slow.average(1, [11.0])
+
+    t = threading.Thread(target=straggler)
+    t.start()
+    t0 = time.perf_counter()
+    results["fast"] = fast.average(1, [1.0])
+    fast_wait = time.perf_counter() - t0
+    t.join()
+    for e in (fast, slow):
+        e.close()
+    assert fast_wait < 0.3                                           # not the straggler's 0.5 s
+    assert not results["fast"].stale and results["slow"].stale and slow.served_stale == 1
+    assert results["fast"].summed.tolist() == [11.0] == results["slow"].summed.tolist()   # 1 + stale 10
+    assert results["fast"].total_weight == 2.0
+
+
+def test_patience_waits_for_a_late_own_step_and_plain_mode_always_waits():
+    (a, b), _ = exchanges(patience=0.5)
+    a.publish([0.0]), b.publish([10.0])
+    late = threading.Thread(target=lambda: (time.sleep(0.1), b.average(1, [12.0])))
+    late.start()
+    result = a.average(1, [1.0])
+    late.join()
+    assert not result.stale and result.summed.tolist() == [13.0] and b.served_stale == 0
+    for e in (a, b):
+        e.close()
+    (a, b), _ = exchanges(wait_avoiding=False)
+    a.publish([0.0]), b.publish([10.0])
+    late = threading.Thread(target=lambda: (time.sleep(0.3), b.average(1, [12.0])))
+    late.start()
+    t0 = time.perf_counter()
+    result = a.average(1, [1.0])
+    assert time.perf_counter() - t0 >= 0.25 and result.summed.tolist() == [13.0]
+    late.join()
+
+
+def test_a_rank_that_left_contributes_weight_zero_and_keeps_nothing():
+    (a, b), allreduce = exchanges()
+    a.publish([1.0]), b.publish([5.0], weight=0.0)
+    result = a.average(3, [2.0])
+    time.sleep(0.1)
+    assert result.total_weight == 1.0 and result.summed.tolist() == [2.0] and b._served == {}
+    for e in (a, b):
+        e.close()
+
+
+class FakeOps:
+    """WAGMA's group_ops over one float, the peer always contributing ``peer``."""
+
+    def __init__(self, value, peer=10.0):
+        self.value, self.peer = value, peer
+
+    def current(self):
+        return [self.value]
+
+    def snapshot(self):
+        return [self.value]
+
+    def allreduce(self, model, weight, control, ranks, name):
+        return [weight * model[0] + self.peer], [weight + 1.0, 2.0, 2 * control[2]]
+
+    def assign(self, summed, total, add_current=False):
+        self.value = (summed[0] + (self.value if add_current else 0.0)) / total
+
+    def require_process_sets(self, rank_lists, init_call):
+        self.required = rank_lists
+
+
+def test_wagma_strategy_groups_every_step_global_every_period():
+    ops = FakeOps(2.0)
+    s = WAGMA(group_size=2, sync_period=3, wait_avoiding=False)
+    s.bind(rank=0, size=4, broadcast=None, group_ops=ops)
+    assert ops.required == [[0, 1], [2, 3], [0, 2], [1, 3]]
+    decisions = [s.after_step() for _ in range(4)]
+    assert decisions == [False, False, True, False]                  # True: the controller's global round
+    assert ops.value == 9.0                        # 2 -> (2+10)/2 = 6 -> 8 -> (global: controller) -> 9
+    assert [s.group_of(t) for t in (1, 2, 3, 4)] == [(0, 1), (0, 2), (0, 1), (0, 2)]
+    assert s.telemetry_fields() == {"group": [0, 2], "stale": False, "group_s": s._wait_s}
+    assert s.state_dict()["step"] == 4
+
+
+def test_random_delay_draws_the_same_ranks_everywhere_and_pads_only_them():
+    assert parse_random_delay("2:0.05") == (2, 0.05)
+    with pytest.raises(ValueError, match="COUNT:SECONDS"):
+        parse_random_delay("2")
+    for step in range(20):
+        drawn = delayed_ranks(4, 2, step)
+        assert len(set(drawn)) == 2
+        slept = {r: Slowdown(r, size=4, random_delay=(2, 0.5), sleep=lambda s: None).pad(0.0, step) for r in range(4)}
+        assert sorted(r for r, s in slept.items() if s == 0.5) == sorted(drawn)
+    counts = np.bincount(np.concatenate([delayed_ranks(4, 2, s) for s in range(400)]), minlength=4)
+    assert counts.min() > 150                                        # every rank drawn about half the time
+    with pytest.raises(ValueError, match="size="):
+        Slowdown(0, random_delay="1:0.1")
