@@ -5,6 +5,7 @@ Horovod's ``ProcessSet`` class is framework-independent (``horovod.torch`` and
 """
 from horovod.common.process_sets import ProcessSet
 
+from horovod_hetero.common.controller import call_with_timeout
 from horovod_hetero.common.wagma import process_set_ranks, registered_ids, world_size
 
 
@@ -32,3 +33,27 @@ def registered_sets(basics, rank_lists, init_call):
         out[ranks] = ps = ProcessSet(list(ranks))
         ps.process_set_id = set_id
     return out
+
+
+class GroupOpsBase:
+    """The framework-independent half of an adapter's WAGMA ``group_ops`` (contract in ``HeteroController``).
+
+    Subclasses set ``hvd`` (``horovod.torch`` or ``horovod.tensorflow``) and add ``current``,
+    ``snapshot``, ``allreduce`` and ``assign`` over ``self.model`` (the tensors or variables).
+    """
+
+    hvd = None
+
+    def __init__(self, model, process_set, timeout):
+        self.model, self.process_set, self.timeout = model, process_set, timeout
+        self._sets = {}
+
+    def allgather(self, obj):
+        return call_with_timeout(lambda: self.hvd.allgather_object(obj, name="horovod_hetero.allgather"),
+                                 self.timeout, "the exchange of WAGMA's activation addresses")
+
+    def require_process_sets(self, rank_lists, init_call):
+        if self.process_set not in (None, self.hvd.global_process_set):
+            raise ValueError("WAGMA averages over all ranks: leave process_set at its default, "
+                             "hvd.global_process_set")
+        self._sets = registered_sets(self.hvd.mpi_ops._basics, rank_lists, init_call)

@@ -289,6 +289,9 @@ class WAGMA(LocalSGD):
         self.rank, self.size = rank, size
         self.S = resolve_group_size(self.group_size, size)
         self._ops = group_ops
+        # butterfly partitions repeat every log2(P) steps: this rank's group for each phase
+        phases = range(max(1, size.bit_length() - 1))
+        self._groups = [next(g for g in butterfly_groups(size, self.S, t) if rank in g) for t in phases]
         if self.S == 1:
             return                 # groups of one: local SGD with period sync_period
         group_ops.require_process_sets(process_set_ranks(size, self.S), init_call(size, self.group_size))
@@ -298,11 +301,16 @@ class WAGMA(LocalSGD):
 
     def group_of(self, step):
         """This rank's group after local step ``step`` (1-based; the paper's t = step - 1)."""
-        return next(g for g in butterfly_groups(self.size, self.S, step - 1) if self.rank in g)
+        return self._groups[(step - 1) % len(self._groups)]
+
+    def _publish(self, weight=1.0):
+        """Hand this rank's model to its responder (only wait-avoiding exchanges have one)."""
+        if self.exchange is not None and self.wait_avoiding:
+            self.exchange.publish(self._ops.snapshot(), weight)
 
     def after_step(self, step_s=None):
-        if self._left and self.exchange is not None:       # training again after a join
-            self.exchange.publish(self._ops.snapshot())
+        if self._left:             # training again after a join
+            self._publish()
         self._left = False
         if super().after_step(step_s):
             return True            # global average: the controller runs the round
@@ -313,18 +321,16 @@ class WAGMA(LocalSGD):
                 self._ops.assign(result.summed, result.total_weight + 1.0, add_current=True)
             else:                  # line 11: 1/S W_sum
                 self._ops.assign(result.summed, result.total_weight)
-            self.exchange.publish(self._ops.snapshot())
+            self._publish()
             self._wait_s = time.perf_counter() - t0
         return False
 
     def after_round(self, round):
-        if self.exchange is not None:
-            self.exchange.publish(self._ops.snapshot(), 0.0 if self._left else 1.0)
+        self._publish(0.0 if self._left else 1.0)
 
     def leave(self):
         self._left = True
-        if self.exchange is not None:
-            self.exchange.publish(self._ops.snapshot(), 0.0)
+        self._publish(0.0)
 
     def telemetry_fields(self):
         if self.last is None or self.last.step != self.step:

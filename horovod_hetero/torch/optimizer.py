@@ -17,7 +17,7 @@ from horovod_hetero.common.controller import HeteroController, call_with_timeout
 from horovod_hetero.common.state_server import server_host
 from horovod_hetero.common.strategy import check_strategy
 from horovod_hetero.common.validation import check_float, check_int
-from horovod_hetero.process_sets import registered_sets
+from horovod_hetero.process_sets import GroupOpsBase
 
 #: Seconds a collective may take before it is declared stuck (a dead or diverged rank).
 DEFAULT_TIMEOUT_S = 300.0
@@ -45,29 +45,17 @@ def wait(handle, timeout_s, what):
     return hvd.synchronize(handle)
 
 
-class _GroupOps:
-    """WAGMA's group collectives over the optimizer's tensors (the contract is in ``HeteroController``)."""
+class _GroupOps(GroupOpsBase):
+    """WAGMA's group collectives over the optimizer's tensors (``self.model``)."""
 
-    def __init__(self, tensors, process_set, timeout):
-        self.tensors, self.process_set, self.timeout = tensors, process_set, timeout
-        self._sets = {}
-
-    def allgather(self, obj):
-        return call_with_timeout(lambda: hvd.allgather_object(obj, name="horovod_hetero.allgather"),
-                                 self.timeout, "the exchange of WAGMA's activation addresses")
-
-    def require_process_sets(self, rank_lists, init_call):
-        if self.process_set != hvd.global_process_set:
-            raise ValueError("WAGMA averages over all ranks: leave process_set at hvd.global_process_set")
-        from horovod.torch.mpi_ops import _basics      # Horovod's own table of registered sets
-        self._sets = registered_sets(_basics, rank_lists, init_call)
+    hvd = hvd
 
     def current(self):
-        return self.tensors
+        return self.model
 
     @torch.no_grad()
     def snapshot(self):
-        return [t.clone() for t in self.tensors]
+        return [t.clone() for t in self.model]
 
     @torch.no_grad()
     def allreduce(self, model, weight, control, ranks, name):
@@ -80,7 +68,7 @@ class _GroupOps:
 
     @torch.no_grad()
     def assign(self, summed, total, add_current=False):
-        for t, s in zip(self.tensors, summed):
+        for t, s in zip(self.model, summed):
             if add_current:
                 s.add_(t)
             t.copy_(s.div_(total))

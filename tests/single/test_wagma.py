@@ -5,6 +5,7 @@ import time
 import numpy as np
 import pytest
 
+from horovod_hetero.common.grouping import butterfly_groups
 from horovod_hetero.common.straggler import Slowdown, delayed_ranks, parse_random_delay
 from horovod_hetero.common.wagma import (
     WAGMA, Activations, GroupExchange, process_set_ranks, registered_ids, resolve_group_size, world_size)
@@ -180,3 +181,12 @@ def test_random_delay_draws_the_same_ranks_everywhere_and_pads_only_them():
     assert counts.min() > 150                                        # every rank drawn about half the time
     with pytest.raises(ValueError, match="size="):
         Slowdown(0, random_delay="1:0.1")
+
+
+def test_group_of_follows_the_butterfly_at_every_step_for_p8():
+    ops = FakeOps(0.0)
+    for rank in range(8):
+        s = WAGMA(group_size=4, wait_avoiding=False)
+        s.bind(rank=rank, size=8, broadcast=None, group_ops=ops)
+        for step in range(1, 13):
+            assert s.group_of(step) == [g for g in butterfly_groups(8, 4, step - 1) if rank in g][0]

@@ -6,7 +6,7 @@ import horovod.tensorflow as hvd
 from horovod_hetero._keras import callbacks as _impl
 from horovod_hetero.common.controller import call_with_timeout
 from horovod_hetero.common.state_server import server_host
-from horovod_hetero.process_sets import registered_sets
+from horovod_hetero.process_sets import GroupOpsBase
 
 
 def _grouped_sum(tensors, control, process_set, name):
@@ -33,28 +33,16 @@ def _grouped_sum(tensors, control, process_set, name):
     return sums, summed_control
 
 
-class _GroupOps:
-    """WAGMA's group collectives over the model's variables (the contract is in ``HeteroController``)."""
+class _GroupOps(GroupOpsBase):
+    """WAGMA's group collectives over the model's variables (``self.model``)."""
 
-    def __init__(self, variables, process_set, timeout):
-        self.variables, self.process_set, self.timeout = variables, process_set, timeout
-        self._sets = {}
-
-    def allgather(self, obj):
-        return call_with_timeout(lambda: hvd.allgather_object(obj, name="horovod_hetero.allgather"),
-                                 self.timeout, "the exchange of WAGMA's activation addresses")
-
-    def require_process_sets(self, rank_lists, init_call):
-        if self.process_set not in (None, hvd.global_process_set):
-            raise ValueError("WAGMA averages over all ranks: leave process_set at its default")
-        from horovod.tensorflow.mpi_ops import _basics      # Horovod's own table of registered sets
-        self._sets = registered_sets(_basics, rank_lists, init_call)
+    hvd = hvd
 
     def current(self):
-        return [v.value() for v in self.variables]
+        return [v.value() for v in self.model]
 
     def snapshot(self):
-        return [tf.identity(v) for v in self.variables]
+        return [tf.identity(v) for v in self.model]
 
     def allreduce(self, model, weight, control, ranks, name):
         sent = model if weight == 1.0 else [t * weight for t in model]
@@ -62,7 +50,7 @@ class _GroupOps:
                                  self.timeout, "WAGMA group average")
 
     def assign(self, summed, total, add_current=False):
-        for v, s in zip(self.variables, summed):
+        for v, s in zip(self.model, summed):
             v.assign(((s + v) if add_current else s) / tf.cast(total, v.dtype))
 
 
