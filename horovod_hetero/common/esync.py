@@ -13,7 +13,11 @@ from dataclasses import dataclass
 from horovod_hetero.common.validation import check_float, check_int
 
 
-class StateServerTimeout(RuntimeError):
+class StateServerError(RuntimeError):
+    """The state server cannot be reached, closed the connection, or did not answer in time."""
+
+
+class StateServerTimeout(StateServerError):
     """The state server did not answer in time."""
 
 

@@ -7,7 +7,7 @@ the strategy's counters travel in ``state_dict()`` so a resumed run keeps its ph
 import logging
 import time
 
-from horovod_hetero.common.esync import StateServerTimeout
+from horovod_hetero.common.esync import StateServerError, StateServerTimeout
 from horovod_hetero.common.validation import as_schedule, check_float, check_int
 
 log = logging.getLogger("horovod_hetero")
@@ -198,33 +198,34 @@ class ESync(Strategy):
             log.warning("ESync: %s; falling back to averaging every %d local steps", why, self.fallback_period)
         self.fallback = True
 
+    def _guarded(self, call):
+        """``call()`` (state-server traffic) unless falling back; a server failure starts the
+        fallback and gives None."""
+        if self.fallback or self.client is None:
+            return None
+        try:
+            return call()
+        except StateServerError as e:
+            self._fall_back(str(e))
+            return None
+
     def _begin_round(self):
         """The listing's k = 0 query: registers the round and measures the round trip."""
         self.local_steps = 0
-        if self.fallback or self.client is None:
-            return
-        try:
-            self.client.query(0, self.capability, self.round)
+        if self._guarded(lambda: self.client.query(0, self.capability, self.round)) is not None:
             self._last_answer = time.perf_counter()
-        except StateServerTimeout as e:
-            self._fall_back(str(e))
 
     def after_step(self, step_s=None):
         self.step += 1
         self.local_steps += 1
         if self._left:                                  # training again after a join
             self._left = False
-            if self.client is not None and not self.fallback:
-                self.client.reset(self.round)
-        if not self.fallback and self.client is not None:
-            try:
-                return self._ask(step_s)
-            except StateServerTimeout as e:
-                self._fall_back(str(e))
-        return self.local_steps >= self.fallback_period
+            self._guarded(lambda: self.client.reset(self.round))
+        ready = self._guarded(lambda: self._ask(step_s))
+        return self.local_steps >= self.fallback_period if ready is None else ready
 
     def _ask(self, step_s):
-        """QUERY-STATE for the step just taken; raises ``StateServerTimeout`` when unanswered."""
+        """QUERY-STATE for the step just taken; raises ``StateServerError`` when unreachable or unanswered."""
         if self.step == 1:
             # warm-up: the first step (graph tracing, allocation) can take seconds; reported as
             # capability it would make this rank look slowest and stall the others' readiness,
@@ -248,13 +249,12 @@ class ESync(Strategy):
         if self._left:                      # joining others' rounds: no server traffic
             self.local_steps = 0
             return
-        if not self.fallback and self.client is not None:
-            self.client.reset(round)
+        self._guarded(lambda: self.client.reset(round))
         self._begin_round()
 
     def leave(self):
-        if self.client is not None and not self.fallback and not self._left:
-            self.client.leave()
+        if not self._left:
+            self._guarded(lambda: self.client.leave())
         self._left = True
 
     def telemetry_fields(self):

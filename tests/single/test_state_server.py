@@ -1,13 +1,14 @@
 import json
 import logging
+import socket
 import threading
 import time
 
 import pytest
-import zmq
 
 from fakes import run_ranks
-from horovod_hetero.common.state_server import StateClient, StateServer, StateServerTimeout
+from horovod_hetero.common.state_server import (StateClient, StateServer, StateServerError, StateServerTimeout,
+                                                parse_address)
 from horovod_hetero.common.strategy import ESync
 
 
@@ -48,15 +49,28 @@ def test_delayed_ack_send_and_poll(server):
     c.close()
 
 
+def test_rtt_is_measured_only_for_an_awaited_answer(server):
+    c = StateClient(server.address, 0)
+    c.send_query(1, 0.01, 0)
+    time.sleep(0.2)                                        # delayed ACK: the answer comes while training
+    assert len(c.poll(0.0)) == 1 and c.last_rtt is None    # read late: not a round trip
+    c.query(2, 0.01, 0)
+    assert 0 < c.last_rtt < 0.2
+    c.close()
+
+
 def test_server_survives_a_disconnecting_worker_and_garbage(server):
     gone = StateClient(server.address, 1)
     gone.send_query(1, 0.5, 0)
     gone.close()                                           # disconnects with an answer pending
-    raw = zmq.Context.instance().socket(zmq.DEALER)
-    raw.connect(server.address)
-    raw.send_multipart([b"", b"not json"])
-    assert raw.poll(2000) and "error" in json.loads(raw.recv_multipart()[-1])
-    raw.close()
+    with socket.create_connection(parse_address(server.address), timeout=2) as raw:
+        raw.sendall(b"not json\n" + b'{"op": "query"}\n')
+        lines = raw.makefile("rb")
+        answers = lines.readline(), lines.readline()
+    assert all("error" in json.loads(a) for a in answers)
+    half = socket.create_connection(parse_address(server.address), timeout=2)
+    half.sendall(b'{"op": "que')                            # disconnects in the middle of a message
+    half.close()
     alive = StateClient(server.address, 0)
     assert alive.query(1, 0.01, 0) in (True, False)
     alive.close()
@@ -75,13 +89,42 @@ def test_leave_excludes_a_worker_from_the_slowest(server):
         client.close()
 
 
-def test_unreachable_server_times_out():
+def test_unreachable_server_fails_fast():
     c = StateClient("tcp://127.0.0.1:9", 0, timeout=0.2)
     t0 = time.monotonic()
-    with pytest.raises(StateServerTimeout, match="did not answer within 0.2 s"):
+    with pytest.raises(StateServerError, match="cannot reach the ESync state server at tcp://127.0.0.1:9"):
         c.query(1, 0.01, 0)
     assert time.monotonic() - t0 < 1.0
     c.close()
+
+
+def test_silent_server_times_out():
+    silent = socket.create_server(("127.0.0.1", 0))       # accepts connections, never answers
+    c = StateClient(f"tcp://127.0.0.1:{silent.getsockname()[1]}", 0, timeout=0.2)
+    t0 = time.monotonic()
+    with pytest.raises(StateServerTimeout, match="did not answer within 0.2 s"):
+        c.query(1, 0.01, 0)
+    assert 0.2 <= time.monotonic() - t0 < 1.0
+    c.close()
+    silent.close()
+
+
+def test_a_closed_server_makes_the_next_call_fail_not_hang():
+    s = StateServer(1)
+    c = StateClient(s.address, 0, timeout=5.0)
+    assert c.query(1, 0.01, 0) is True
+    s.close()
+    t0 = time.monotonic()
+    with pytest.raises(StateServerError, match="went away|cannot reach"):
+        for _ in range(3):                                  # the first send may still be accepted
+            c.query(2, 0.01, 0)
+    assert time.monotonic() - t0 < 1.0
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "tcp://:5", "tcp://host:port"])
+def test_bad_server_address(address):
+    with pytest.raises(ValueError, match="server_address must look like tcp://host:port"):
+        StateClient(address, 0)
 
 
 def test_esync_falls_back_once_with_a_warning(caplog):
