@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 
-from horovod_hetero.common.esync import ESyncState, StateServerError, StateServerTimeout  # noqa: F401
+from horovod_hetero.common.esync import ESyncState, StateServerError, StateServerTimeout
 
 
 def parse_address(address):

@@ -8,6 +8,7 @@ import logging
 import time
 
 from horovod_hetero.common.esync import StateServerError, StateServerTimeout
+from horovod_hetero.common.state_server import StateClient, StateServer, parse_address
 from horovod_hetero.common.validation import as_schedule, check_float, check_int
 
 log = logging.getLogger("horovod_hetero")
@@ -172,6 +173,8 @@ class ESync(Strategy):
         self.overshoot = check_float("overshoot", overshoot, 0.0, 1.0)
         self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
         self.fallback_period = check_int("fallback_period", fallback_period, 1)
+        if server_address is not None:
+            parse_address(server_address)               # a malformed address fails here, not at bind
         self.server_address = server_address
         self.round = 0
         self.local_steps = 0
@@ -182,8 +185,6 @@ class ESync(Strategy):
         self._last_answer = None
 
     def bind(self, rank, size, broadcast, host="127.0.0.1", group_ops=None):
-        from horovod_hetero.common.state_server import StateClient, StateServer
-
         address = self.server_address
         if address is None:
             if rank == 0:

@@ -145,7 +145,8 @@ def test_esync_falls_back_once_with_a_warning(caplog):
 @pytest.mark.parametrize("kwargs,match", [({"global_lr": 0}, "global_lr"), ({"global_lr": -1.0}, "global_lr"),
                                           ({"mode": "async"}, "mode must be one of 'blocking', 'delayed_ack'"),
                                           ({"fallback_period": 0}, "fallback_period"),
-                                          ({"overshoot": 2.0}, "overshoot"), ({"timeout": 0}, "timeout")])
+                                          ({"overshoot": 2.0}, "overshoot"), ({"timeout": 0}, "timeout"),
+                                          ({"server_address": "localhost"}, "server_address must look like")])
 def test_esync_bad_configuration(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         ESync(**kwargs)
