@@ -7,7 +7,8 @@ draw on every rank, for every variant) are delayed: each step sleeps ``--base`` 
 drawn ranks ``--delay`` more. Every variant trains the digits MLP for the same number of steps
 from the same initial model and the same batches; the variants run back to back in a rotating
 order, ``--repeats`` times. The table gives samples/s (all ranks, median over repetitions) as
-ratios to hvd.DistributedOptimizer and to LocalSGD(sync_period), test accuracy at equal steps,
+ratios to hvd.DistributedOptimizer and to LocalSGD(sync_period), the share of the variant's bound
+(its rate if computing and communicating were free, ``sleep_bound``), test accuracy at equal steps,
 and how often the models are identical where they must be: all ranks after a global average,
 the group's members after a group average (a stale member, served from its last model, differs
 from its peers by design: Algorithm 2, line 13).
@@ -24,9 +25,11 @@ import torch.nn.functional as F
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
 from horovod_hetero.common.grouping import butterfly_groups
-from horovod_hetero.common.straggler import Slowdown
+from horovod_hetero.common.straggler import Slowdown, delayed_ranks
 from horovod_hetero.common.wagma import resolve_group_size
 from horovod_hetero.data import digits
+
+DELAYED = 2          # ranks drawn at random and delayed at every step, as in the paper's ResNet experiment
 
 
 def variants(S, tau, patience):
@@ -54,7 +57,7 @@ def train(make_opt, data, args):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
     opt = make_opt(model, torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9))
-    pad = Slowdown(hvd.rank(), base_step_s=args.base, size=hvd.size(), random_delay=(2, args.delay))
+    pad = Slowdown(hvd.rank(), base_step_s=args.base, size=hvd.size(), random_delay=(DELAYED, args.delay))
     batches = torch.Generator().manual_seed(hvd.rank())
     order = torch.cat([torch.randperm(len(y), generator=batches) for _ in range(args.steps * args.batch // len(y) + 1)])
     digests = []
@@ -78,6 +81,16 @@ def train(make_opt, data, args):
     stale = sum(bool(r.get("stale")) for r in records)
     return {"wall": wall, "accuracy": accuracy, "digests": digests, "stale": stale, "groups": len(waits),
             "group_ms": 1000 * statistics.median(waits) if waits else None}
+
+
+def sleep_bound(size, steps, base, delay, period):
+    """Wall time if computing and communicating were free: every ``period`` steps all ranks meet, so each
+    period lasts as long as its slowest rank's sleeps. Per step (hvd) for period 1; the same for
+    LocalSGD(tau) and WAGMA(tau), whose only barrier is the global average every tau steps."""
+    sleeps = np.full((steps, size), base)
+    for step in range(1, steps + 1):
+        sleeps[step - 1, delayed_ranks(size, DELAYED, step)] += delay
+    return sleeps.reshape(-1, period, size).sum(axis=1).max(axis=1).sum()
 
 
 def identical_shares(digests, S, tau):
@@ -107,6 +120,8 @@ def main():
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--patience", type=float, default=0.0, help="WAGMA's patience (seconds)")
     args = p.parse_args()
+    if args.sync_period < 1 or args.steps % args.sync_period:
+        p.error(f"--steps ({args.steps}) must be a multiple of --sync-period ({args.sync_period}) >= 1")
 
     hvd.init(process_sets=hh.wagma_process_sets(group_size=args.group_size))
     torch.set_num_threads(1)
@@ -126,12 +141,14 @@ def main():
     rate = {n: statistics.median(total / max(e[n][k]["wall"] for e in everyone) for k in range(args.repeats))
             for n in names}
     ref, local = rate[names[0]], rate[names[1]]
-    print(f"{hvd.size()} workers, {args.steps} steps of {args.base * 1000:g} ms; 2 random ranks "
+    print(f"{hvd.size()} workers, {args.steps} steps of {args.base * 1000:g} ms; {DELAYED} random ranks "
           f"{args.delay * 1000:g} ms slower each step; median of {args.repeats} repetitions\n")
-    print("| variant | samples/s | vs hvd | vs LocalSGD | test acc | global steps identical "
+    print("| variant | samples/s | vs hvd | vs LocalSGD | of its bound | test acc | global steps identical "
           "| group steps identical | stale group steps | median group wait |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for n in names:
+        period = 1 if n == names[0] else tau
+        bound = total / sleep_bound(hvd.size(), args.steps, args.base, args.delay, period)
         acc = statistics.mean(e[n][k]["accuracy"] for e in everyone for k in range(args.repeats))
         cells = ["", "", "", ""]
         if n != names[0]:
@@ -143,7 +160,8 @@ def main():
                      f"{np.mean([s[1] for s in shares]):.0%}" if groups else "",
                      f"{stale / groups:.0%}" if groups else "",
                      f"{statistics.median(waits):.1f} ms" if waits else ""]
-        print(f"| {n} | {rate[n]:.0f} | {rate[n] / ref:.2f}x | {rate[n] / local:.2f}x | {acc:.3f} | "
+        print(f"| {n} | {rate[n]:.0f} | {rate[n] / ref:.2f}x | {rate[n] / local:.2f}x | {rate[n] / bound:.0%} "
+              f"| {acc:.3f} | "
               + " | ".join(cells) + " |")
 
 
