@@ -2,6 +2,7 @@
 import json
 import os
 import pathlib
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -61,6 +62,10 @@ def demo(num_proc, slowdown, base_step, budget, keep):
     script = EXAMPLES / "torch_digits.py"
     if not script.exists():
         raise click.ClickException(f"{script} not found: run the demo from a checkout (make demo)")
+    try:
+        factors = parse_factors(slowdown, name="--slowdown")   # the fast workers: those of the smallest factor
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
     root = pathlib.Path(keep or tempfile.mkdtemp(prefix="horovod-hetero-demo-"))
     click.echo(f"horovod-hetero demo: {num_proc} workers, slowdown {slowdown} (base step {base_step * 1000:g} ms), "
                f"digits MLP, {budget:g} s of training per strategy")
@@ -81,11 +86,10 @@ def demo(num_proc, slowdown, base_step, budget, keep):
             raise click.ClickException(f"{label} run failed (exit {code})")
         result = json.loads((out / "result.json").read_text())
         summary = summarize(load(str(out / "telemetry")))
-        factors = parse_factors(slowdown)             # the fastest workers: the smallest factor
         fast = [s["compute_ratio"] for r, s in summary.items() if factors[int(r)] == min(factors)]
         rtts = [s["median_rtt_s"] for s in summary.values() if s["median_rtt_s"] is not None]
         rows.append((label, result["samples_per_s"], result["accuracy"], sum(fast) / len(fast),
-                     sorted(rtts)[len(rtts) // 2] if rtts else None))
+                     statistics.median_high(rtts) if rtts else None))
         click.echo(f"[{i}/{len(DEMO_STRATEGIES)}] {label}: done in {time.perf_counter() - t0:.0f} s, "
                    f"test accuracy {result['accuracy']:.3f}")
     base = rows[0][1]

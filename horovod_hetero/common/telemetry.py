@@ -10,6 +10,7 @@ the ``telemetry=`` argument of the wrapper/callback.
 import glob
 import json
 import os
+import statistics
 import time
 
 ENV = "HOROVOD_HETERO_TELEMETRY"
@@ -88,7 +89,7 @@ def summarize(by_rank):
         samples = sum(r.get("samples", 0) for r in recs)
         syncs = sum(1 for r in recs if r.get("synced"))
         losses = [r["loss"] for r in recs if "loss" in r]
-        rtts = sorted(r["rtt_s"] for r in recs if r.get("rtt_s") is not None)
+        rtts = [r["rtt_s"] for r in recs if r.get("rtt_s") is not None]
         out[rank] = {
             "steps": len(recs),
             "syncs": syncs,
@@ -100,7 +101,7 @@ def summarize(by_rank):
             "mean_local_steps": len(recs) / syncs if syncs else float(len(recs)),
             "bytes_sent": sum(r.get("bytes_sent", 0) for r in recs),
             "last_loss": losses[-1] if losses else None,
-            "median_rtt_s": rtts[len(rtts) // 2] if rtts else None,
+            "median_rtt_s": statistics.median_high(rtts) if rtts else None,
         }
     return out
 
