@@ -6,7 +6,7 @@ NP ?= 4
 
 .PHONY: demo test test-single test-parallel bench bench-wagma env clean
 
-$(READY): tools/bootstrap.sh tools/requirements.txt setup.py
+$(READY): tools/bootstrap.sh tools/requirements.txt pyproject.toml
 	VENV=$(VENV) bash tools/bootstrap.sh
 
 env: $(READY)
@@ -18,12 +18,12 @@ test: test-single test-parallel
 
 test-single: $(READY)
 	$(PY) -m pytest -q -p no:cacheprovider tests/single
+	$(PY) -m pytest -q -p no:cacheprovider --doctest-modules horovod_hetero
 
 test-parallel: $(READY)
-	@# one horovodrun job per file: test_torch_bitwise.py turns tensor fusion off for its whole job
-	@# test_wagma*.py register WAGMA's process sets in hvd.init, once per job
-	for f in tests/parallel/test_torch.py tests/parallel/test_torch_bitwise.py tests/parallel/test_esync.py \
-	         tests/parallel/test_keras.py tests/parallel/test_wagma.py tests/parallel/test_keras_wagma.py; do \
+	@# one horovodrun job per file: a file may set Horovod's environment (fusion off) or register
+	@# process sets (WAGMA) in its hvd.init, once per job
+	for f in tests/parallel/test_*.py; do \
 	  VENV=$(VENV) tools/run_parallel.sh $(NP) $$f || exit 1; done
 
 bench: $(READY)

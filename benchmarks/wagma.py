@@ -24,9 +24,8 @@ import torch.nn.functional as F
 
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
-from horovod_hetero.common.grouping import butterfly_groups
-from horovod_hetero.common.straggler import Slowdown, delayed_ranks
-from horovod_hetero.common.wagma import resolve_group_size
+from horovod_hetero.rules.grouping import butterfly_groups, resolve_group_size
+from horovod_hetero.runtime.straggler import Slowdown, delayed_ranks
 from horovod_hetero.data import digits
 
 DELAYED = 2          # ranks drawn at random and delayed at every step, as in the paper's ResNet experiment
@@ -73,7 +72,6 @@ def train(make_opt, data, args):
     wall = time.perf_counter() - t0
     if hasattr(opt, "sync_model"):
         opt.sync_model()
-        opt.strategy.close()
     with torch.no_grad():
         accuracy = (model(x_test).argmax(1) == y_test).float().mean().item()
     records = opt.telemetry.records if hasattr(opt, "telemetry") else []

@@ -10,7 +10,7 @@ import timeit
 
 import numpy as np
 
-from horovod_hetero.common.zipline import predict_ends, zipline, zipline_opt
+from horovod_hetero.rules.zipline import predict_ends, zipline, zipline_opt
 
 
 def best_time(fn, budget_s=0.5):

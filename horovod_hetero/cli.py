@@ -2,6 +2,7 @@
 import json
 import os
 import pathlib
+import shutil
 import statistics
 import subprocess
 import sys
@@ -10,13 +11,17 @@ import time
 
 import click
 
-from horovod_hetero.common.straggler import parse_factors
-from horovod_hetero.common.telemetry import format_summary, load, summarize
+import horovod_hetero
+from horovod_hetero.runtime.straggler import parse_factors
+from horovod_hetero.runtime.telemetry import format_summary, load, summarize
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "examples"
-DEMO_STRATEGIES = {"Synchronous": ["--strategy", "sync"], "LocalSGD(8)": ["--strategy", "localsgd", "--period", "8"],
-                   "ESync": ["--strategy", "esync"], "WAGMA(S=2,8)": ["--strategy", "wagma", "--period", "8"]}
+#: The directory holding the ``horovod_hetero`` package this command runs (a checkout or site-packages):
+#: the demo's workers import the same copy.
+PACKAGE_PARENT = pathlib.Path(horovod_hetero.__file__).resolve().parent.parent
+DEMO_STRATEGIES = {"sync": ("Synchronous", ["--strategy", "sync"]),
+                   "localsgd": ("LocalSGD(8)", ["--strategy", "localsgd", "--period", "8"]),
+                   "esync": ("ESync", ["--strategy", "esync"]),
+                   "wagma": ("WAGMA(S=2,8)", ["--strategy", "wagma", "--period", "8"])}
 
 
 @click.group()
@@ -26,7 +31,12 @@ def cli():
 
 
 def horovodrun(num_proc):
+    """The horovodrun command: beside this interpreter (a virtual environment), else on PATH."""
     exe = pathlib.Path(sys.executable).with_name("horovodrun")
+    if not exe.exists():
+        exe = shutil.which("horovodrun")
+        if exe is None:
+            raise click.ClickException("horovodrun not found beside this Python or on PATH: install Horovod")
     return [str(exe), "-np", str(num_proc), "-H", f"localhost:{num_proc}", "--gloo"]
 
 
@@ -57,11 +67,15 @@ def run_worker_job(cmd, env, label, timeout_s):
               help="seconds one step takes on a factor-1 worker (steps are padded to factor x this)")
 @click.option("--budget", default=25.0, show_default=True, help="wall-clock seconds of training per strategy")
 @click.option("--keep", type=click.Path(file_okay=False), default=None, help="keep telemetry in this folder")
-def demo(num_proc, slowdown, base_step, budget, keep):
+@click.option("--strategies", default=",".join(DEMO_STRATEGIES), show_default=True,
+              help=f"comma list of {', '.join(DEMO_STRATEGIES)} (the first is the baseline)")
+def demo(num_proc, slowdown, base_step, budget, keep, strategies):
     """Compare strategies on this machine: digits MLP, simulated stragglers, fixed time budget."""
-    script = EXAMPLES / "torch_digits.py"
-    if not script.exists():
-        raise click.ClickException(f"{script} not found: run the demo from a checkout (make demo)")
+    chosen = [name.strip() for name in strategies.split(",")]
+    unknown = [name for name in chosen if name not in DEMO_STRATEGIES]
+    if unknown or not chosen:
+        raise click.UsageError(f"--strategies: unknown {', '.join(unknown) or 'empty list'}; "
+                               f"choose from {', '.join(DEMO_STRATEGIES)}")
     try:
         factors = parse_factors(slowdown, name="--slowdown")   # the fast workers: those of the smallest factor
     except ValueError as e:
@@ -70,15 +84,17 @@ def demo(num_proc, slowdown, base_step, budget, keep):
     click.echo(f"horovod-hetero demo: {num_proc} workers, slowdown {slowdown} (base step {base_step * 1000:g} ms), "
                f"digits MLP, {budget:g} s of training per strategy")
     rows = []
-    for i, (label, args) in enumerate(DEMO_STRATEGIES.items(), start=1):
-        out = root / label.replace("(", "_").replace(")", "")
+    for i, key in enumerate(chosen, start=1):
+        label, args = DEMO_STRATEGIES[key]
+        out = root / label.replace("(", "_").replace(")", "").replace(",", "_").replace("=", "")
         out.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, HOROVOD_HETERO_SLOWDOWN=slowdown, HOROVOD_HETERO_BASE_STEP_S=str(base_step),
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(PACKAGE_PARENT), os.environ.get("PYTHONPATH")])),
                    HOROVOD_HETERO_TELEMETRY=str(out / "telemetry"), PYTHONUNBUFFERED="1")
-        cmd = horovodrun(num_proc) + [sys.executable, str(script), *args, "--time-budget", str(budget),
-                                      "--epochs", "100000", "--result", str(out / "result.json")]
-        click.echo(f"[{i}/{len(DEMO_STRATEGIES)}] {label}: starting {num_proc} workers ...")
+        cmd = horovodrun(num_proc) + [sys.executable, "-m", "horovod_hetero.examples.torch_digits", *args,
+                                      "--time-budget", str(budget), "--epochs", "100000",
+                                      "--result", str(out / "result.json")]
+        click.echo(f"[{i}/{len(chosen)}] {label}: starting {num_proc} workers ...")
         t0 = time.perf_counter()
         code, output = run_worker_job(cmd, env, label, timeout_s=budget + 120)
         if code != 0 or not (out / "result.json").exists():
@@ -90,7 +106,7 @@ def demo(num_proc, slowdown, base_step, budget, keep):
         rtts = [s["median_rtt_s"] for s in summary.values() if s["median_rtt_s"] is not None]
         rows.append((label, result["samples_per_s"], result["accuracy"], sum(fast) / len(fast),
                      statistics.median_high(rtts) if rtts else None))
-        click.echo(f"[{i}/{len(DEMO_STRATEGIES)}] {label}: done in {time.perf_counter() - t0:.0f} s, "
+        click.echo(f"[{i}/{len(chosen)}] {label}: done in {time.perf_counter() - t0:.0f} s, "
                    f"test accuracy {result['accuracy']:.3f}")
     base = rows[0][1]
     click.echo("")
@@ -146,13 +162,17 @@ def parse_floats(text, name):
 def simulate(speeds, strategies, duration, jitter, change_at, change_factors, model_mb, bandwidth_gbps,
              latency_us, batch, period, lookahead, s_lower, s_upper, group_size, wagma_period, seed,
              per_worker, png):
-    """Simulate the strategies on a cluster of workers with the given speeds."""
-    from horovod_hetero.common import simulate as sim
+    """Simulate the strategies on a cluster of workers with the given speeds.
+
+    The strategies are the library's own objects (one per simulated worker), on a virtual clock."""
+    from horovod_hetero import simulate as sim
+    from horovod_hetero import strategies as lib
 
     step_times = parse_speeds(speeds)
-    makers = {"sync": lambda: sim.Sync(), "localsgd": lambda: sim.LocalSGD(period), "esync": lambda: sim.ESync(),
-              "elasticbsp": lambda: sim.ElasticBSP(lookahead), "dssp": lambda: sim.DSSP(s_lower, s_upper),
-              "wagma": lambda: sim.WAGMA(group_size, wagma_period)}
+    makers = {"sync": lambda: lib.Synchronous(), "localsgd": lambda: lib.LocalSGD(period),
+              "esync": lambda: lib.ESync(), "elasticbsp": lambda: sim.ElasticBSP(lookahead),
+              "dssp": lambda: sim.DSSP(s_lower, s_upper),
+              "wagma": lambda: lib.WAGMA(group_size, wagma_period)}
     names = list(makers) if strategies == "all" else [n.strip() for n in strategies.split(",")]
     unknown = [n for n in names if n not in makers]
     if unknown:
@@ -169,11 +189,14 @@ def simulate(speeds, strategies, duration, jitter, change_at, change_factors, mo
                f"{bandwidth_gbps:g} Gbit/s, jitter {jitter:g}")
     results = []
     for name in names:
-        strategy = makers[name]()
+        try:
+            strategy = makers[name]()
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint=f"the {name} options") from None
         try:
             results += sim.compare(cluster, [strategy], duration)
         except ValueError as e:
-            click.echo(f"{strategy.name}: skipped ({e})")
+            click.echo(f"{sim.label(strategy)}: skipped ({e})")
     if not results:
         raise click.ClickException("no strategy could be simulated")
     click.echo(sim.format_table(results))
@@ -217,7 +240,7 @@ def plot_results(results, path):
 @click.option("-R", "lookahead", default=15, show_default=True, help="lookahead: iterations predicted per worker")
 def plan(last_ends, intervals, lookahead):
     """Print the ZipLine barrier (ElasticBSP) for workers' last end times and intervals."""
-    from horovod_hetero.common.zipline import predict_ends, zipline
+    from horovod_hetero.rules.zipline import predict_ends, zipline
 
     try:
         result = zipline(predict_ends(parse_floats(last_ends, "--last-ends"),

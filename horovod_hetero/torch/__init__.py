@@ -1,5 +1,6 @@
 """PyTorch adapter: ``import horovod_hetero.torch as hh`` next to ``import horovod.torch as hvd``."""
-from horovod_hetero.common.strategy import ESync, LocalSGD, Strategy, Synchronous  # noqa: F401
-from horovod_hetero.common.wagma import WAGMA  # noqa: F401
-from horovod_hetero.process_sets import wagma_process_sets  # noqa: F401
-from horovod_hetero.torch.optimizer import DEFAULT_TIMEOUT_S, CollectiveTimeoutError, DistributedOptimizer  # noqa: F401
+from horovod_hetero._horovod import wagma_process_sets  # noqa: F401
+from horovod_hetero.errors import CollectiveTimeoutError, HeteroError, RoundMismatchError  # noqa: F401
+from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S  # noqa: F401
+from horovod_hetero.strategies import ESync, LocalSGD, Strategy, Synchronous, WAGMA  # noqa: F401
+from horovod_hetero.torch.optimizer import DistributedOptimizer  # noqa: F401

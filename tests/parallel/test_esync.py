@@ -4,7 +4,7 @@ import torch
 
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
-from horovod_hetero.common.straggler import Slowdown
+from horovod_hetero.runtime.straggler import Slowdown
 from test_torch import GRAD, GRADS, RANK, SIZE, constant_grad_step
 
 UNREACHABLE = "tcp://127.0.0.1:9"       # nothing listens on the discard port
@@ -32,7 +32,6 @@ def check_rounds(mode):
                                   strategy=hh.ESync(mode=mode), slowdown=slowed())
     after, per_round = run_rounds(opt, p, rounds=6)
     everyone = hvd.allgather_object((after, per_round, p.tolist(), opt.strategy.fallback), name=f"esync.{mode}")
-    opt.strategy.close()
     return everyone
 
 

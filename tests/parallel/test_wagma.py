@@ -7,8 +7,8 @@ import torch
 
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
-from horovod_hetero.common.grouping import butterfly_groups
-from horovod_hetero.torch.optimizer import _GroupOps
+from horovod_hetero.rules.grouping import butterfly_groups
+from horovod_hetero.torch.collectives import TorchCollectives
 
 hvd.init(process_sets=hh.wagma_process_sets(group_size=2))
 RANK, SIZE = hvd.rank(), hvd.size()
@@ -58,7 +58,6 @@ def test_groups_follow_the_butterfly_and_hold_the_exact_mean_global_every_period
         mine = None if s % 4 == 0 else [list(x) for x in butterfly_groups(SIZE, 2, s - 1) if RANK in x][0]
         assert g == mine, (s, g)
     assert all(e[2] == everyone[0][2] for e in everyone)        # sync_model: identical at the end
-    opt.strategy.close()
 
 
 def test_straggler_is_served_stale_its_peer_does_not_wait_and_line_13_holds():
@@ -74,9 +73,9 @@ def test_straggler_is_served_stale_its_peer_does_not_wait_and_line_13_holds():
         after.append(p[0].item())
         stale.append(record.get("stale"))
         waits.append(record.get("group_s"))
-    everyone = hvd.allgather_object((after, stale, waits, opt.strategy.exchange.served_stale), name="wagma.stale")
+    served_stale = opt._hh.transports.groups.served_stale
+    everyone = hvd.allgather_object((after, stale, waits, served_stale), name="wagma.stale")
     opt.sync_model()
-    opt.strategy.close()
     w1 = [2.0, 2.0, 6.0, 6.0]                                       # step 1: fresh pairs (0,1), (2,3)
     w3_2 = (4.0 + 6.0 + 10.0) / 3                                   # rank 3: rank 1's W' + its stale + its W'
     expected2 = [6.0, (4.0 + 6.0) / 2, 6.0, w3_2]                   # pairs (0,2) fresh, (1,3) stale
@@ -103,13 +102,12 @@ def test_uneven_steps_with_wait_avoidance_end_identical():
         step(opt, p, sleep_s=0.01 * RANK)
     opt.sync_model()
     finals = hvd.allgather_object(p.tolist(), name="wagma.uneven")
-    opt.strategy.close()
     assert all(f == finals[0] for f in finals)
 
 
 def test_missing_process_sets_name_the_init_call():
-    ops = _GroupOps([], hvd.global_process_set, 5.0)
+    ops = TorchCollectives(hvd.global_process_set, 5.0)
     with pytest.raises(ValueError, match=r"missing \[\[0, 3\]\].*hvd.init\(process_sets=hh.wagma_process_sets"):
-        ops.require_process_sets([[0, 3]], "hvd.init(process_sets=hh.wagma_process_sets(group_size=2))")
+        ops.require_groups([[0, 3]], "hvd.init(process_sets=hh.wagma_process_sets(group_size=2))")
     with pytest.raises(ValueError, match=r"S \(group size\) must be <= P = 4, got 8; e.g. S = 2"):
         wagma_opt(torch.nn.Parameter(torch.zeros(1)), group_size=8)

@@ -1,7 +1,12 @@
 """Fake collectives for single-process tests: ranks are threads, allreduce is a barrier + sum."""
 import threading
+import time
 
 import numpy as np
+
+from horovod_hetero.runtime.collectives import Collectives, Model
+from horovod_hetero.strategies.base import Context, RoundResult, RoundStats
+from horovod_hetero.transports import Transports
 
 
 class ThreadAllreduce:
@@ -56,3 +61,65 @@ def run_ranks(size, target, timeout=20.0):
     if errors:
         raise errors[0]
     return results
+
+
+class ArrayCollectives(Collectives):
+    """``Collectives`` over NumPy arrays: ``allreduce(rank, arrays)`` sums (e.g. a ``ThreadAllreduce``),
+    ``broadcast(obj)`` stands in for Horovod's object broadcast."""
+
+    def __init__(self, allreduce, rank=0, size=1, broadcast=lambda obj: obj):
+        self.rank, self.size = rank, size
+        self._allreduce, self._broadcast = allreduce, broadcast
+        self.calls = []
+
+    def allreduce_sum(self, tensors, control, *, ranks=None, name, what, inplace=False):
+        self.calls.append((name, ranks))
+        out = self._allreduce(self.rank, list(tensors) + [np.array(control)])
+        return out[:-1], [float(c) for c in out[-1]]
+
+    def copy(self, tensors):
+        return [np.array(t, copy=True) for t in tensors]
+
+    def broadcast_object(self, obj, *, what):
+        return self._broadcast(obj)
+
+    def allgather_object(self, obj, *, what):
+        raise NotImplementedError("not in single-process tests")
+
+
+def scripted(control_fn):
+    """An ``allreduce`` for ``ArrayCollectives`` that leaves tensors alone and maps the control vector."""
+    return lambda rank, arrays: list(arrays[:-1]) + [np.asarray(control_fn(list(arrays[-1])), dtype=float)]
+
+
+class ArrayModel(Model):
+    """A ``Model`` over a dict of NumPy arrays (sorted by key), e.g. ``{"w": np.zeros(3)}``."""
+
+    def __init__(self, arrays, nbytes=None):
+        self.arrays = arrays
+        self._nbytes = nbytes
+
+    def tensors(self):
+        return [self.arrays[k] for k in sorted(self.arrays)]
+
+    def assign(self, values, divisor=1.0, add_current=False):
+        for k, s in zip(sorted(self.arrays), values):
+            self.arrays[k] = ((s + self.arrays[k]) if add_current else s) / divisor
+
+    @property
+    def nbytes(self):
+        return self._nbytes if self._nbytes is not None else sum(a.nbytes for a in self.arrays.values())
+
+
+def context(rank=0, size=1, broadcast=lambda obj: obj, clock=time.perf_counter):
+    """A strategy ``Context`` with real transports over ``ArrayCollectives`` (returns it and the transports)."""
+    collectives = ArrayCollectives(None, rank, size, broadcast)
+    transports = Transports(rank, size, collectives)
+    return Context(rank, size, transports, collectives, clock), transports
+
+
+def round_result(round, size=1):
+    """A ``RoundResult`` in which every rank stepped once."""
+    stats = RoundStats(local_steps=np.ones(size, dtype=np.int64), step_s=np.zeros(size), loss=np.full(size, np.nan),
+                       samples=np.zeros(size, dtype=np.int64), done=np.zeros(size, dtype=bool))
+    return RoundResult(round, 1.0, float(size), 0, stats)

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from horovod_hetero.common.adsp import (CommitRateSearch, commit_period, fit_loss_curve, loss_model,
+from horovod_hetero.rules.adsp import (CommitRateSearch, commit_period, fit_loss_curve, loss_model,
                                         reward)
 
 

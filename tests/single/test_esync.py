@@ -1,6 +1,6 @@
 import pytest
 
-from horovod_hetero.common.esync import ESyncState
+from horovod_hetero.rules.esync import ESyncState
 
 
 class Clock:

@@ -1,6 +1,6 @@
 import pytest
 
-from horovod_hetero.common.grouping import (butterfly_groups, distinct_partitions, nearest_group_size,
+from horovod_hetero.rules.grouping import (butterfly_group, butterfly_groups, distinct_partitions, nearest_group_size,
                                             partition_index)
 
 
@@ -54,3 +54,10 @@ def test_bad_sizes_name_the_argument_and_the_fix(P, S, match):
 def test_power_of_two_error_suggests_a_group_size():
     with pytest.raises(ValueError, match=r"e\.g\. 4"):
         butterfly_groups(16, 3, 0)
+
+
+def test_one_ranks_group_is_its_group_in_the_partition():
+    for P, S in [(1, 1), (2, 2), (8, 2), (8, 4), (16, 4), (32, 8)]:
+        for t in range(6):
+            partition = butterfly_groups(P, S, t)
+            assert [butterfly_group(P, S, t, r) for r in range(P)] == [g for r in range(P) for g in partition if r in g]

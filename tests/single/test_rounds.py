@@ -1,10 +1,11 @@
 import numpy as np
 import pytest
 
-from fakes import ThreadAllreduce, run_ranks, weighted_average_fn
-from horovod_hetero.common.controller import HeteroController
-from horovod_hetero.common.rounds import RoundMismatchError, RoundProtocol
-from horovod_hetero.common.strategy import LocalSGD
+from fakes import ArrayCollectives, ArrayModel, ThreadAllreduce, run_ranks, weighted_average_fn
+from horovod_hetero.errors import RoundMismatchError
+from horovod_hetero.runtime.controller import HeteroController
+from horovod_hetero.runtime.rounds import RoundProtocol
+from horovod_hetero.strategies import LocalSGD
 
 
 def test_round_averages_models_exactly():
@@ -30,7 +31,7 @@ def test_ranks_with_different_step_counts_end_identical_without_hanging():
 
     def rank_main(rank):
         model = {"w": np.array([100.0 * rank])}
-        ctl = HeteroController(LocalSGD(period=2), weighted_average_fn(allreduce, rank, model), size, rank)
+        ctl = HeteroController(LocalSGD(period=2), ArrayCollectives(allreduce, rank, size), ArrayModel(model))
         for _ in range(steps[rank]):
             model["w"] = model["w"] + 1.0        # a local "update"
             ctl.after_step()

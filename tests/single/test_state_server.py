@@ -6,10 +6,11 @@ import time
 
 import pytest
 
-from fakes import run_ranks
-from horovod_hetero.common.state_server import (StateClient, StateServer, StateServerError, StateServerTimeout,
-                                                parse_address)
-from horovod_hetero.common.strategy import ESync
+from fakes import context, round_result, run_ranks
+from horovod_hetero.errors import StateServerError, StateServerTimeout
+from horovod_hetero.strategies import AVERAGE, ESync, StepReport
+from horovod_hetero.transports.state_server import StateClient, StateServer
+from horovod_hetero.validation import parse_address
 
 
 @pytest.fixture
@@ -130,16 +131,17 @@ def test_bad_server_address(address):
 def test_esync_falls_back_once_with_a_warning(caplog):
     s = ESync(timeout=0.1, fallback_period=3, server_address="tcp://127.0.0.1:9")
     with caplog.at_level(logging.WARNING, logger="horovod_hetero"):
-        s.bind(0, 1, broadcast=lambda x: x)
+        ctx, transports = context(0, 1)
+        s.start(ctx)
         decisions = []
         for _ in range(7):
-            ready = s.after_step(step_s=0.01)
+            ready = s.after_step(StepReport(step_s=0.01)) is AVERAGE
             decisions.append(ready)
             if ready:
-                s.after_round(s.round + 1)
+                s.after_round(round_result(s.round + 1))
     assert decisions == [False, False, True, False, False, True, False]
     assert s.fallback and len([r for r in caplog.records if "falling back" in r.message]) == 1
-    s.close()
+    transports.close()
 
 
 @pytest.mark.parametrize("kwargs,match", [({"global_lr": 0}, "global_lr"), ({"global_lr": -1.0}, "global_lr"),
@@ -156,22 +158,24 @@ def test_two_workers_through_the_real_server_fast_runs_several_steps_slow_one():
     """Threads stand in for ranks; a barrier stands in for the allreduce."""
     barrier = threading.Barrier(2, timeout=10)
     strategies = [ESync(overshoot=0.0), ESync(overshoot=0.0)]
-    strategies[0].bind(0, 2, broadcast=lambda x: x)             # rank 0 starts the server
-    strategies[1].bind(1, 2, broadcast=lambda x: strategies[0].server.address)
+    ctx0, transports0 = context(0, 2)
+    strategies[0].start(ctx0)                                   # rank 0 starts the server
+    ctx1, transports1 = context(1, 2, broadcast=lambda x: transports0.server.address)
+    strategies[1].start(ctx1)
 
     def rank_main(rank):
         s, step = strategies[rank], (0.01, 0.06)[rank]
         per_round = []
         while len(per_round) < 5:
             time.sleep(step)
-            if s.after_step(step_s=step):
+            if s.after_step(StepReport(step_s=step)) is AVERAGE:
                 per_round.append(s.local_steps)
                 barrier.wait()
-                s.after_round(s.round + 1)
+                s.after_round(round_result(s.round + 1, size=2))
         return per_round
 
     fast, slow = run_ranks(2, rank_main, timeout=30)
-    for s in strategies:
-        s.close()
+    for transports in (transports1, transports0):
+        transports.close()
     assert slow[1:] == [1] * 4                           # round 1 also holds the unreported warm-up step
     assert min(fast[1:]) >= 3                            # ~5 fit in one slow step

@@ -1,11 +1,11 @@
 import pytest
 
-from horovod_hetero.common.strategy import LocalSGD, Strategy, Synchronous, check_strategy
-from horovod_hetero.common.validation import as_schedule
+from horovod_hetero.strategies import AVERAGE, LocalSGD, Strategy, Synchronous, check_strategy
+from horovod_hetero.validation import as_schedule
 
 
 def averaging_steps(strategy, n):
-    return [step for step in range(1, n + 1) if strategy.after_step()]
+    return [step for step in range(1, n + 1) if strategy.after_step() is AVERAGE]
 
 
 def test_localsgd_averages_every_period_th_step():
@@ -34,7 +34,7 @@ def test_state_dict_resumes_the_averaging_phase():
     averaging_steps(a, 6)
     b = LocalSGD(period=4)
     b.load_state_dict(a.state_dict())
-    assert [s for s in range(7, 17) if b.after_step()] == [8, 12, 16]
+    assert [s for s in range(7, 17) if b.after_step() is AVERAGE] == [8, 12, 16]
 
 
 def test_state_of_another_strategy_is_refused():

@@ -2,10 +2,11 @@ import json
 
 import pytest
 
-from horovod_hetero.common.controller import HeteroController, ring_bytes
-from horovod_hetero.common.straggler import Slowdown, parse_factors
-from horovod_hetero.common.strategy import LocalSGD
-from horovod_hetero.common.telemetry import Telemetry, format_summary, load, summarize
+from fakes import ArrayCollectives, ArrayModel, scripted
+from horovod_hetero.runtime.controller import HeteroController, ring_bytes
+from horovod_hetero.runtime.straggler import Slowdown, parse_factors
+from horovod_hetero.runtime.telemetry import Telemetry, format_summary, load, summarize
+from horovod_hetero.strategies import ESync, LocalSGD
 
 
 class FakeClock:
@@ -50,12 +51,13 @@ def test_controller_records_compute_comm_and_bytes(tmp_path):
         slept.append(s)
         clock.now += s
 
-    def average(weight, control):
+    def collective(control):
         clock.now += 0.5                           # the collective takes 0.5 s
         return [c * 2 for c in control]
 
-    ctl = HeteroController(LocalSGD(period=2), average, size=2, rank=1, payload_bytes=1000,
-                           telemetry=str(tmp_path), slowdown=Slowdown(1, "1,3", sleep=sleep), clock=clock)
+    ctl = HeteroController(LocalSGD(period=2), ArrayCollectives(scripted(collective), rank=1, size=2),
+                           ArrayModel({}, nbytes=1000), telemetry=str(tmp_path),
+                           slowdown=Slowdown(1, "1,3", sleep=sleep), clock=clock)
     for _ in range(4):
         clock.now += 0.1                           # 0.1 s of compute, padded to 0.3 s
         ctl.telemetry.annotate(samples=32, loss=1.0)
@@ -83,3 +85,22 @@ def test_annotations_go_to_the_next_record_only():
     t.record(step=1)
     t.record(step=2)
     assert "loss" in t.records[0] and "loss" not in t.records[1]
+
+
+def test_opening_a_strategys_transports_is_neither_compute_nor_communication():
+    """ESync's server-address broadcast waits for every rank to start (imports, model set-up): 5 s
+    here. The first step's record holds only its own 0.1 s of compute."""
+    clock = FakeClock()
+
+    def broadcast(obj):
+        clock.now += 5.0
+        return obj
+
+    ctl = HeteroController(ESync(warmup_step=False), ArrayCollectives(lambda rank, arrays: arrays, broadcast=broadcast),
+                           ArrayModel({}), slowdown=[1.0], clock=clock)
+    ctl.start()
+    clock.now += 0.1
+    ctl.after_step()
+    ctl.finish()
+    record = ctl.telemetry.records[0]
+    assert (record["compute_s"], record["comm_s"], record["synced"]) == (pytest.approx(0.1), 0.0, True)

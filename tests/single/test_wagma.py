@@ -1,15 +1,19 @@
-"""WAGMA's core without Horovod: process sets, errors, the wait-avoiding exchange over real sockets."""
+"""WAGMA without Horovod: process sets, errors, the wait-avoiding exchange over real sockets, the
+strategy's decisions carried out by the runtime."""
 import threading
 import time
 
 import numpy as np
 import pytest
 
-from horovod_hetero.common.grouping import butterfly_groups
-from horovod_hetero.common.straggler import Slowdown, delayed_ranks, parse_random_delay
-from horovod_hetero.common.wagma import (
-    WAGMA, Activations, GroupExchange, process_set_ranks, registered_ids, resolve_group_size, world_size)
-from fakes import run_ranks
+from fakes import ArrayCollectives, ArrayModel, context, run_ranks
+from horovod_hetero._horovod import registered_ids, world_size
+from horovod_hetero.rules.grouping import butterfly_groups, process_set_ranks, resolve_group_size
+from horovod_hetero.runtime.controller import HeteroController
+from horovod_hetero.runtime.straggler import Slowdown, delayed_ranks, parse_random_delay
+from horovod_hetero.strategies import WAGMA
+from horovod_hetero.transports.activations import Activations
+from horovod_hetero.transports.group_exchange import GroupExchange
 
 
 def test_process_sets_every_group_of_every_partition_without_singletons_or_the_world():
@@ -75,7 +79,7 @@ def exchanges(patience=0.0, wait_avoiding=True):
             return list(slots)
 
         acts = Activations("127.0.0.1", allgather) if wait_avoiding else None
-        return GroupExchange(rank, lambda step: (0, 1), allreduce, acts, patience=patience, timeout=5)
+        return GroupExchange(rank, allreduce, acts, patience=patience, timeout=5)
 
     return run_ranks(2, make), allreduce
 
@@ -87,12 +91,12 @@ def test_a_straggler_is_served_from_its_last_model_and_its_peer_does_not_wait():
 
     def straggler():
         time.sleep(0.5)
-        results["slow"] = slow.average(1, [11.0])
+        results["slow"] = slow.average(1, (0, 1), [11.0])
 
     t = threading.Thread(target=straggler)
     t.start()
     t0 = time.perf_counter()
-    results["fast"] = fast.average(1, [1.0])
+    results["fast"] = fast.average(1, (0, 1), [1.0])
     fast_wait = time.perf_counter() - t0
     t.join()
     for e in (fast, slow):
@@ -106,19 +110,19 @@ def test_a_straggler_is_served_from_its_last_model_and_its_peer_does_not_wait():
 def test_patience_waits_for_a_late_own_step_and_plain_mode_always_waits():
     (a, b), _ = exchanges(patience=0.5)
     a.publish([0.0]), b.publish([10.0])
-    late = threading.Thread(target=lambda: (time.sleep(0.1), b.average(1, [12.0])))
+    late = threading.Thread(target=lambda: (time.sleep(0.1), b.average(1, (0, 1), [12.0])))
     late.start()
-    result = a.average(1, [1.0])
+    result = a.average(1, (0, 1), [1.0])
     late.join()
     assert not result.stale and result.summed.tolist() == [13.0] and b.served_stale == 0
     for e in (a, b):
         e.close()
     (a, b), _ = exchanges(wait_avoiding=False)
     a.publish([0.0]), b.publish([10.0])
-    late = threading.Thread(target=lambda: (time.sleep(0.3), b.average(1, [12.0])))
+    late = threading.Thread(target=lambda: (time.sleep(0.3), b.average(1, (0, 1), [12.0])))
     late.start()
     t0 = time.perf_counter()
-    result = a.average(1, [1.0])
+    result = a.average(1, (0, 1), [1.0])
     assert time.perf_counter() - t0 >= 0.25 and result.summed.tolist() == [13.0]
     late.join()
 
@@ -126,45 +130,43 @@ def test_patience_waits_for_a_late_own_step_and_plain_mode_always_waits():
 def test_a_rank_that_left_contributes_weight_zero_and_keeps_nothing():
     (a, b), allreduce = exchanges()
     a.publish([1.0]), b.publish([5.0], weight=0.0)
-    result = a.average(3, [2.0])
+    result = a.average(3, (0, 1), [2.0])
     time.sleep(0.1)
     assert result.total_weight == 1.0 and result.summed.tolist() == [2.0] and b._served == {}
     for e in (a, b):
         e.close()
 
 
-class FakeOps:
-    """WAGMA's group_ops over one float, the peer always contributing ``peer``."""
+class FakeGroups(ArrayCollectives):
+    """Collectives of rank 0 among 4: in a group the peer always contributes ``peer``; a global round
+    sums four copies of this rank's model (so the average leaves it unchanged)."""
 
-    def __init__(self, value, peer=10.0):
-        self.value, self.peer = value, peer
+    def __init__(self, peer=10.0):
+        super().__init__(None, rank=0, size=4)
+        self.peer = peer
 
-    def current(self):
-        return [self.value]
+    def allreduce_sum(self, tensors, control, *, ranks=None, name, what, inplace=False):
+        if ranks is None:
+            return [4 * t for t in tensors], [4 * c for c in control]
+        return [tensors[0] + self.peer], [control[0] + 1.0, 2.0, 2 * control[2]]
 
-    def snapshot(self):
-        return [self.value]
-
-    def allreduce(self, model, weight, control, ranks, name):
-        return [weight * model[0] + self.peer], [weight + 1.0, 2.0, 2 * control[2]]
-
-    def assign(self, summed, total, add_current=False):
-        self.value = (summed[0] + (self.value if add_current else 0.0)) / total
-
-    def require_process_sets(self, rank_lists, init_call):
-        self.required = rank_lists
+    def require_groups(self, rank_lists, init_call):
+        self.required = [list(ranks) for ranks in rank_lists]
 
 
 def test_wagma_strategy_groups_every_step_global_every_period():
-    ops = FakeOps(2.0)
-    s = WAGMA(group_size=2, sync_period=3, wait_avoiding=False)
-    s.bind(rank=0, size=4, broadcast=None, group_ops=ops)
+    ops, model = FakeGroups(), ArrayModel({"w": np.array([2.0])})
+    ctl = HeteroController(WAGMA(group_size=2, sync_period=3, wait_avoiding=False), ops, model)
+    ctl.start()
+    s = ctl.strategy
     assert ops.required == [[0, 1], [2, 3], [0, 2], [1, 3]]
-    decisions = [s.after_step() for _ in range(4)]
-    assert decisions == [False, False, True, False]                  # True: the controller's global round
-    assert ops.value == 9.0                        # 2 -> (2+10)/2 = 6 -> 8 -> (global: controller) -> 9
+    decisions = [ctl.after_step() for _ in range(4)]
+    assert decisions == [False, False, True, False]                  # True: the global round
+    assert model.arrays["w"][0] == 9.0             # 2 -> (2+10)/2 = 6 -> 8 -> (global) -> 9
     assert [s.group_of(t) for t in (1, 2, 3, 4)] == [(0, 1), (0, 2), (0, 1), (0, 2)]
-    assert s.telemetry_fields() == {"group": [0, 2], "stale": False, "group_s": s._wait_s}
+    last = ctl.telemetry.records[-1]
+    assert {k: last[k] for k in ("group", "stale", "group_s")} == {"group": [0, 2], "stale": False,
+                                                                    "group_s": last["group_s"]}
     assert s.state_dict()["step"] == 4
 
 
@@ -184,9 +186,8 @@ def test_random_delay_draws_the_same_ranks_everywhere_and_pads_only_them():
 
 
 def test_group_of_follows_the_butterfly_at_every_step_for_p8():
-    ops = FakeOps(0.0)
     for rank in range(8):
         s = WAGMA(group_size=4, wait_avoiding=False)
-        s.bind(rank=rank, size=8, broadcast=None, group_ops=ops)
+        s.start(context(rank, 8)[0])
         for step in range(1, 13):
             assert s.group_of(step) == [g for g in butterfly_groups(8, 4, step - 1) if rank in g][0]

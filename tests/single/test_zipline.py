@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from horovod_hetero.common.zipline import (brute_force, full_grid_scan, predict_ends, zipline,
+from horovod_hetero.rules.zipline import (brute_force, full_grid_scan, predict_ends, zipline,
                                            zipline_opt)
 
 SOLVERS = [zipline, zipline_opt, full_grid_scan]

@@ -1,0 +1,117 @@
+"""What the torch and TensorFlow adapters share of Horovod: process sets, object collectives, addresses.
+
+Horovod's ``ProcessSet`` and its object collectives have the same Python API in ``horovod.torch``
+and ``horovod.tensorflow``, so one base class serves both; a framework's ``Collectives`` sets
+``hvd`` and adds the tensor operations (``allreduce_sum``, ``copy``).
+"""
+import os
+import socket
+
+from horovod.common.process_sets import ProcessSet
+
+from horovod_hetero.rules.grouping import process_set_ranks
+from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, Collectives, call_with_timeout
+from horovod_hetero.validation import check_float, check_int
+
+#: Environment variables launchers set to the world size, checked in this order.
+SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def world_size(size=None):
+    """``size`` if given, else the world size the launcher (``horovodrun``) exported."""
+    if size is not None:
+        return check_int("size", size, 1)
+    for name in SIZE_VARIABLES:
+        if os.environ.get(name):
+            return check_int(name, int(os.environ[name]), 1)
+    raise ValueError("wagma_process_sets() needs the world size before hvd.init(): launch with horovodrun "
+                     "(it sets HOROVOD_SIZE), or pass it, e.g. wagma_process_sets(group_size=2, size=4)")
+
+
+def wagma_process_sets(group_size=None, size=None):
+    """The process sets WAGMA averages over, for ``hvd.init(process_sets=...)``.
+
+    Every group of every distinct butterfly partition, in the same order on every rank.
+
+    Args:
+        group_size: S, a power of two <= P; ``None``: the power of two nearest sqrt(P).
+        size: the world size P; ``None`` reads the one ``horovodrun`` exports.
+
+    Example::
+
+        hvd.init(process_sets=hh.wagma_process_sets(group_size=None))
+    """
+    return [ProcessSet(ranks) for ranks in process_set_ranks(world_size(size), group_size)]
+
+
+def registered_ids(table, rank_lists, init_call):
+    """Map each rank list to its Horovod process-set id, or raise naming the ``hvd.init`` call.
+
+    Args:
+        table: Horovod's ``{process_set_id: ranks}`` of registered process sets.
+        rank_lists: the sets a strategy needs (e.g. ``rules.grouping.process_set_ranks``).
+        init_call: the call that registers them.
+    """
+    ids = {tuple(ranks): i for i, ranks in table.items()}
+    missing = [list(ranks) for ranks in rank_lists if tuple(ranks) not in ids]
+    if missing:
+        raise ValueError(f"WAGMA's group process sets are not registered (missing {missing}); "
+                         f"initialise Horovod with {init_call}")
+    return {tuple(ranks): ids[tuple(ranks)] for ranks in rank_lists}
+
+
+def server_host(all_local):
+    """The address servers bind and advertise: loopback when every rank runs on this machine, else
+    ``$HOROVOD_HETERO_STATE_SERVER_HOST`` or this host's address."""
+    if all_local:
+        return "127.0.0.1"
+    return os.environ.get("HOROVOD_HETERO_STATE_SERVER_HOST") or socket.gethostbyname(socket.gethostname())
+
+
+class HorovodCollectives(Collectives):
+    """The framework-independent half of an adapter's ``Collectives``, over a Horovod process set.
+
+    Args:
+        process_set: the Horovod process set that synchronises (``None``: all ranks).
+        timeout: seconds any collective may take before ``CollectiveTimeoutError``.
+        owner: what the user built (names it in the errors raised here).
+    """
+
+    hvd = None          # horovod.torch or horovod.tensorflow, set by the subclass
+
+    def __init__(self, process_set=None, timeout=DEFAULT_TIMEOUT_S, owner="horovod_hetero"):
+        hvd = self.hvd
+        self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
+        if process_set is not None and not isinstance(process_set, ProcessSet):
+            raise TypeError(f"process_set must be a horovod ProcessSet, got {type(process_set).__name__}")
+        if not hvd.is_initialized():
+            raise RuntimeError(f"{owner}: Horovod is not initialized; call hvd.init() first")
+        self.process_set = ps = process_set or hvd.global_process_set
+        if not ps.included():
+            raise ValueError(f"this rank is not in process_set; build the {owner} only on its members")
+        self.rank, self.size = ps.rank(), ps.size()
+        self.root = 0 if ps == hvd.global_process_set else ps.ranks[0]
+        self.host = server_host(hvd.local_size() == hvd.size())
+        self._sets = {}
+
+    def broadcast_object(self, obj, *, what):
+        return call_with_timeout(lambda: self.hvd.broadcast_object(
+            obj, root_rank=self.root, process_set=self.process_set, name="horovod_hetero.broadcast"), self.timeout, what)
+
+    def allgather_object(self, obj, *, what):
+        """Over all ranks (``horovod.torch`` gathers objects only over the global set)."""
+        return call_with_timeout(lambda: self.hvd.allgather_object(obj, name="horovod_hetero.allgather"),
+                                 self.timeout, what)
+
+    def require_groups(self, rank_lists, init_call):
+        if self.process_set != self.hvd.global_process_set:
+            raise ValueError("group averaging (WAGMA) spans all ranks: leave process_set at its default, "
+                             "hvd.global_process_set")
+        table = self.hvd.mpi_ops._basics._get_process_set_ids_and_ranks()
+        for ranks, set_id in registered_ids(table, rank_lists, init_call).items():
+            self._sets[ranks] = ps = ProcessSet(list(ranks))
+            ps.process_set_id = set_id
+
+    def process_set_of(self, ranks):
+        """The Horovod process set that averages ``ranks`` (the whole set when ``ranks`` is None)."""
+        return self.process_set if ranks is None else self._sets[tuple(ranks)]

@@ -1,0 +1,130 @@
+"""The one Keras callback implementation, independent of the Keras backend and of the strategy.
+
+A framework module mixes ``HeteroSyncCallbackImpl`` into its ``Callback`` class and names its
+``Collectives`` (``collectives_class``); every strategy's callback is that class with the strategy
+filled in. Nothing here imports TensorFlow: weights are read and written through the Keras
+variable API (``value``, ``assign``) and Python operators.
+"""
+import numpy as np
+
+from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, Model
+from horovod_hetero.runtime.controller import HeteroController
+from horovod_hetero.strategies.base import check_strategy
+from horovod_hetero.validation import check_float, check_int
+
+
+def _value(variable):
+    value = variable.value           # a method on tf.Variable, a property on Keras 3 variables
+    return value() if callable(value) else value
+
+
+def _is_float(variable):
+    dtype = variable.dtype
+    floating = getattr(dtype, "is_floating", None)
+    return bool(floating) if floating is not None else "float" in str(dtype)
+
+
+def _nbytes(variable):
+    size = getattr(variable.dtype, "size", None) or np.dtype(str(variable.dtype).replace("bfloat16", "float16")).itemsize
+    return int(np.prod(tuple(variable.shape))) * size
+
+
+class KerasModel(Model):
+    """A Keras model's floating-point weights (trainable and not, so BatchNorm statistics too),
+    looked up when first needed: a model built by its first batch has them by then."""
+
+    def __init__(self, keras_model):
+        self._model = keras_model
+        self._variables = None
+
+    @property
+    def variables(self):
+        if self._variables is None:
+            self._variables = [v for v in self._model.weights if _is_float(v)]
+        return self._variables
+
+    def tensors(self):
+        return [_value(v) for v in self.variables]
+
+    def assign(self, values, divisor=1.0, add_current=False):
+        for v, s in zip(self.variables, values):
+            if add_current:
+                s = s + _value(v)
+            v.assign(s / divisor if divisor != 1.0 else s)
+
+    @property
+    def nbytes(self):
+        return sum(_nbytes(v) for v in self.variables)
+
+
+class HeteroSyncCallbackImpl:
+    """Runs a model-averaging strategy from Keras batch hooks.
+
+    After every training batch the strategy decides whether the model's floating-point
+    weights are averaged across the process set (or within a group); batches are counted across
+    epochs. At the end of training every rank keeps joining the other ranks' rounds until all have
+    finished, so all replicas end with identical weights even when ranks saw different numbers of
+    batches; then what the strategy opened is closed.
+    """
+
+    collectives_class = None        # the framework's Collectives, set by the Callback subclass
+
+    def __init__(self, strategy, process_set=None, telemetry=None, slowdown=None, batch_size=None,
+                 timeout=DEFAULT_TIMEOUT_S):
+        super().__init__()
+        self.strategy = check_strategy(strategy)
+        if self.strategy.averages_gradients:
+            raise ValueError(f"strategy={self.strategy!r} averages gradients, which a callback cannot do: "
+                             f"wrap the optimizer with hvd.DistributedOptimizer for synchronous training, "
+                             f"or pass a model-averaging strategy such as LocalSGD(period=8)")
+        self.process_set = process_set
+        self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
+        self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
+        self._telemetry, self._slowdown = telemetry, slowdown
+        self._hh = None
+        self._pending_state = None
+
+    def _hh_controller(self):
+        if self._hh is None:
+            collectives = self.collectives_class(self.process_set, self.timeout, owner=type(self).__name__)
+            self._hh = HeteroController(self.strategy, collectives, KerasModel(self.model), self._telemetry,
+                                        self._slowdown)
+            if self._pending_state is not None:
+                self._hh.load_state_dict(self._pending_state)
+                self._pending_state = None
+        return self._hh
+
+    @property
+    def telemetry(self):
+        return self._hh_controller().telemetry
+
+    def on_train_begin(self, logs=None):
+        self._hh_controller().start()
+
+    def on_train_batch_end(self, batch, logs=None):
+        hh = self._hh_controller()
+        if logs and "loss" in logs:
+            hh.telemetry.annotate(loss=float(logs["loss"]))
+        if self.batch_size:
+            hh.telemetry.annotate(samples=self.batch_size)
+        hh.after_step()
+
+    def on_train_end(self, logs=None):
+        self.sync_model()
+
+    def sync_model(self):
+        """Join averaging rounds until every rank has called it; then all weights are identical and
+        what the strategy opened is closed."""
+        self._hh_controller().finish()
+
+    def state_dict(self):
+        """The strategy's counters and the round number, to resume on the same averaging steps."""
+        if self._hh is None:
+            return self._pending_state
+        return self._hh.state_dict()
+
+    def load_state_dict(self, state):
+        if self._hh is None:
+            self._pending_state = state
+        else:
+            self._hh.load_state_dict(state)

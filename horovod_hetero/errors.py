@@ -1,0 +1,40 @@
+"""The exceptions horovod-hetero raises at run time: one hierarchy, one timeout type.
+
+Bad arguments are ``TypeError``/``ValueError`` raised when an object is built; everything that
+goes wrong while training is a ``HeteroError``::
+
+    HeteroError (RuntimeError)
+    ├── CollectiveTimeoutError (also a TimeoutError)   a collective did not complete in time
+    ├── RoundMismatchError                             ranks entered different rounds / group steps
+    └── TransportError                                 a transport outside Horovod failed
+        └── StateServerError                           ESync's state server unreachable or closed
+            └── StateServerTimeout                     ... or silent for longer than its timeout
+
+The torch wrapper and the Keras callbacks raise the same classes, so ``except TimeoutError``
+and ``except horovod_hetero.errors.HeteroError`` work in either framework.
+"""
+
+
+class HeteroError(RuntimeError):
+    """Base class of every run-time error of horovod-hetero."""
+
+
+class CollectiveTimeoutError(HeteroError, TimeoutError):
+    """A collective (averaging round, group average, object broadcast) did not complete in time:
+    a rank may have died, or ranks stopped entering the same rounds."""
+
+
+class RoundMismatchError(HeteroError):
+    """Ranks entered different rounds (or group steps): a rank skipped or added a synchronisation."""
+
+
+class TransportError(HeteroError):
+    """A transport outside Horovod's collectives (a server, a socket) failed."""
+
+
+class StateServerError(TransportError):
+    """ESync's state server cannot be reached or closed the connection (ESync falls back)."""
+
+
+class StateServerTimeout(StateServerError):
+    """ESync's state server did not answer within its timeout (ESync falls back)."""

@@ -1,0 +1,133 @@
+"""DSSP: a dynamic staleness bound chosen to minimise the fastest worker's waiting.
+
+Zhao et al., "Dynamic Stale Synchronous Parallel Distributed Training for Deep Learning"
+(Algorithms 1 and 2). A worker may run up to ``s_lower`` iterations ahead of the slowest; when
+the fastest exceeds that, the synchronisation controller simulates the next ``r_max = s_upper -
+s_lower`` iterations of it and of the slowest worker and grants the r* extra iterations after
+which its wait for the slowest is shortest.
+
+Two slips in the listings are corrected, following the paper's own text and Figure 2:
+- Algorithm 2, line 8 minimises ``|Sim_slowest[k] - Sim_p[r]|``, but the fastest worker waits
+  until the slowest *completes* its running iteration (the dashed line of Figure 2): the wait
+  is one-sided, the first slowest end at or after the stop.
+- Algorithm 1 grants an OK at the controller call without spending allowance, so r* = 3 would
+  buy 4 extra iterations; here the call's OK spends one, so r* means r* extra iterations.
+"""
+import numpy as np
+
+from horovod_hetero.validation import check_float, check_int
+
+
+def simulated_waits(fast_prev, fast_last, slow_prev, slow_last, r_max):
+    """Simulated wait of the fastest worker if it stops after r = 0..r_max more iterations.
+
+    The fastest worker's stops are ``fast_last + r * I_p``; the slowest's iteration ends are
+    ``slow_last + (k + 1) * I_s``, k >= 0 (its running iteration first). Returns an array of
+    r_max + 1 waits: the first slowest end at or after each stop, minus the stop.
+    """
+    r_max = check_int("r_max", r_max, 0)
+    i_p = _interval("fast", fast_prev, fast_last)
+    i_s = _interval("slow", slow_prev, slow_last)
+    stops = fast_last + i_p * np.arange(r_max + 1)
+    first = slow_last + i_s
+    k = np.ceil(np.maximum(stops - first, 0.0) / i_s)
+    return first + k * i_s - stops
+
+
+def _interval(name, prev, last):
+    prev = check_float(f"{name}_prev", prev)
+    last = check_float(f"{name}_last", last)
+    if last <= prev:
+        raise ValueError(f"{name}_last must be later than {name}_prev (the two latest push timestamps), "
+                         f"got {prev!r} then {last!r}")
+    return last - prev
+
+
+def synchronization_controller(fast_prev, fast_last, slow_prev, slow_last, r_max):
+    """Algorithm 2: r* in [0, r_max] minimising the simulated wait (ties: the smallest r).
+
+    Args:
+        fast_prev, fast_last: the two latest push timestamps of the worker asking (the fastest).
+        slow_prev, slow_last: the two latest push timestamps of the slowest worker.
+        r_max: ``s_upper - s_lower``, the most extra iterations allowed.
+
+    Example (the situation of the paper's Figure 2: the fastest runs 3 more iterations):
+        >>> synchronization_controller(-1.0, 0.0, -4.7, -2.1, r_max=4)   # slowest ends at 0.5, 3.1, ...
+        3
+    """
+    return int(np.argmin(simulated_waits(fast_prev, fast_last, slow_prev, slow_last, r_max)))
+
+
+class DSSPServer:
+    """Algorithm 1 (server part): per-worker push counts t_p, extra allowance r_p, and OKs.
+
+    ``push(p, timestamp)`` records worker p's push and returns the workers that get their OK now
+    (p itself if it may continue, and any waiting workers the push released). A worker not in
+    the returned list waits. Time comes in as timestamps, so tests are exact. Counts only grow,
+    so workers are kept in buckets by count and a push costs O(1) (amortised) whatever the
+    number of workers: the simulator runs it for 10,000 of them.
+
+    Args:
+        size: number of workers.
+        s_lower, s_upper: the staleness range, 0 <= s_lower <= s_upper.
+
+    Example:
+        >>> server = DSSPServer(2, s_lower=0, s_upper=0)
+        >>> server.push(0, 1.0), server.push(1, 4.0)
+        ([], [1, 0])
+    """
+
+    def __init__(self, size, s_lower, s_upper):
+        self.size = check_int("size", size, 1)
+        self.s_lower = check_int("s_lower", s_lower, 0)
+        self.s_upper = check_int("s_upper", s_upper, self.s_lower)
+        self.r_max = self.s_upper - self.s_lower
+        self.counts = np.zeros(self.size, dtype=np.int64)      # t_p
+        self.allowance = np.zeros(self.size, dtype=np.int64)   # r_p
+        self.pushes = np.full((self.size, 2), np.nan)           # [latest, second latest]
+        self._by_count = {0: set(range(self.size))}             # count -> workers
+        self._min = self._max = 0
+        self._waiting = {}                                      # count -> waiting workers
+
+    @property
+    def waiting(self):
+        """The workers waiting for the slowest to catch up."""
+        return set().union(*self._waiting.values()) if self._waiting else set()
+
+    def _count(self, p):
+        c = int(self.counts[p])
+        bucket = self._by_count[c]
+        bucket.discard(p)
+        self._by_count.setdefault(c + 1, set()).add(p)
+        self.counts[p] = c + 1
+        self._max = max(self._max, c + 1)
+        if not bucket:
+            del self._by_count[c]
+            while self._min not in self._by_count:
+                self._min += 1
+
+    def push(self, p, timestamp):
+        p = check_int("p", p, 0, self.size - 1)
+        self._count(p)
+        self.pushes[p, 1], self.pushes[p, 0] = self.pushes[p, 0], timestamp
+        released = [p] if self._may_continue(p) else []
+        if not released:
+            self._waiting.setdefault(int(self.counts[p]), set()).add(p)
+        for c in sorted(c for c in self._waiting if c - self._min <= self.s_lower):
+            released += sorted(self._waiting.pop(c) - {p})
+        return released
+
+    def _may_continue(self, p):
+        if self.allowance[p] > 0:
+            self.allowance[p] -= 1
+            return True
+        if self.counts[p] - self._min <= self.s_lower:
+            return True
+        slowest = next(iter(self._by_count[self._min]))         # any slowest worker: O(1)
+        if self.r_max and self.counts[p] == self._max and not np.isnan(self.pushes[[p, slowest], 1]).any():
+            r = synchronization_controller(self.pushes[p, 1], self.pushes[p, 0],
+                                           self.pushes[slowest, 1], self.pushes[slowest, 0], self.r_max)
+            if r > 0:
+                self.allowance[p] = r - 1       # this OK spends one of the r extra iterations
+                return True
+        return False

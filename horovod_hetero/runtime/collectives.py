@@ -1,0 +1,112 @@
+"""The two interfaces a framework adapter implements once: ``Collectives`` and ``Model``.
+
+Everything else (the weighted average, the round protocol, group averaging, blending, timeouts,
+transports) is written once in the runtime over these interfaces, with Python's arithmetic
+operators on the framework's tensors (``t * w``, ``s / n``, ``g + lr * (w - g)`` work the same on
+torch tensors, TensorFlow tensors and NumPy arrays).
+
+- ``Collectives``: Horovod's collectives for one framework (``horovod_hetero.torch.collectives``,
+  ``horovod_hetero.tensorflow.collectives``; shared Horovod logic in ``horovod_hetero._horovod``).
+- ``Model``: how the user's model is read and written (torch parameters, Keras variables).
+"""
+import threading
+from abc import ABC, abstractmethod
+
+from horovod_hetero.errors import CollectiveTimeoutError
+
+#: Seconds a collective may take before it is declared stuck (a dead or diverged rank).
+DEFAULT_TIMEOUT_S = 300.0
+
+
+class Collectives(ABC):
+    """Collectives over the ranks that synchronise.
+
+    Attributes:
+        rank, size: this rank within the set, the set's size.
+        host: the address other ranks reach this process at (servers bind and advertise it).
+        timeout: seconds any collective may take before ``CollectiveTimeoutError``.
+    """
+
+    rank = 0
+    size = 1
+    host = "127.0.0.1"
+    timeout = DEFAULT_TIMEOUT_S
+
+    @abstractmethod
+    def allreduce_sum(self, tensors, control, *, ranks=None, name, what, inplace=False):
+        """Sum ``tensors`` and the float list ``control`` over the set (or over the process set of
+        ``ranks``) in one fused collective; return ``(sums, summed control as floats)``.
+
+        The control vector is made on the tensors' device (Horovod's grouped allreduce reads the
+        whole group on its first tensor's device). ``inplace=True`` lets the adapter sum into
+        ``tensors`` themselves. Raises ``CollectiveTimeoutError`` naming ``what`` after ``timeout``.
+        """
+
+    @abstractmethod
+    def copy(self, tensors):
+        """New tensors equal to ``tensors`` (a snapshot)."""
+
+    @abstractmethod
+    def broadcast_object(self, obj, *, what):
+        """``obj`` of the set's first rank, on every rank."""
+
+    @abstractmethod
+    def allgather_object(self, obj, *, what):
+        """Every rank's ``obj``, in rank order, on every rank."""
+
+    def require_groups(self, rank_lists, init_call):
+        """Make sure every group in ``rank_lists`` can be averaged over (its process set is
+        registered), else a ``ValueError`` naming ``init_call``."""
+
+
+class Model(ABC):
+    """The model's floating-point tensors, in the same order on every rank."""
+
+    @abstractmethod
+    def tensors(self):
+        """The live tensors (summing ``inplace`` into them changes the model)."""
+
+    @abstractmethod
+    def assign(self, values, divisor=1.0, add_current=False):
+        """Set the model to ``(values [+ model]) / divisor``, tensor by tensor."""
+
+    @property
+    @abstractmethod
+    def nbytes(self):
+        """Bytes of the tensors (telemetry's traffic estimate)."""
+
+
+def call_with_timeout(fn, timeout_s, what):
+    """Run a blocking call ``fn()`` with a time limit; raise ``CollectiveTimeoutError`` naming ``what``.
+
+    For collectives that cannot be polled (TensorFlow eager ops, object collectives): the call
+    runs in a helper thread; on timeout the caller gets an error instead of hanging forever.
+
+    Example:
+        >>> call_with_timeout(lambda: 42, 1.0, "the answer")
+        42
+    """
+    box = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # re-raised in the caller
+            box["error"] = e
+
+    thread = threading.Thread(target=target, name="horovod_hetero-collective", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise timeout_error(what, timeout_s)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def timeout_error(what, timeout_s):
+    """The error every stuck collective raises, torch and Keras alike."""
+    return CollectiveTimeoutError(
+        f"{what} did not complete in {timeout_s:g} s: a rank may have died, or ranks stopped entering the "
+        f"same rounds (every rank must end with sync_model(), which Keras calls in on_train_end). "
+        f"Raise the limit with timeout=...")

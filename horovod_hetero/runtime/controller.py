@@ -1,0 +1,191 @@
+"""The per-rank driver shared by the torch wrapper and the Keras callbacks.
+
+The adapters only say "a local step happened" and provide ``Collectives`` and a ``Model``; the
+controller measures the step, asks the strategy for a ``Decision``, carries it out (an averaging
+round, a group average), opens and closes the strategy's transports, simulates slowdown and
+records telemetry. It imports no framework and knows no particular strategy.
+"""
+import time
+
+from horovod_hetero.runtime.rounds import RoundProtocol
+from horovod_hetero.runtime.straggler import Slowdown
+from horovod_hetero.runtime.telemetry import Telemetry
+from horovod_hetero.strategies.base import AVERAGE, CONTINUE, Context, GroupAverage, StepReport
+from horovod_hetero.transports import Transports
+
+
+def ring_bytes(payload_bytes, size):
+    """Bytes one rank sends in a ring allreduce of ``payload_bytes``: 2(n-1)/n of the payload."""
+    return int(2 * (size - 1) * payload_bytes / size) if size > 1 else 0
+
+
+class HeteroController:
+    """Runs a strategy on one rank.
+
+    Args:
+        strategy: a ``Strategy``; its counters are part of ``state_dict()``.
+        collectives: the framework's ``Collectives`` (rank and size of the synchronising set).
+        model: the ``Model`` averaged by rounds and group averages.
+        telemetry: a ``Telemetry``, a directory, or ``None`` (``HOROVOD_HETERO_TELEMETRY``).
+        slowdown: a ``Slowdown``, factors (``"1,1,1,4"`` or a list), or ``None``
+            (``HOROVOD_HETERO_SLOWDOWN``).
+        clock: injected for tests.
+
+    Lifecycle: ``start()`` opens the strategy's transports (the torch wrapper calls it when it is
+    built, Keras in ``on_train_begin``); ``finish()`` joins the other ranks' rounds until all are
+    done and closes them (``sync_model()``, ``on_train_end``); a step after ``finish()`` starts again.
+    """
+
+    def __init__(self, strategy, collectives, model, telemetry=None, slowdown=None, clock=time.perf_counter):
+        self.strategy = strategy
+        self.collectives, self.model = collectives, model
+        self.size, self.rank = collectives.size, collectives.rank
+        self.protocol = RoundProtocol(self._average, self.size, self.rank)
+        self.telemetry = telemetry if isinstance(telemetry, Telemetry) else Telemetry(self.rank, telemetry)
+        self.slowdown = slowdown if isinstance(slowdown, Slowdown) else Slowdown(self.rank, slowdown, size=self.size)
+        self.transports = None
+        self._clock = clock
+        self._global = None            # w_t, for strategies with global_lr != 1
+        self._left = False
+        self._extra_comm = 0.0
+        self._t_last = clock()
+
+    # -- lifecycle --
+
+    def start(self):
+        """Open the strategy's transports (a collective on every rank); a no-op once started."""
+        if self.transports is not None:
+            return
+        t0 = self._clock()
+        self.transports = Transports(self.rank, self.size, self.collectives)
+        self.strategy.start(Context(self.rank, self.size, self.transports, self.collectives, self._clock))
+        if self.strategy.global_lr != 1.0 and self._global is None:
+            self.protocol.run_round()          # w_0: the same on every rank, broadcast or not
+            self._global = self.collectives.copy(self.model.tensors())
+        # opening waits for every rank to get here (start-up, imports): neither a step's compute
+        # nor its communication, so telemetry leaves it out
+        self._t_last += self._clock() - t0
+
+    def finish(self):
+        """Join rounds until every rank has joined (all then hold identical tensors); close the transports."""
+        try:
+            return self.join()
+        finally:
+            self.close()
+
+    def close(self):
+        """Close what the strategy opened (idempotent); the next step opens it again."""
+        if self.transports is not None:
+            self.transports.close()
+            self.transports = None
+
+    # -- steps and decisions --
+
+    def after_step(self, comm_s=0.0, bytes_sent=0):
+        """Account for one local optimizer step and carry out the strategy's decision.
+
+        ``comm_s``/``bytes_sent``: communication the adapter did itself during the step
+        (gradient allreduce of ``Synchronous``). Returns True if an averaging round ran.
+        """
+        self.start()
+        now = self._clock()
+        compute = max(0.0, now - self._t_last - comm_s)
+        compute += self.slowdown.pad(compute, step=self.strategy.step + 1)
+        pending = self.telemetry.pending
+        report = StepReport(compute, pending.get("loss"), pending.get("samples"))
+        local_steps = self.protocol.steps_since_round + 1
+        self.protocol.local_step(compute, report.loss, report.samples)
+        t0 = self._clock()
+        if self._left:                                  # training again after a join
+            self._left = False
+            self._publish()
+        decision = self.strategy.after_step(report)
+        fields = {}
+        if decision is AVERAGE:
+            fields = self._round_fields(self._round())
+            bytes_sent += ring_bytes(self.model.nbytes, self.size)
+        elif isinstance(decision, GroupAverage):
+            fields = self._group_average(decision)
+            bytes_sent += ring_bytes(self.model.nbytes, len(decision.group))
+        elif decision is not CONTINUE:
+            raise TypeError(f"{type(self.strategy).__name__}.after_step answered {decision!r}; "
+                            f"a strategy answers CONTINUE, AVERAGE or a GroupAverage")
+        comm_s += self._clock() - t0
+        self.telemetry.record(step=self.strategy.step, local_steps=local_steps, compute_s=compute,
+                              comm_s=comm_s + self._extra_comm, bytes_sent=bytes_sent, synced=decision is AVERAGE,
+                              **fields, **self.strategy.telemetry_fields())
+        self._extra_comm = 0.0
+        self._t_last = self._clock()
+        return decision is AVERAGE
+
+    def add_comm(self, seconds):
+        """Count communication the adapter did outside a step (e.g. a broadcast in sync_model)."""
+        self._extra_comm += seconds
+
+    def _average(self, weight, control):
+        """The round protocol's fused weighted average: sum(w_i x_i) / sum(w_i) over all ranks."""
+        live = self.model.tensors()
+        sent = live if weight == 1.0 else [t * weight for t in live]
+        summed, control = self.collectives.allreduce_sum(sent, control, name="horovod_hetero.average",
+                                                         what="model averaging round", inplace=True)
+        if control[0] > 0:
+            self.model.assign(summed, control[0])
+        return control
+
+    def _round(self, done=False):
+        result = self.protocol.run_round(done)
+        self._after_round(result)
+        return result
+
+    def _after_round(self, result):
+        if self.strategy.global_lr != 1.0:               # w = w_t + lr (mean - w_t); then w_t = w
+            lr = self.strategy.global_lr
+            self.model.assign([g + lr * (w - g) for w, g in zip(self.model.tensors(), self._global)])
+            self._global = self.collectives.copy(self.model.tensors())
+        self.strategy.after_round(result)
+        self._publish(0.0 if self._left else 1.0)
+
+    def _round_fields(self, result):
+        fields = {"round": result.round, "ranks": result.stats.as_dict()}
+        if self.strategy.plan is not None:
+            fields["plan"] = list(self.strategy.plan.steps)
+        return fields
+
+    def _group_average(self, decision):
+        groups = self.transports.groups
+        if groups is None:
+            raise RuntimeError(f"{type(self.strategy).__name__} answered {decision!r} without opening groups "
+                               f"(ctx.transports.open_groups in on_start)")
+        t0 = self._clock()
+        result = groups.average(decision.tag, decision.group, self.model.tensors())
+        if result.stale:           # Algorithm 2, line 13: 1/(S+1) (W_sum + W')
+            self.model.assign(result.summed, result.total_weight + 1.0, add_current=True)
+        else:                      # line 11: 1/S W_sum
+            self.model.assign(result.summed, result.total_weight)
+        self._publish()
+        return {"group": list(decision.group), "stale": result.stale, "group_s": self._clock() - t0}
+
+    def _publish(self, weight=1.0):
+        """Hand the model the next step starts from to a wait-avoiding group responder, if any."""
+        groups = self.transports.groups if self.transports is not None else None
+        if groups is not None and groups.serves:
+            groups.publish(self.collectives.copy(self.model.tensors()), weight)
+
+    def join(self):
+        """Join rounds until every rank has joined; all ranks then hold identical tensors."""
+        self.start()
+        t0 = self._clock()
+        self._left = True
+        self.strategy.leave()
+        self._publish(0.0)
+        rounds = self.protocol.join(on_round=self._after_round)
+        self.add_comm(self._clock() - t0)
+        self._t_last = self._clock()
+        return rounds
+
+    def state_dict(self):
+        return {"strategy": self.strategy.state_dict(), "rounds": self.protocol.state_dict()}
+
+    def load_state_dict(self, state):
+        self.strategy.load_state_dict(state["strategy"])
+        self.protocol.load_state_dict(state["rounds"])

@@ -1,0 +1,132 @@
+"""The round protocol: how ranks that make different numbers of steps still meet in every collective.
+
+Every synchronisation is a *round*: one fused allreduce (sum) of the rank's tensors scaled by
+its weight w_i, plus a small control vector. Each rank then sets its tensors to
+``sum(w_i * x_i) / sum(w_i)``, so a rank with weight 0 contributes nothing and adopts the
+weighted mean of the others. Ranks count rounds, not steps, so a fast rank and a slow rank that
+made different numbers of steps still enter the same round with the same name.
+
+The control vector is ``[w_i, done_i, round]`` followed by one block per rank of
+``RoundStats.FIELDS`` (done, local steps, mean step time, mean loss, samples since the previous
+round), where rank i fills only its own block. The sum therefore hands every rank every rank's
+statistics, bit-identical everywhere (each slot is one value plus zeros): after a round every rank
+knows every rank's speed with no extra message, and rank-independent plans computed from them are
+identical by construction.
+
+A rank that has run out of data or reached its stop condition calls ``join()``: it keeps
+entering rounds as *done* (weight 1 in the first, if it stepped since the last round; 0 after)
+until the summed ``done`` equals the number of ranks. The round in which the last rank joins
+averages every rank's final model, so all ranks leave ``join()`` with identical tensors.
+
+The collective is injected (``average``), as Horovod's ``common/elastic.py`` takes its
+broadcast: the protocol runs unchanged over torch, TensorFlow or a fake in tests.
+"""
+import math
+
+import numpy as np
+
+from horovod_hetero.errors import RoundMismatchError
+from horovod_hetero.strategies.base import RoundResult, RoundStats
+from horovod_hetero.validation import check_int
+
+#: Sums of round tags stay below this, so the control vector is exact even in float32.
+FLOAT32_EXACT = 1 << 24
+_HEAD = 3                                   # [weight, done, round tag]
+_WIDTH = len(RoundStats.FIELDS)
+
+
+class RoundProtocol:
+    """Weighted-averaging rounds that all ranks of a process set enter in the same order.
+
+    Args:
+        average: ``average(weight, control) -> summed_control``. Must allreduce-sum this rank's
+            tensors multiplied by ``weight`` together with ``control`` (a list of floats) in
+            one collective (float32 is enough for the control vector), set each tensor to
+            ``sum / summed_control[0]`` when that total is > 0 (else leave it unchanged), and
+            return the summed control vector.
+        size: number of ranks in the process set.
+        rank: this rank (which block of the control vector it fills).
+
+    Example:
+        >>> fake = lambda weight, control: [c * 2 for c in control]   # two identical ranks
+        >>> protocol = RoundProtocol(fake, size=2)
+        >>> protocol.local_step(step_s=0.5); protocol.run_round().total_weight
+        2.0
+    """
+
+    def __init__(self, average, size, rank=0):
+        self._average = average
+        self.size = check_int("size", size, 1)
+        self.rank = check_int("rank", rank, 0, self.size - 1)
+        self.modulus = max(2, FLOAT32_EXACT // self.size)   # round tags modulo this
+        self.round = 0
+        self.steps_since_round = 0
+        self._reset_stats()
+
+    def _reset_stats(self):
+        self._step_s, self._loss, self._losses, self._samples = 0.0, 0.0, 0, 0
+
+    def local_step(self, step_s=0.0, loss=None, samples=None):
+        """Record one local update that the next round must carry, and its statistics."""
+        self.steps_since_round += 1
+        self._step_s += step_s
+        if loss is not None and math.isfinite(loss):
+            self._loss += loss
+            self._losses += 1
+        if samples:
+            self._samples += samples
+
+    def _control(self, weight, done, tag):
+        control = [0.0] * (_HEAD + _WIDTH * self.size)
+        control[:_HEAD] = [weight, 1.0 if done else 0.0, float(tag)]
+        steps = self.steps_since_round
+        start = _HEAD + _WIDTH * self.rank
+        control[start:start + _WIDTH] = [
+            1.0 if done else 0.0, float(steps), self._step_s / steps if steps else math.nan,
+            self._loss / self._losses if self._losses else math.nan, float(self._samples)]
+        return control
+
+    def run_round(self, done=False):
+        """Enter the next round; return its ``RoundResult``.
+
+        The weight is 1 if this rank has updates the others have not seen (it stepped since
+        the last round, or no round has happened yet), else 0.
+        """
+        weight = 1.0 if (self.steps_since_round > 0 or self.round == 0) else 0.0
+        self.round += 1
+        tag = self.round % self.modulus
+        control = self._control(weight, done, tag)
+        summed = self._average(weight, control)
+        if summed[2] != tag * self.size:
+            raise RoundMismatchError(
+                f"round {self.round}: ranks entered different rounds (sum of round tags {summed[2]}, "
+                f"expected {tag * self.size}). Every rank must synchronise through the same "
+                f"strategy and end with sync_model()/join().")
+        if len(summed) != len(control):
+            raise RoundMismatchError(f"round {self.round}: control vectors of {len(summed)} and {len(control)} "
+                                     f"values: ranks disagree on the number of ranks")
+        self.steps_since_round = 0
+        self._reset_stats()
+        stats = RoundStats.from_block(np.reshape(summed[_HEAD:], (self.size, _WIDTH)))
+        return RoundResult(self.round, weight, float(summed[0]), int(round(summed[1])), stats)
+
+    def join(self, on_round=None):
+        """Enter rounds as *done* until every rank has joined; return the number of rounds entered.
+
+        ``on_round(result)`` runs after each of them (the controller's per-round bookkeeping).
+        """
+        entered = 0
+        while True:
+            result = self.run_round(done=True)
+            entered += 1
+            if on_round is not None:
+                on_round(result)
+            if result.done >= self.size:
+                return entered
+
+    def state_dict(self):
+        return {"round": self.round, "steps_since_round": self.steps_since_round}
+
+    def load_state_dict(self, state):
+        self.round = check_int("state['round']", state["round"], 0)
+        self.steps_since_round = check_int("state['steps_since_round']", state["steps_since_round"], 0)

@@ -1,0 +1,124 @@
+"""Per-step telemetry: one JSON-lines file per rank, and a summary across ranks.
+
+Each record is one local optimizer step: ``step``, ``local_steps`` (steps since the last
+synchronisation, counted at this step), ``compute_s`` (time outside collectives since the
+previous step, simulated slowdown included), ``comm_s`` (time blocked in collectives),
+``bytes_sent`` (ring-allreduce estimate, 2(n-1)/n of the payload), ``synced``, and whatever
+the user annotated (``loss``, ``samples``). Enable with ``HOROVOD_HETERO_TELEMETRY=dir`` or
+the ``telemetry=`` argument of the wrapper/callback.
+"""
+import glob
+import json
+import os
+import statistics
+import time
+
+ENV = "HOROVOD_HETERO_TELEMETRY"
+
+
+class Telemetry:
+    """Collects this rank's step records and writes them to ``<directory>/rank<r>.jsonl``.
+
+    Args:
+        rank: this rank (names the file).
+        directory: where to write; ``None`` reads ``HOROVOD_HETERO_TELEMETRY``; if both are
+            unset records are kept in memory only (``records``).
+
+    Example:
+        >>> t = Telemetry(rank=0)
+        >>> t.annotate(loss=0.5, samples=32)
+        >>> t.record(step=1, local_steps=1, compute_s=0.01, comm_s=0.0, bytes_sent=0, synced=False)
+        >>> t.records[0]["loss"]
+        0.5
+    """
+
+    def __init__(self, rank, directory=None, keep=1000):
+        self.rank = rank
+        self.directory = directory if directory is not None else os.environ.get(ENV) or None
+        self.records = []
+        self._keep = keep
+        self._pending = {}
+        self._file = None
+        if self.directory:
+            os.makedirs(self.directory, exist_ok=True)
+            self._file = open(os.path.join(self.directory, f"rank{rank}.jsonl"), "a", buffering=1)
+
+    def annotate(self, **fields):
+        """Attach fields (e.g. ``loss=``, ``samples=``) to the next step record."""
+        self._pending.update(fields)
+
+    @property
+    def pending(self):
+        """The annotations the next record will carry (``loss`` and ``samples`` also reach the
+        strategy's step report and the round's statistics)."""
+        return self._pending
+
+    def record(self, **fields):
+        rec = dict(rank=self.rank, time=time.time(), **fields, **self._pending)
+        self._pending = {}
+        self.records.append(rec)
+        if len(self.records) > self._keep:
+            del self.records[: len(self.records) - self._keep]
+        if self._file is not None:
+            self._file.write(json.dumps(rec) + "\n")
+
+    def close(self):
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def load(directory):
+    """Read every rank's records from a telemetry directory: ``{rank: [record, ...]}``."""
+    by_rank = {}
+    for path in sorted(glob.glob(os.path.join(directory, "rank*.jsonl"))):
+        with open(path) as f:
+            recs = [json.loads(line) for line in f if line.strip()]
+        if recs:
+            by_rank[recs[0]["rank"]] = recs
+    return by_rank
+
+
+def summarize(by_rank):
+    """Per-rank figures from step records.
+
+    Returns ``{rank: {...}}`` with ``steps``, ``syncs``, ``samples``, ``wall_s`` (compute +
+    communication), ``samples_per_s``, ``compute_ratio`` (compute / wall), ``wait_share``
+    (communication / wall), ``mean_local_steps`` (local steps per synchronisation),
+    ``bytes_sent``, ``last_loss`` and ``median_rtt_s`` (state-server round trip, ESync).
+    """
+    out = {}
+    for rank, recs in sorted(by_rank.items()):
+        compute = sum(r.get("compute_s", 0.0) for r in recs)
+        comm = sum(r.get("comm_s", 0.0) for r in recs)
+        wall = compute + comm
+        samples = sum(r.get("samples", 0) for r in recs)
+        syncs = sum(1 for r in recs if r.get("synced"))
+        losses = [r["loss"] for r in recs if "loss" in r]
+        rtts = [r["rtt_s"] for r in recs if r.get("rtt_s") is not None]
+        out[rank] = {
+            "steps": len(recs),
+            "syncs": syncs,
+            "samples": samples,
+            "wall_s": wall,
+            "samples_per_s": samples / wall if wall > 0 else 0.0,
+            "compute_ratio": compute / wall if wall > 0 else 0.0,
+            "wait_share": comm / wall if wall > 0 else 0.0,
+            "mean_local_steps": len(recs) / syncs if syncs else float(len(recs)),
+            "bytes_sent": sum(r.get("bytes_sent", 0) for r in recs),
+            "last_loss": losses[-1] if losses else None,
+            "median_rtt_s": statistics.median_high(rtts) if rtts else None,
+        }
+    return out
+
+
+def format_summary(summary):
+    """The summary as a text table, one row per rank."""
+    head = (f"{'rank':>4} {'steps':>6} {'syncs':>6} {'samples/s':>10} {'compute':>8} {'wait':>6} {'MB sent':>8}"
+            f" {'RTT ms':>7}")
+    rows = [head]
+    for rank, s in summary.items():
+        rtt = f"{s['median_rtt_s'] * 1000:.2f}" if s["median_rtt_s"] is not None else "-"
+        rows.append(f"{rank:>4} {s['steps']:>6} {s['syncs']:>6} {s['samples_per_s']:>10.1f} "
+                    f"{s['compute_ratio']:>8.2f} {s['wait_share']:>6.2f} {s['bytes_sent'] / 1e6:>8.2f} {rtt:>7}")
+    return "\n".join(rows)

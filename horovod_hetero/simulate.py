@@ -1,0 +1,396 @@
+"""A discrete-event simulator of synchronisation strategies on a heterogeneous cluster.
+
+Before renting a cluster, see what each algorithm would do with your workers' speeds: steps
+per worker, compute-time ratio, waiting, synchronisations, bytes, and samples/s.
+
+The simulator runs the library's own strategy objects (``hh.Synchronous()``, ``hh.LocalSGD(8)``,
+``hh.ESync()``, ``hh.WAGMA(...)`` or your own ``Strategy``): one per worker, started with a
+``Context`` whose clock is virtual and whose transports are in-process (ESync's state service is
+the same ``rules.esync.ESyncState`` the real server keeps, queried without a socket). Each step's
+duration is drawn from the cluster; the strategy's decisions are carried out as the runtime does:
+``AVERAGE`` waits for every worker and costs one ring allreduce, ``GroupAverage`` costs a group
+allreduce (wait-avoiding, ideally: a group never waits for a slow member), and the ``RoundResult``
+handed to every worker carries every worker's step statistics, as a real round does. Nothing here
+re-implements a decision.
+
+ElasticBSP and DSSP are not training strategies yet: their rows are modelled from their decision
+rules (``rules.zipline.zipline``, ``rules.dssp.DSSPServer``) until they are.
+
+The communication model: a ring allreduce over k workers of B bytes costs
+``2(k-1) latency + 2(k-1)/k B / bandwidth``; a DSSP push + pull costs ``2 (latency + B / bandwidth)``.
+
+Example:
+    >>> from horovod_hetero.strategies import Synchronous
+    >>> cluster = Cluster(step_times=[1.0, 1.0, 1.0, 4.0])
+    >>> r = simulate(cluster, Synchronous(), duration=40.0)
+    >>> r.steps.tolist()
+    [10, 10, 10, 10]
+"""
+import copy
+import heapq
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from horovod_hetero.rules.dssp import DSSPServer
+from horovod_hetero.rules.esync import ESyncState
+from horovod_hetero.rules.zipline import predict_ends, zipline
+from horovod_hetero.strategies.base import AVERAGE, Context, GroupAverage, RoundResult, RoundStats, StepReport, Strategy
+from horovod_hetero.validation import check_float, check_int
+
+
+@dataclass
+class Cluster:
+    """Workers' speeds and the network.
+
+    Args:
+        step_times: seconds per training step of each worker (its speed).
+        jitter: relative standard deviation of each step's time (0: deterministic).
+        change_at: simulated time at which step times are multiplied by ``change_factors``.
+        change_factors: per-worker factors applied from ``change_at`` on.
+        model_bytes: bytes of the model (what an allreduce or a push moves).
+        latency_s: per-message latency.
+        bandwidth: bytes per second per link.
+        samples_per_step: mini-batch size, for samples/s.
+        seed: random seed of the jitter.
+    """
+
+    step_times: list
+    jitter: float = 0.0
+    change_at: float = None
+    change_factors: list = None
+    model_bytes: float = 4e6
+    latency_s: float = 50e-6
+    bandwidth: float = 1.25e9
+    samples_per_step: int = 32
+    seed: int = 0
+    rng: np.random.Generator = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self.step_times = np.asarray(self.step_times, dtype=float)
+        if self.step_times.ndim != 1 or self.step_times.size == 0 or not (self.step_times > 0).all():
+            raise ValueError("step_times must be a non-empty list of positive seconds per step")
+        self.jitter = check_float("jitter", self.jitter, 0.0)
+        if (self.change_at is None) != (self.change_factors is None):
+            raise ValueError("change_at and change_factors go together")
+        if self.change_factors is not None:
+            self.change_factors = np.asarray(self.change_factors, dtype=float)
+            if self.change_factors.shape != self.step_times.shape or not (self.change_factors > 0).all():
+                raise ValueError("change_factors must give one positive factor per worker")
+        check_float("bandwidth", self.bandwidth, 0.0, min_exclusive=True)
+        check_float("latency_s", self.latency_s, 0.0)
+        check_float("model_bytes", self.model_bytes, 0.0)
+        self.rng = np.random.default_rng(self.seed)
+        self._normals = []
+
+    @property
+    def n(self):
+        return self.step_times.size
+
+    def mean_step_times(self, t):
+        """Expected step time of every worker at simulated time t (what a worker would measure)."""
+        if self.change_at is not None and t >= self.change_at:
+            return self.step_times * self.change_factors
+        return self.step_times
+
+    def draw(self, t, k):
+        """Durations (n x k) of the next k steps of every worker starting at time t."""
+        mean = self.mean_step_times(t)[:, None]
+        if not self.jitter:
+            return np.repeat(mean, k, axis=1)
+        return mean * np.maximum(0.05, 1.0 + self.jitter * self.rng.standard_normal((mean.shape[0], k)))
+
+    def draw_one(self, t, q):
+        """Duration of worker q's next step starting at t (scalar path of ``draw`` for event loops)."""
+        mean = float(self.mean_step_times(t)[q])
+        if not self.jitter:
+            return mean
+        if not self._normals:
+            self._normals = self.rng.standard_normal(65536).tolist()
+        return mean * max(0.05, 1.0 + self.jitter * self._normals.pop())
+
+    def allreduce_s(self, k):
+        """Seconds of a ring allreduce of the model over k workers."""
+        if k <= 1:
+            return 0.0
+        return 2 * (k - 1) * self.latency_s + 2 * (k - 1) / k * self.model_bytes / self.bandwidth
+
+    def ring_bytes(self, k):
+        return 2 * (k - 1) / k * self.model_bytes if k > 1 else 0.0
+
+
+@dataclass
+class SimResult:
+    """What one strategy did: per-worker arrays and totals."""
+
+    strategy: str
+    duration: float
+    steps: np.ndarray
+    compute_s: np.ndarray
+    wait_s: np.ndarray
+    comm_s: np.ndarray
+    syncs: np.ndarray
+    bytes_sent: np.ndarray
+    samples_per_step: int
+    round_steps: list = field(default_factory=list, repr=False)   # per round: each worker's local steps
+
+    @property
+    def compute_ratio(self):
+        return self.compute_s / self.duration
+
+    @property
+    def samples_per_s(self):
+        return float(self.steps.sum() * self.samples_per_step / self.duration)
+
+    def summary(self):
+        return {"strategy": self.strategy, "samples_per_s": self.samples_per_s,
+                "compute_ratio_mean": float(self.compute_ratio.mean()),
+                "compute_ratio_min": float(self.compute_ratio.min()),
+                "wait_share_mean": float((self.wait_s / self.duration).mean()),
+                "syncs_per_worker": float(self.syncs.mean()),
+                "mb_per_worker": float(self.bytes_sent.mean() / 1e6),
+                "steps_min": int(self.steps.min()), "steps_max": int(self.steps.max())}
+
+
+class _SimClient:
+    """ESync's state-server client inside the simulator: queries reach the shared ``ESyncState`` at once."""
+
+    last_rtt = 0.0
+
+    def __init__(self, state, rank):
+        self._state, self.rank = state, rank
+        self.slowest = False
+        self._answers, self._seq = [], 0
+
+    def query(self, k, capability, round):
+        ready, self.slowest = self._state.answer(self.rank, k, capability, round)
+        return ready
+
+    def send_query(self, k, capability, round):
+        self._seq += 1
+        ready = self.query(k, capability, round)
+        self._answers.append({"seq": self._seq, "ready": ready, "round": round, "slowest": self.slowest})
+        return self._seq
+
+    def poll(self, wait_s=0.0):
+        out, self._answers = self._answers, []
+        return out
+
+    def reset(self, round):
+        self._state.reset(self.rank, round, self._state.clock())
+
+    def leave(self):
+        self._state.leave(self.rank)
+
+
+class _SimTransports:
+    """The transports a strategy opens, inside the simulator: no sockets, no threads."""
+
+    def __init__(self, world, rank):
+        self._world, self._rank = world, rank
+
+    def state_service(self, *, epsilon, overshoot, timeout, address=None):
+        world = self._world
+        if world.esync is None:                      # rank 0's server: one state for every worker
+            world.esync = ESyncState(world.size, epsilon=epsilon, overshoot=overshoot, clock=world.clock)
+        return _SimClient(world.esync, self._rank)
+
+    def open_groups(self, rank_lists, init_call, *, wait_avoiding, patience, timeout):
+        """Group averages are carried out (costed) by the simulation itself."""
+
+
+class _World:
+    """What the simulated workers share: the virtual clock and the state server's state."""
+
+    def __init__(self, size):
+        self.size, self.now, self.esync = size, 0.0, None
+
+    def clock(self):
+        return self.now
+
+
+def label(strategy):
+    """The name a strategy has in tables (``LocalSGD(8)``)."""
+    return strategy.label
+
+
+def simulate(cluster, strategy, duration):
+    """Simulate ``strategy`` on ``cluster`` for ``duration`` seconds; return a ``SimResult``.
+
+    ``strategy`` is a ``Strategy`` (a fresh copy runs on every worker) or one of the rule models
+    ``ElasticBSP``/``DSSP``. The simulation ends with the first round that ends at or after
+    ``duration`` (or, for a strategy that never averages, once every worker has passed it).
+    """
+    duration = check_float("duration", duration, 0.0, min_exclusive=True)
+    if isinstance(strategy, (ElasticBSP, DSSP)):
+        return strategy.simulate(cluster, duration)
+    if not isinstance(strategy, Strategy):
+        raise TypeError(f"strategy must be a Strategy (e.g. hh.LocalSGD(8)) or ElasticBSP/DSSP, got {strategy!r}")
+    n = cluster.n
+    world = _World(n)
+    workers = [copy.deepcopy(strategy) for _ in range(n)]
+    for rank, worker in enumerate(workers):
+        worker.start(Context(rank, n, _SimTransports(world, rank), None, world.clock))
+    steps, compute, wait, comm, syncs, sent = (np.zeros(n) for _ in range(6))
+    since, since_s = np.zeros(n, dtype=np.int64), np.zeros(n)      # this round's steps and compute
+    running = np.zeros(n)                                           # duration of each worker's step
+    barrier, past, events, rounds, end, round_steps = {}, set(), [], 0, 0.0, []
+
+    def begin(q, t):
+        running[q] = cluster.draw_one(t, q)
+        heapq.heappush(events, (t + running[q], q))
+
+    for q in range(n):
+        begin(q, 0.0)
+    while events:
+        t, q = heapq.heappop(events)
+        world.now = end = t
+        steps[q] += 1
+        compute[q] += running[q]
+        since[q] += 1
+        since_s[q] += running[q]
+        decision = workers[q].after_step(StepReport(float(running[q]), samples=cluster.samples_per_step))
+        if strategy.averages_gradients:            # a gradient allreduce after every step
+            decision = AVERAGE
+        if t >= duration:
+            past.add(q)
+        if decision is AVERAGE:
+            barrier[q] = t
+            if len(barrier) < n:
+                continue
+            arrived = np.array([barrier[r] for r in range(n)])
+            cost = cluster.allreduce_s(n)
+            world.now = end = arrived.max() + cost
+            wait += arrived.max() - arrived
+            comm += cost
+            syncs += 1
+            sent += cluster.ring_bytes(n)
+            rounds += 1
+            with np.errstate(invalid="ignore", divide="ignore"):
+                stats = RoundStats(local_steps=since.copy(), step_s=since_s / since, loss=np.full(n, math.nan),
+                                   samples=since * cluster.samples_per_step, done=np.zeros(n, dtype=bool))
+            result = RoundResult(rounds, 1.0, float(n), 0, stats)
+            round_steps.append(stats.local_steps)
+            for worker in workers:
+                worker.after_round(result)
+            since[:], since_s[:] = 0, 0.0
+            barrier.clear()
+            if end >= duration:
+                break
+            for r in range(n):
+                begin(r, end)
+        elif isinstance(decision, GroupAverage):
+            k = len(decision.group)
+            comm[q] += cluster.allreduce_s(k)
+            syncs[q] += 1
+            sent[q] += cluster.ring_bytes(k)
+            begin(q, t + cluster.allreduce_s(k))
+        elif not barrier and len(past) == n:       # never averages: stop once everyone passed duration
+            break
+        else:
+            begin(q, t)
+    return SimResult(label(strategy), end, steps.astype(np.int64), compute, wait, comm, syncs.astype(np.int64),
+                     sent, cluster.samples_per_step, round_steps)
+
+
+@dataclass
+class ElasticBSP:
+    """ElasticBSP (rule model): ZipLine picks, from the next R predicted iterations, the barrier with
+    least waiting; each round every worker runs its chosen number of iterations, then all average."""
+
+    R: int = 15
+
+    def __post_init__(self):
+        check_int("R", self.R, 1)
+
+    @property
+    def label(self):
+        return f"ElasticBSP(R={self.R})"
+
+    def simulate(self, cluster, duration):
+        n = cluster.n
+        steps, compute, wait, comm, syncs, sent = (np.zeros(n) for _ in range(6))
+        t = 0.0
+        while t < duration:
+            caps = cluster.mean_step_times(t)
+            durations = cluster.draw(t, self.R)
+            k = zipline(predict_ends(np.full(n, t), caps, self.R)).steps
+            busy = (durations * (np.arange(self.R) < k[:, None])).sum(axis=1)
+            round_comm = cluster.allreduce_s(n)
+            steps += k
+            compute += busy
+            wait += busy.max() - busy
+            comm += round_comm
+            syncs += 1
+            sent += cluster.ring_bytes(n)
+            t += busy.max() + round_comm
+        return SimResult(self.label, t, steps.astype(np.int64), compute, wait, comm, syncs.astype(np.int64),
+                         sent, cluster.samples_per_step)
+
+
+@dataclass
+class DSSP:
+    """DSSP (rule model): parameter-server training with a staleness bound in [s_lower, s_upper], per push."""
+
+    s_lower: int = 3
+    s_upper: int = 15
+
+    @property
+    def label(self):
+        return f"DSSP({self.s_lower},{self.s_upper})"
+
+    def simulate(self, cluster, duration):
+        return _simulate_dssp(cluster, self, duration)
+
+
+def _simulate_dssp(cluster, strategy, duration):
+    n = cluster.n
+    server = DSSPServer(n, strategy.s_lower, strategy.s_upper)
+    push_s = 2 * (cluster.latency_s + cluster.model_bytes / cluster.bandwidth)
+    steps, compute, wait, comm = (np.zeros(n) for _ in range(4))
+    running = cluster.draw(0.0, 1)[:, 0]                      # duration of each worker's current step
+    events = [(float(running[p]), p) for p in range(n)]       # (time the worker pushes, worker)
+    heapq.heapify(events)
+    blocked_since = {}
+    while events and events[0][0] < duration:
+        t, p = heapq.heappop(events)
+        steps[p] += 1
+        compute[p] += running[p]
+        released = server.push(p, t)
+        if p not in released:
+            blocked_since[p] = t
+        for q in released:
+            wait[q] += t - blocked_since.pop(q, t)
+            running[q] = cluster.draw_one(t, q)
+            comm[q] += push_s
+            heapq.heappush(events, (t + push_s + running[q], q))
+    for q, since in blocked_since.items():
+        wait[q] += duration - since
+    syncs = steps.astype(np.int64)
+    return SimResult(strategy.label, duration, syncs, compute, wait, comm, syncs,
+                     syncs * 2 * cluster.model_bytes, cluster.samples_per_step)
+
+
+def compare(cluster, strategies, duration):
+    """Simulate each strategy on the same cluster (fresh jitter stream each); list of SimResults."""
+    out = []
+    for s in strategies:
+        cluster.rng, cluster._normals = np.random.default_rng(cluster.seed), []
+        out.append(simulate(cluster, s, duration))
+    return out
+
+
+def format_table(results):
+    """A comparison table, samples/s relative to the first row."""
+    base = results[0].samples_per_s or 1.0
+    head = (f"{'strategy':<22} {'samples/s':>10} {'vs first':>9} {'compute':>8} {'min comp':>9} "
+            f"{'wait':>6} {'syncs/w':>8} {'MB/w':>9} {'steps min-max':>15}")
+    rows = [head]
+    for r in results:
+        s = r.summary()
+        rows.append(f"{s['strategy']:<22} {s['samples_per_s']:>10.1f} {s['samples_per_s'] / base:>8.2f}x "
+                    f"{s['compute_ratio_mean']:>8.2f} {s['compute_ratio_min']:>9.2f} {s['wait_share_mean']:>6.2f} "
+                    f"{s['syncs_per_worker']:>8.1f} {s['mb_per_worker']:>9.1f} "
+                    f"{s['steps_min']:>7}-{s['steps_max']:<7}")
+    return "\n".join(rows)

@@ -1,0 +1,18 @@
+"""Synchronisation strategies, one module each, on one contract (``base``).
+
+| module | strategy | paper |
+| --- | --- | --- |
+| ``synchronous`` | ``Synchronous``: gradients averaged every step (``hvd.DistributedOptimizer``) | baseline |
+| ``local_sgd`` | ``LocalSGD``: model averaged every ``period`` steps | Lin et al. |
+| ``esync`` | ``ESync``: local steps sized by a state server, delta averaging | ESync |
+| ``wagma`` | ``WAGMA``: wait-avoiding butterfly group averaging, global every tau | WAGMA-SGD |
+
+Adding one: see docs/architecture.md ("Adding a strategy").
+"""
+from horovod_hetero.strategies.base import (  # noqa: F401
+    AVERAGE, CONTINUE, Context, Decision, GroupAverage, Plan, RoundResult, RoundStats, StepReport, Strategy,
+    check_strategy)
+from horovod_hetero.strategies.esync import ESync  # noqa: F401
+from horovod_hetero.strategies.local_sgd import LocalSGD  # noqa: F401
+from horovod_hetero.strategies.synchronous import Synchronous  # noqa: F401
+from horovod_hetero.strategies.wagma import WAGMA  # noqa: F401

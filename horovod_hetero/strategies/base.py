@@ -1,0 +1,312 @@
+"""The strategy contract: what a synchronisation strategy is given, told, and answers.
+
+A strategy owns the *schedule* of synchronisation on one rank; the runtime
+(``horovod_hetero.runtime.controller``) owns everything else: the model, the collectives, the
+transports, timing, telemetry. The runtime
+
+1. starts the strategy with a ``Context``: rank, size, a clock, the object collectives and the
+   ``transports`` it may open (ESync's state server, WAGMA's responders). What it opens, the
+   runtime closes when training ends;
+2. reports every local step (``StepReport``: compute seconds, loss and samples when known) to
+   ``after_step``, which answers a ``Decision``: ``CONTINUE``, ``AVERAGE`` (a global averaging
+   round now) or ``GroupAverage(group, tag)`` (average within a group of ranks now);
+3. hands it every round's ``RoundResult`` (``after_round``), which holds every rank's step
+   statistics since the previous round, identical on every rank; the strategy may answer with a
+   ``Plan``: how many local steps each rank runs before the next round (the runtime then runs the
+   round when this rank's count is reached);
+4. calls ``leave()`` when this rank stops stepping (it only joins other ranks' rounds from then on).
+
+A strategy writes its schedule by overriding the hooks ``on_start(ctx)``, ``decide(report)``,
+``on_round(result)``, ``on_leave()``; the template methods above do the common bookkeeping (the step
+counter, plans). Counters go into ``state_dict()`` so a resumed run keeps its phase. Nothing here
+touches tensors, sockets or threads: the same objects run under ``horovodrun`` and in the simulator.
+"""
+import math
+import operator
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from horovod_hetero.validation import check_int
+
+
+# --- what the strategy is given ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Context:
+    """What a strategy is given when it starts.
+
+    Attributes:
+        rank, size: this rank and the number of ranks synchronising.
+        transports: opens the transports a strategy may use (``Transports``: ``state_service``,
+            ``open_groups``); the runtime closes them.
+        collectives: ``broadcast_object``/``allgather_object`` over the ranks (``Collectives``),
+            or ``None`` where there are none (the simulator).
+        clock: seconds, monotonic (a virtual clock in the simulator).
+    """
+
+    rank: int
+    size: int
+    transports: Any
+    collectives: Any = None
+    clock: Callable[[], float] = time.perf_counter
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """One local step as the runtime measured it.
+
+    Attributes:
+        step_s: seconds the step computed (simulated slowdown included, collectives excluded).
+        loss: the training loss of the step, if the user or Keras reported it.
+        samples: samples in the step's batch, if known.
+    """
+
+    step_s: float = 0.0
+    loss: Optional[float] = None
+    samples: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class RoundStats:
+    """Every rank's statistics since the previous round; travels inside the round's collective.
+
+    Each attribute is an array indexed by rank, identical on every rank after the round.
+
+    Attributes:
+        local_steps: local steps since the previous round.
+        step_s: mean compute seconds per step since the previous round (NaN: no step).
+        loss: mean reported training loss since the previous round (NaN: none reported).
+        samples: samples since the previous round (0: not reported).
+        done: the rank has stopped stepping (it called ``sync_model()``).
+    """
+
+    local_steps: np.ndarray
+    step_s: np.ndarray
+    loss: np.ndarray
+    samples: np.ndarray
+    done: np.ndarray
+
+    FIELDS = ("done", "local_steps", "step_s", "loss", "samples")
+
+    @classmethod
+    def from_block(cls, block):
+        """From the round's summed per-rank block, shape (size, len(FIELDS))."""
+        block = np.asarray(block, dtype=np.float64)
+        return cls(local_steps=np.rint(block[:, 1]).astype(np.int64), step_s=block[:, 2], loss=block[:, 3],
+                   samples=np.rint(block[:, 4]).astype(np.int64), done=block[:, 0] > 0.5)
+
+    def as_dict(self):
+        """Lists, for telemetry (NaN becomes None)."""
+        clean = lambda a: [None if isinstance(v, float) and math.isnan(v) else v for v in a.tolist()]  # noqa: E731
+        return {"local_steps": self.local_steps.tolist(), "step_s": clean(self.step_s),
+                "loss": clean(self.loss), "samples": self.samples.tolist(), "done": self.done.tolist()}
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """What every rank learns from one averaging round.
+
+    Attributes:
+        round: the round's number (the same on every rank).
+        weight: this rank's weight in the average (1: it stepped since the previous round).
+        total_weight: the sum of all ranks' weights.
+        done: how many ranks have stopped stepping.
+        stats: every rank's ``RoundStats`` (``None`` only from protocol-level fakes).
+    """
+
+    round: int
+    weight: float
+    total_weight: float
+    done: int
+    stats: Optional[RoundStats] = field(default=None, compare=False)
+
+
+# --- what the strategy answers -------------------------------------------------------------------
+
+class Decision:
+    """What a strategy answers after a local step: ``CONTINUE``, ``AVERAGE`` or a ``GroupAverage``."""
+
+    def __bool__(self):
+        raise TypeError(f"{self!r} is a Decision, not a bool: compare it with AVERAGE or CONTINUE, "
+                        f"or use isinstance(decision, GroupAverage)")
+
+
+class _Named(Decision):
+    def __init__(self, name):
+        self._name = name
+
+    def __repr__(self):
+        return self._name
+
+    def __reduce__(self):                  # copy/deepcopy/pickle keep the singleton
+        return self._name
+
+
+#: Keep stepping locally.
+CONTINUE = _Named("CONTINUE")
+#: Run a global averaging round now (every rank enters it, in the same order).
+AVERAGE = _Named("AVERAGE")
+
+
+@dataclass(frozen=True)
+class GroupAverage(Decision):
+    """Average the model within ``group`` now (the members must answer the same ``tag``).
+
+    Attributes:
+        group: sorted ranks, this rank among them, at least two.
+        tag: an int >= 0 naming this group average; every member uses the same one.
+    """
+
+    group: tuple
+    tag: int
+
+    def __post_init__(self):
+        try:
+            group = tuple(map(operator.index, self.group))
+        except TypeError:
+            group = ()
+        if len(group) < 2 or group[0] < 0 or not all(map(operator.lt, group, group[1:])):
+            raise ValueError(f"group must be two or more distinct ranks (ints >= 0) in ascending order, "
+                             f"got {self.group!r}")
+        object.__setattr__(self, "group", group)
+        check_int("tag", self.tag, 0)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Local steps each rank runs before the next round (index: rank), identical on every rank.
+
+    A strategy returns it from ``on_start``/``on_round``; the runtime runs the round when this
+    rank has taken ``steps[rank]`` local steps (or earlier, if ``decide`` answers ``AVERAGE``).
+    """
+
+    steps: tuple
+
+    def __post_init__(self):
+        object.__setattr__(self, "steps", tuple(check_int("Plan.steps[i]", s, 1) for s in self.steps))
+
+
+# --- the strategy --------------------------------------------------------------------------------
+
+class Strategy:
+    """Base class of every strategy: the template methods the runtime calls, and the hooks.
+
+    Class attributes a strategy may set:
+        averages_gradients: True if gradients are allreduced every step by Horovod itself (as
+            ``hvd.DistributedOptimizer`` does); then no model averaging is decided here.
+        global_lr: every global average moves the model ``global_lr`` of the way from the previous
+            round's model to the mean (``w <- w_t + global_lr (mean - w_t)``); 1.0 is plain
+            averaging. With another value the runtime first averages the initial models once.
+    """
+
+    averages_gradients = False
+    global_lr = 1.0
+
+    def __init__(self):
+        self.step = 0
+        self.rank, self.size = 0, 1
+        self.plan = None              # the latest Plan, if the strategy makes them
+        self._plan_left = None        # local steps left before the planned round
+
+    # -- called by the runtime (template methods) --
+
+    def start(self, ctx):
+        """Start (or, after ``sync_model()``, restart) on this rank with a ``Context``."""
+        self.rank, self.size, self.clock = ctx.rank, ctx.size, ctx.clock
+        self._set_plan(self.on_start(ctx))
+
+    def after_step(self, report=StepReport()):
+        """Count one local step and answer a ``Decision``."""
+        self.step += 1
+        decision = self.decide(report)
+        if self._plan_left is not None:
+            self._plan_left -= 1
+            if self._plan_left <= 0:
+                return AVERAGE
+        return decision
+
+    def after_round(self, result):
+        """An averaging round finished (``result`` is a ``RoundResult``, the same on every rank)."""
+        self._plan_left = None
+        self._set_plan(self.on_round(result))
+
+    def leave(self):
+        """This rank stopped stepping; it only joins the other ranks' rounds from now on."""
+        self.on_leave()
+
+    def _set_plan(self, plan):
+        if plan is None:
+            return
+        if not isinstance(plan, Plan) or len(plan.steps) != self.size:
+            raise TypeError(f"{type(self).__name__} must plan with a Plan of {self.size} step counts "
+                            f"(one per rank), got {plan!r}")
+        self.plan, self._plan_left = plan, plan.steps[self.rank]
+
+    # -- the hooks a strategy overrides --
+
+    def on_start(self, ctx):
+        """Open what the strategy needs through ``ctx.transports``; may return a first ``Plan``."""
+
+    def decide(self, report):
+        """The decision after local step ``self.step`` (already counted), from its ``StepReport``."""
+        return CONTINUE
+
+    def on_round(self, result):
+        """Bookkeeping after a round; may return a ``Plan`` for the next one."""
+
+    def on_leave(self):
+        """This rank stopped stepping (e.g. tell a server not to wait for it)."""
+
+    def telemetry_fields(self):
+        """Extra per-step telemetry (e.g. a state-server round trip)."""
+        return {}
+
+    @property
+    def label(self):
+        """A short name for tables (``LocalSGD(8)``)."""
+        return type(self).__name__
+
+    def state_dict(self):
+        return {"kind": type(self).__name__, "step": self.step,
+                "plan": None if self.plan is None else list(self.plan.steps), "plan_left": self._plan_left}
+
+    def load_state_dict(self, state):
+        if state.get("kind") != type(self).__name__:
+            raise ValueError(
+                f"strategy state is for {state.get('kind')!r}, cannot load it into {type(self).__name__}")
+        self.step = check_int("state['step']", state["step"], 0)
+        plan = state.get("plan")
+        self.plan = None if plan is None else Plan(tuple(plan))
+        self._plan_left = state.get("plan_left")
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"
+
+
+def check_strategy(strategy):
+    """Return ``strategy`` (default ``Synchronous()``) or raise ``TypeError`` naming the strategies."""
+    from horovod_hetero.strategies.synchronous import Synchronous
+
+    if strategy is None:
+        return Synchronous()
+    if isinstance(strategy, type) and issubclass(strategy, Strategy):
+        raise TypeError(f"strategy must be an instance, e.g. strategy={strategy.__name__}(...), "
+                        f"not the class {strategy.__name__}")
+    if not isinstance(strategy, Strategy):
+        raise TypeError(f"strategy must be one of {', '.join(library_strategies())} (or a Strategy "
+                        f"subclass); got {strategy!r} ({type(strategy).__name__})")
+    return strategy
+
+
+def library_strategies():
+    """Names of the strategies this library ships, sorted."""
+    seen, todo = set(), [Strategy]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if cls is not Strategy and cls.__module__.startswith("horovod_hetero.strategies."):
+            seen.add(cls.__name__)
+    return sorted(seen)

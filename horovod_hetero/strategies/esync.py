@@ -1,0 +1,157 @@
+"""ESync: every worker runs as many local steps as fit while the slowest runs one."""
+import logging
+
+from horovod_hetero.errors import StateServerError, StateServerTimeout
+from horovod_hetero.strategies.base import AVERAGE, CONTINUE, Strategy
+from horovod_hetero.validation import check_float, check_int, parse_address
+
+log = logging.getLogger("horovod_hetero")
+
+
+class ESync(Strategy):
+    """ESync: every worker runs as many local steps as fit while the slowest runs one.
+
+    Li et al., "ESync: An Efficient Synchronous Parallel Algorithm for Distributed ML in
+    Heterogeneous Clusters". On Horovod: the state server (``ctx.transports.state_service``:
+    started on rank 0, its address shared with a Horovod broadcast) keeps the paper's records
+    (``rules.esync.ESyncState``); after each local step a worker asks it whether to aggregate
+    (QUERY-STATE; its capability is its measured step time plus the query round trip) and answers
+    ``AVERAGE`` when it is ready. The aggregation is the runtime's averaging round, one fused
+    allreduce of the model deltas: w_{t+1} = w_t + global_lr * mean(w_i - w_t).
+
+    Args:
+        global_lr: the paper's epsilon, > 0 (1.0: plain averaging of the replicas).
+        mode: ``"blocking"`` (wait for each answer) or ``"delayed_ack"`` (send the query, keep
+            training, aggregate at the first step boundary after READY arrives; a worker the
+            server reports as the slowest waits for its answer, so it aggregates after one step).
+        epsilon: the state server's slack against boundary errors (seconds).
+        overshoot: fraction of a worker's step by which its last local step may end after the
+            slowest's (0 is the paper's rule; see ``ESyncState``).
+        timeout: seconds to wait for the state server before falling back.
+        fallback_period: when the server cannot be reached or stops answering, aggregate every
+            this many local steps (a warning is logged once).
+        server_address: ``tcp://host:port`` of a state server started elsewhere (tests).
+        warmup_step: the first local step is a warm-up (tf.function tracing, allocation): its time
+            is not reported as capability, and no worker is ready before every worker reported a
+            real step. ``False`` reports it (steps that cost the same from the first on).
+
+    Example::
+
+        opt = hh.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                      strategy=hh.ESync(global_lr=1.0, mode="blocking"))
+    """
+
+    MODES = ("blocking", "delayed_ack")
+
+    def __init__(self, global_lr=1.0, mode="blocking", epsilon=1e-3, overshoot=0.5, timeout=2.0,
+                 fallback_period=8, server_address=None, warmup_step=True):
+        super().__init__()
+        self.global_lr = check_float("global_lr", global_lr, 0.0, min_exclusive=True)
+        if mode not in self.MODES:
+            raise ValueError(f"mode must be one of {', '.join(map(repr, self.MODES))}, got {mode!r}")
+        self.mode = mode
+        self.epsilon = check_float("epsilon", epsilon, 0.0)
+        self.overshoot = check_float("overshoot", overshoot, 0.0, 1.0)
+        self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
+        self.fallback_period = check_int("fallback_period", fallback_period, 1)
+        if server_address is not None:
+            parse_address(server_address)               # a malformed address fails here, not at start
+        self.server_address = server_address
+        if not isinstance(warmup_step, bool):
+            raise TypeError(f"warmup_step must be True or False, got {warmup_step!r}")
+        self.warmup_step = warmup_step
+        self.round = 0
+        self.local_steps = 0
+        self.capability = None
+        self.fallback = False
+        self.client = None
+        self._left = False
+        self._last_answer = None
+
+    def on_start(self, ctx):
+        self.client = ctx.transports.state_service(epsilon=self.epsilon, overshoot=self.overshoot,
+                                                   timeout=self.timeout, address=self.server_address)
+        self._begin_round()
+
+    def _fall_back(self, why):
+        if not self.fallback:
+            log.warning("ESync: %s; falling back to averaging every %d local steps", why, self.fallback_period)
+        self.fallback = True
+
+    def _guarded(self, call):
+        """``call()`` (state-server traffic) unless falling back; a server failure starts the
+        fallback and gives None."""
+        if self.fallback or self.client is None:
+            return None
+        try:
+            return call()
+        except StateServerError as e:
+            self._fall_back(str(e))
+            return None
+
+    def _begin_round(self):
+        """The listing's k = 0 query: registers the round and measures the round trip."""
+        self.local_steps = 0
+        if self._guarded(lambda: self.client.query(0, self.capability, self.round)) is not None:
+            self._last_answer = self.clock()
+
+    def decide(self, report):
+        self.local_steps += 1
+        if self._left:                                  # training again after a join
+            self._left = False
+            self._guarded(lambda: self.client.reset(self.round))
+        ready = self._guarded(lambda: self._ask(report.step_s))
+        if ready is None:
+            ready = self.local_steps >= self.fallback_period
+        return AVERAGE if ready else CONTINUE
+
+    def _ask(self, step_s):
+        """QUERY-STATE for the step just taken; raises ``StateServerError`` when unreachable or unanswered."""
+        if self.step == 1 and self.warmup_step:
+            # the first step (graph tracing, allocation) can take seconds; reported as capability
+            # it would make this rank look slowest and stall the others' readiness, so it is not
+            # reported, and nobody is ready before every rank measured a real step
+            capability = None
+        else:
+            capability = self.capability = (step_s or 0.0) + (self.client.last_rtt or 0.0)
+        if self.mode == "blocking":
+            return self.client.query(self.local_steps, capability, self.round)
+        self.client.send_query(self.local_steps, capability, self.round)
+        answers = self.client.poll(self.timeout if self.client.slowest else 0.0)
+        now = self.clock()
+        if answers:
+            self._last_answer = now
+        elif self._last_answer is None or now - self._last_answer > self.timeout:
+            raise StateServerTimeout(f"the state server has not answered for {self.timeout:g} s")
+        return any(a.get("ready") and a.get("round") == self.round for a in answers)
+
+    def on_round(self, result):
+        self.round = result.round
+        if self._left:                      # joining others' rounds: no server traffic
+            self.local_steps = 0
+            return
+        self._guarded(lambda: self.client.reset(self.round))
+        self._begin_round()
+
+    def on_leave(self):
+        if not self._left:
+            self._guarded(lambda: self.client.leave())
+        self._left = True
+
+    def telemetry_fields(self):
+        fields = {"fallback": self.fallback}
+        if self.client is not None and self.client.last_rtt is not None:
+            fields["rtt_s"] = self.client.last_rtt
+        return fields
+
+    def state_dict(self):
+        return dict(super().state_dict(), round=self.round, local_steps=self.local_steps,
+                    capability=self.capability)
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.round, self.capability = state["round"], state["capability"]
+        self.local_steps = state["local_steps"]
+
+    def __repr__(self):
+        return f"ESync(global_lr={self.global_lr}, mode={self.mode!r})"

@@ -1,0 +1,20 @@
+"""Synchronous data-parallel SGD: gradients averaged every step, as ``hvd.DistributedOptimizer``."""
+from horovod_hetero.strategies.base import Strategy
+
+
+class Synchronous(Strategy):
+    """Plain synchronous data-parallel SGD: gradients averaged every step.
+
+    The baseline every other strategy is measured against. On Horovod it *is*
+    ``hvd.DistributedOptimizer`` (the torch wrapper builds on it: same hooks, same results bit
+    for bit), so switching a script between synchronous training and any other strategy changes
+    one argument. Its decision after every step is ``CONTINUE``: Horovod's gradient allreduce
+    already synchronised the step (``averages_gradients``).
+
+    Example:
+        >>> s = Synchronous()
+        >>> s.after_step(), s.averages_gradients
+        (CONTINUE, True)
+    """
+
+    averages_gradients = True

@@ -1,0 +1,89 @@
+"""WAGMA-SGD: wait-avoiding group model averaging over Horovod process sets."""
+from horovod_hetero.rules.grouping import butterfly_group, group_process_sets, resolve_group_size
+from horovod_hetero.strategies.base import AVERAGE, CONTINUE, GroupAverage
+from horovod_hetero.strategies.local_sgd import LocalSGD
+from horovod_hetero.validation import as_schedule, check_float, check_int
+
+
+def init_call(size, group_size):
+    """The exact ``hvd.init(...)`` call that registers WAGMA's process sets (for error messages)."""
+    return f"hvd.init(process_sets=hh.wagma_process_sets(group_size={group_size!r}))  # P={size}"
+
+
+class WAGMA(LocalSGD):
+    """WAGMA-SGD: average within butterfly groups every step, globally every ``sync_period`` steps.
+
+    Li et al., "Breaking (Global) Barriers in Parallel Stochastic Optimization with
+    Wait-Avoiding Group Averaging" (Algorithm 2). Groups of size S change every step (butterfly
+    phases, ``rules.grouping.butterfly_groups``): after a local step the decision is
+    ``GroupAverage(group, tag=step)``, and every ``sync_period`` steps ``AVERAGE`` (line 16, a
+    standard allreduce). The runtime runs each group average as one fused allreduce over the
+    group's Horovod process set, registered once at ``hvd.init``.
+
+    Wait-avoidance on Horovod (``transports.group_exchange``): Horovod has no one-sided
+    activation, a collective completes only when every member of its process set has enqueued
+    it. So every worker runs a *responder* thread; the first member of a group to finish its step
+    activates its peers, and a peer still inside its own step has its responder enqueue the same
+    allreduce with its last published model (stale, Algorithm 2's send buffer). The activator
+    waits for activation + Horovod's negotiation, not for the straggler; the straggler later takes
+    1/(S+1) (W_sum + W') (line 13). What still waits: the global average every ``sync_period``
+    steps, and step 1 (no model is published before a worker's first step ends).
+
+    Args:
+        group_size: S, a power of two <= P; ``None``: the power of two nearest sqrt(P).
+        sync_period: tau, int >= 1 or a ``step -> int`` schedule: steps between global averages.
+        wait_avoiding: serve a straggler's group averages with its last model (True), or wait
+            for it in every group allreduce (False, the paper's plain group allreduce).
+        patience: seconds a worker lets its peers wait for its own step before its last model
+            is used instead (0.0 is the paper: at once).
+        timeout: seconds to wait for a group average before a ``CollectiveTimeoutError``.
+
+    Example::
+
+        hvd.init(process_sets=hh.wagma_process_sets(group_size=None))
+        opt = hh.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                      strategy=hh.WAGMA(group_size=None, sync_period=10))
+    """
+
+    def __init__(self, group_size=None, sync_period=10, wait_avoiding=True, patience=0.0, timeout=300.0):
+        super().__init__(as_schedule("sync_period", sync_period, minimum=1))
+        self._period_arg = sync_period
+        self.group_size = group_size
+        if group_size is not None and check_int("group_size", group_size, 1) & (group_size - 1):
+            raise ValueError(f"group_size must be a power of two (1, 2, 4, ...), got {group_size}; "
+                             f"or None for the power of two nearest sqrt(number of workers)")
+        if not isinstance(wait_avoiding, bool):
+            raise TypeError(f"wait_avoiding must be True or False, got {wait_avoiding!r}")
+        self.wait_avoiding = wait_avoiding
+        self.patience = check_float("patience", patience, 0.0)
+        self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
+        self.S = None
+
+    def on_start(self, ctx):
+        self.S = resolve_group_size(self.group_size, ctx.size)
+        # butterfly partitions repeat every log2(P) steps: this rank's group for each phase
+        phases = range(max(1, ctx.size.bit_length() - 1))
+        self._groups = [butterfly_group(ctx.size, self.S, t, ctx.rank) for t in phases]
+        if self.S > 1:
+            ctx.transports.open_groups(group_process_sets(ctx.size, self.S), init_call(ctx.size, self.group_size),
+                                       wait_avoiding=self.wait_avoiding, patience=self.patience, timeout=self.timeout)
+
+    def group_of(self, step):
+        """This rank's group after local step ``step`` (1-based; the paper's t = step - 1)."""
+        return self._groups[(step - 1) % len(self._groups)]
+
+    def decide(self, report):
+        if super().decide(report) is AVERAGE:
+            return AVERAGE                  # global average (line 16)
+        if self.S > 1:
+            return GroupAverage(self.group_of(self.step), tag=self.step)
+        return CONTINUE                     # groups of one: local SGD with period sync_period
+
+    @property
+    def label(self):
+        period = self._period_arg if isinstance(self._period_arg, int) else "schedule"
+        return f"WAGMA(S={self.group_size or 'auto'},{period})"
+
+    def __repr__(self):
+        return (f"WAGMA(group_size={self.group_size!r}, sync_period={self._period_arg!r}, "
+                f"wait_avoiding={self.wait_avoiding})")

@@ -1,0 +1,78 @@
+"""Transports outside Horovod's collectives: opened for a strategy, closed by the runtime.
+
+| module | what | used by |
+| --- | --- | --- |
+| ``state_server`` | ESync's state server and client (JSON Lines over TCP, standard library) | ESync |
+| ``activations`` | "a group average started" messages (ZeroMQ PUSH/PULL) | wait-avoiding groups |
+| ``group_exchange`` | wait-avoiding group averaging: responder threads, stale send buffers | WAGMA |
+
+A strategy never builds a socket or a thread: it asks ``ctx.transports`` (a ``Transports``) for
+what it needs in ``on_start``. The runtime closes everything opened here at the end of
+``sync_model()`` / ``on_train_end`` and at interpreter exit, whichever comes first.
+"""
+import atexit
+
+from horovod_hetero.transports.activations import Activations
+from horovod_hetero.transports.group_exchange import GroupExchange
+from horovod_hetero.transports.state_server import StateClient, StateServer
+
+
+class Transports:
+    """Opens transports for one rank's strategy and closes all of them in ``close()``.
+
+    Args:
+        rank, size: this rank and the number of ranks.
+        collectives: the runtime's ``Collectives`` (object broadcast/allgather, group allreduce,
+            this host's address).
+
+    Attributes:
+        groups: the ``GroupExchange`` once a strategy opened groups (the runtime runs its
+            ``GroupAverage`` decisions through it), else ``None``.
+    """
+
+    def __init__(self, rank, size, collectives):
+        self.rank, self.size = rank, size
+        self._collectives = collectives
+        self._opened = []
+        self.server = None
+        self.groups = None
+        atexit.register(self.close)
+
+    def _open(self, transport):
+        self._opened.append(transport)
+        return transport
+
+    def state_service(self, *, epsilon, overshoot, timeout, address=None):
+        """ESync's state service: a ``StateClient`` for this rank (rank 0 also starts the
+        ``StateServer`` and broadcasts its address), or a client of the server at ``address``."""
+        if address is None:
+            if self.rank == 0:
+                self.server = self._open(StateServer(self.size, self._collectives.host, epsilon=epsilon,
+                                                     overshoot=overshoot))
+                address = self.server.address
+            address = self._collectives.broadcast_object(address, what="the broadcast of the state server's address")
+        return self._open(StateClient(address, self.rank, timeout=timeout))
+
+    def open_groups(self, rank_lists, init_call, *, wait_avoiding, patience, timeout):
+        """Group averaging over the process sets of ``rank_lists`` (registered at ``hvd.init``, else a
+        ``ValueError`` naming ``init_call``); wait-avoiding with responders, or plain."""
+        collectives = self._collectives
+        collectives.require_groups(rank_lists, init_call)
+        activations = None
+        if wait_avoiding:
+            activations = self._open(Activations(collectives.host, lambda address: collectives.allgather_object(
+                address, what="the exchange of the group activation addresses")))
+
+        def allreduce(model, weight, control, group, name):
+            sent = model if weight == 1.0 else [t * weight for t in model]
+            return collectives.allreduce_sum(sent, control, ranks=group, name=name, what="group average")
+
+        self.groups = self._open(GroupExchange(self.rank, allreduce, activations, patience, timeout))
+        return self.groups
+
+    def close(self):
+        """Close everything opened, newest first (idempotent)."""
+        while self._opened:
+            self._opened.pop().close()
+        self.server = self.groups = None
+        atexit.unregister(self.close)

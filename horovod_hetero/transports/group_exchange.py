@@ -1,0 +1,144 @@
+"""Wait-avoiding group averaging: one rank's side, with a responder thread (WAGMA-SGD, Algorithm 2).
+
+Horovod has no one-sided activation: a collective completes only when every member of its
+process set has enqueued it. So each rank runs a *responder*. The first member of a group to
+start a group average (the activator) sends an activation (``activations``) to its peers and
+enqueues the group allreduce with its fresh model; a peer whose own step is still running has its
+responder enqueue the same allreduce at once with the model it last published (stale: Algorithm 2's
+send buffer). The activator waits for activation + Horovod's negotiation, not for the straggler.
+When the straggler reaches that group average itself it finds its part done (``GroupResult.stale``)
+and the runtime takes 1/(S+1) (W_sum + W') (line 13).
+
+Nothing here knows a strategy: the runtime asks for ``average(tag, group, model)`` when a strategy
+answers ``GroupAverage(group, tag)``, and publishes the model the next step starts from.
+"""
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from horovod_hetero.errors import RoundMismatchError
+from horovod_hetero.runtime.rounds import FLOAT32_EXACT
+
+#: Seconds close() waits for group averages the responder is still serving (daemon threads after that).
+CLOSE_WAIT_S = 5.0
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """One group average as one rank sees it."""
+
+    tag: int
+    group: tuple
+    summed: object         # sum of the members' weighted models (framework tensors)
+    total_weight: float
+    stale: bool            # this rank's fresh model was not in it (served from its published one)
+
+
+class GroupExchange:
+    """One rank's side of (wait-avoiding) group averaging.
+
+    Args:
+        rank: this rank.
+        allreduce: ``allreduce(model, weight, control, group, name) -> (summed, summed_control)``,
+            a blocking sum over the group's process set of ``weight * model`` and ``control``,
+            callable from any thread.
+        activations: an ``Activations``, or ``None`` for plain (waiting) group allreduces.
+        patience: seconds the responder waits for this rank's own step before it contributes
+            the stale model (0: at once, as the paper).
+        timeout: seconds to wait for a group result.
+
+    The main thread calls ``publish(model)`` after every change of the model (the model the next
+    step starts from) and ``average(tag, group, fresh)`` for every group average.
+    """
+
+    def __init__(self, rank, allreduce, activations=None, patience=0.0, timeout=300.0):
+        self.rank = rank
+        self._allreduce = allreduce
+        self._activations = activations
+        self.patience = patience
+        self.timeout = timeout
+        self._lock = threading.Condition()
+        self._snapshot = None          # (model, weight) that the responder contributes
+        self._main_tag = 0             # last tag the main thread reached
+        self._served = {}              # tag -> Future of the allreduce the responder ran
+        self.served_stale = 0
+        self._closed = False
+        self._thread = None
+        self._serving = []             # responder threads that enqueued a group allreduce
+        if activations is not None:
+            self._thread = threading.Thread(target=self._respond, name="horovod_hetero-group-responder", daemon=True)
+            self._thread.start()
+
+    @property
+    def serves(self):
+        """True if a responder contributes published models (wait-avoiding)."""
+        return self._activations is not None
+
+    def _run(self, tag, group, model, weight):
+        control = [weight, 1.0, float(tag % max(2, FLOAT32_EXACT // len(group)))]
+        summed, ctl = self._allreduce(model, weight, control, group, f"horovod_hetero.group.{tag}")
+        if round(ctl[1]) != len(group) or ctl[2] != control[2] * len(group):
+            raise RoundMismatchError(f"group average {tag}: the members of {group} entered different "
+                                     f"group averages (control sums {ctl}); every rank must step with the "
+                                     f"same strategy")
+        return summed, float(ctl[0])
+
+    def publish(self, model, weight=1.0):
+        """The model this rank's responder contributes while its next step runs (weight 0: left)."""
+        with self._lock:
+            self._snapshot = (model, weight)
+
+    def average(self, tag, group, fresh):
+        """Average ``fresh`` (this rank's model) within ``group``; a ``GroupResult``."""
+        with self._lock:
+            future = self._served.pop(tag, None)
+            if future is None:
+                self._main_tag = tag
+                self._lock.notify_all()
+        if future is not None:
+            summed, total = future.result(self.timeout)
+            return GroupResult(tag, group, summed, total, stale=True)
+        if self._activations is not None:
+            for peer in group:
+                if peer != self.rank:
+                    self._activations.send(peer, tag, group)
+        summed, total = self._run(tag, group, fresh, 1.0)
+        return GroupResult(tag, group, summed, total, stale=False)
+
+    def _respond(self):
+        while not self._closed:
+            activation = self._activations.receive(0.1)
+            if activation is not None and self.rank in activation[1]:
+                # one thread each: a blocking allreduce never delays the next activation
+                thread = threading.Thread(target=self._serve, args=activation, name="horovod_hetero-group-serve",
+                                          daemon=True)
+                thread.start()
+                self._serving = [t for t in self._serving if t.is_alive()] + [thread]
+
+    def _serve(self, tag, group):
+        with self._lock:
+            if self.patience > 0:
+                deadline = time.monotonic() + self.patience
+                self._lock.wait_for(lambda: self._main_tag >= tag, max(0.0, deadline - time.monotonic()))
+            if self._main_tag >= tag or tag in self._served or self._snapshot is None:
+                return          # the main thread does (or did) it fresh; before the first publish it must
+            model, weight = self._snapshot
+            future = Future()
+            if weight > 0:      # a rank that left never collects its results
+                self._served[tag] = future
+                self.served_stale += 1
+        try:
+            future.set_result(self._run(tag, group, model, weight))
+        except BaseException as e:      # handed to the main thread when it collects this tag
+            future.set_exception(e)
+
+    def close(self):
+        """Stop the responder; wait (bounded) for the group averages it is serving to finish."""
+        self._closed = True
+        if self._thread is not None:
+            self._thread.join(1.0)
+            deadline = time.monotonic() + min(self.timeout, CLOSE_WAIT_S)
+            for thread in self._serving:
+                thread.join(max(0.0, deadline - time.monotonic()))
+            self._activations.close()

@@ -1,0 +1,42 @@
+"""A strategy that exists only in the tests: it follows docs/architecture.md's checklist and trains
+with the torch wrapper and the Keras callback with no change to the library."""
+import numpy as np
+
+from horovod_hetero.strategies import Plan, Strategy
+from horovod_hetero.validation import check_int
+
+
+class SpeedProportional(Strategy):
+    """After every round, each rank runs as many local steps as fit in one step of the slowest
+    rank (at most ``cap``), planned from the speeds the round carried; every rank computes the
+    same plan from the same statistics.
+
+    Args:
+        cap: most local steps per round, an int >= 1.
+
+    Example:
+        >>> SpeedProportional(cap=4).after_step()
+        CONTINUE
+    """
+
+    def __init__(self, cap=8):
+        super().__init__()
+        self.cap = check_int("cap", cap, 1)
+        self.plans = []
+
+    def on_start(self, ctx):
+        return Plan((1,) * ctx.size)              # one step each, to measure every rank's speed
+
+    def on_round(self, result):
+        stats = result.stats
+        measured = ~stats.done & (stats.local_steps > 0)
+        if not measured.any():
+            return None
+        step_s = np.where(measured, stats.step_s, np.nan)
+        slowest = np.nanmax(step_s)
+        steps = [int(min(self.cap, max(1, slowest // s))) if m else 1 for m, s in zip(measured, step_s)]
+        self.plans.append(tuple(steps))
+        return Plan(tuple(steps))
+
+    def state_dict(self):
+        return dict(super().state_dict(), plans=[list(p) for p in self.plans])

@@ -1,0 +1,76 @@
+"""Packaging as a Horovod user installs it: declared dependencies, ``pip install .``, the demo outside the checkout."""
+import ast
+import importlib.metadata
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import sysconfig
+import tomllib
+
+import horovod_hetero
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+PACKAGE = pathlib.Path(horovod_hetero.__file__).parent
+#: Installed by the user before this package (Horovod is built for their framework and network).
+PREREQUISITES = {"horovod", "torch", "tensorflow", "keras"}
+
+
+def import_time_modules(tree):
+    """Top-level module names imported when a module loads (not inside functions)."""
+    todo, names = list(tree.body), set()
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module.split(".")[0])
+        todo.extend(ast.iter_child_nodes(node))
+    return names
+
+
+def normalise(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_every_import_time_dependency_is_declared():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = {normalise(re.split(r"[<>=!~ \[;]", d)[0]) for d in project["dependencies"]}
+    distributions = importlib.metadata.packages_distributions()
+    missing = {}
+    for path in PACKAGE.rglob("*.py"):
+        for name in import_time_modules(ast.parse(path.read_text())):
+            if name in sys.stdlib_module_names or name in PREREQUISITES or name == "horovod_hetero":
+                continue
+            dists = {normalise(d) for d in distributions.get(name, [name])}
+            if not dists & declared:
+                missing.setdefault(name, []).append(path.relative_to(PACKAGE).as_posix())
+    assert missing == {}, f"imported at load time but not in pyproject.toml's dependencies: {missing}"
+
+
+def test_pip_install_then_import_and_demo_from_outside_the_checkout(tmp_path):
+    """A fresh environment that sees this one's packages (Horovod, torch, TensorFlow) but not the
+    checkout, a non-editable ``pip install .``, then imports and the demo run from elsewhere."""
+    env_dir = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
+    python = env_dir / "bin" / "python"
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    # this environment's packages, not its .pth files (so not the checkout's editable install)
+    pathlib.Path(site, "prerequisites.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--disable-pip-version-check", str(ROOT)], check=True, cwd=tmp_path)
+    env = dict(os.environ, PATH=f"{pathlib.Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    env.pop("PYTHONPATH", None)
+    where = subprocess.run([python, "-c", "import horovod_hetero, horovod_hetero.torch, horovod_hetero.tensorflow.keras;"
+                            "print(horovod_hetero.__file__)"], capture_output=True, text=True, check=True,
+                           cwd=tmp_path, env=env).stdout.strip()
+    assert where.startswith(site), where
+    demo = subprocess.run([env_dir / "bin" / "horovod-hetero", "demo", "--np", "2", "--budget", "2",
+                           "--strategies", "localsgd"], capture_output=True, text=True, cwd=tmp_path, env=env,
+                          timeout=240)
+    assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-2000:]
+    assert re.search(r"^LocalSGD\(8\)\s+\d+\s+1\.00x\s+0\.\d+", demo.stdout, re.M), demo.stdout

@@ -1,0 +1,67 @@
+"""Every tensor the torch adapter puts into a collective lives on the model's device.
+
+Horovod's torch grouped allreduce reads the whole group on its *first* tensor's device
+(mpi_ops_v2.cc, DoGroupedAllreduce), so a CPU control vector beside CUDA parameters would be read
+as GPU memory. A recording stand-in for Horovod's async ops notes the device and dtype of every
+tensor of every group. CPU-only machines cannot tell "made on the model's device" from "made on
+the CPU" with real tensors, so the meta device (shapes without data) stands in for a GPU there.
+"""
+import pytest
+import torch
+
+import horovod.torch as hvd
+from horovod_hetero.runtime.controller import HeteroController
+from horovod_hetero.strategies import LocalSGD
+from horovod_hetero.torch.collectives import TorchCollectives, TorchModel
+
+
+class RecordingHorovod:
+    """One rank: a sum is the tensors themselves. Records (name, [(device, dtype), ...]) per group."""
+
+    def __init__(self, monkeypatch):
+        self.groups, self._out = [], {}
+        monkeypatch.setattr(hvd, "grouped_allreduce_async_", lambda t, **kw: self._enqueue(t, kw, inplace=True))
+        monkeypatch.setattr(hvd, "grouped_allreduce_async", lambda t, **kw: self._enqueue(t, kw, inplace=False))
+        monkeypatch.setattr(hvd, "poll", lambda handle: True)
+        monkeypatch.setattr(hvd, "synchronize", lambda handle: self._out.pop(handle))
+
+    def _enqueue(self, tensors, kwargs, inplace):
+        self.groups.append((kwargs["name"], [(t.device, t.dtype) for t in tensors]))
+        if tensors[0].device.type == "meta":                 # no data: a control vector that checks out
+            out = list(tensors[:-1]) + [torch.zeros(tensors[-1].shape, dtype=torch.float64)]
+        else:
+            out = tensors if inplace else [t.clone() for t in tensors]
+        self._out[len(self.groups)] = out
+        return len(self.groups)
+
+
+def collectives(sets=None):
+    """A TorchCollectives of one rank, built without hvd.init (this tier never initialises Horovod)."""
+    c = object.__new__(TorchCollectives)
+    c.rank, c.size, c.timeout, c.process_set, c._sets = 0, 1, 5.0, hvd.global_process_set, dict(sets or {})
+    return c
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_every_tensor_of_every_round_is_on_the_models_device_control_in_float64(monkeypatch, device):
+    fake = RecordingHorovod(monkeypatch)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4)).to(device)
+    tensors = [p.data for p in model.parameters()] + [b.data for b in model.buffers() if b.is_floating_point()]
+    ctl = HeteroController(LocalSGD(period=2), collectives(), TorchModel(tensors))
+    for _ in range(4):
+        ctl.after_step()
+    assert [name for name, _ in fake.groups] == ["horovod_hetero.average"] * 2
+    for _, group in fake.groups:
+        assert {d for d, _ in group} == {tensors[0].device}
+        assert [t for _, t in group] == [torch.float32] * len(tensors) + [torch.float64]
+
+
+def test_the_control_vector_follows_the_model_to_another_device_rounds_and_groups(monkeypatch):
+    fake = RecordingHorovod(monkeypatch)
+    c = collectives({(0, 1): hvd.global_process_set})
+    on_meta = [torch.empty(5, device="meta"), torch.empty(2, 2, device="meta", dtype=torch.float16)]
+    c.allreduce_sum(on_meta, [1.0, 0.0, 1.0], name="round", what="a round", inplace=True)
+    c.allreduce_sum(on_meta, [1.0, 1.0, 3.0], ranks=(0, 1), name="group", what="a group average")
+    for name, group in fake.groups:
+        assert [d.type for d, _ in group] == ["meta"] * 3, name
+        assert group[-1][1] == torch.float64
