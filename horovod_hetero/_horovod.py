@@ -55,7 +55,7 @@ def registered_ids(table, rank_lists, init_call):
     ids = {tuple(ranks): i for i, ranks in table.items()}
     missing = [list(ranks) for ranks in rank_lists if tuple(ranks) not in ids]
     if missing:
-        raise ValueError(f"WAGMA's group process sets are not registered (missing {missing}); "
+        raise ValueError(f"the process sets of the strategy's groups are not registered (missing {missing}); "
                          f"initialise Horovod with {init_call}")
     return {tuple(ranks): ids[tuple(ranks)] for ranks in rank_lists}
 
@@ -105,7 +105,7 @@ class HorovodCollectives(Collectives):
 
     def require_groups(self, rank_lists, init_call):
         if self.process_set != self.hvd.global_process_set:
-            raise ValueError("group averaging (WAGMA) spans all ranks: leave process_set at its default, "
+            raise ValueError("group averaging spans all ranks: leave process_set at its default, "
                              "hvd.global_process_set")
         table = self.hvd.mpi_ops._basics._get_process_set_ids_and_ranks()
         for ranks, set_id in registered_ids(table, rank_lists, init_call).items():
@@ -113,5 +113,7 @@ class HorovodCollectives(Collectives):
             ps.process_set_id = set_id
 
     def process_set_of(self, ranks):
-        """The Horovod process set that averages ``ranks`` (the whole set when ``ranks`` is None)."""
-        return self.process_set if ranks is None else self._sets[tuple(ranks)]
+        """The Horovod process set that averages ``ranks`` (the whole set for None or every rank)."""
+        if ranks is None or len(ranks) == self.size:
+            return self.process_set
+        return self._sets[tuple(ranks)]

@@ -6,9 +6,11 @@ goes wrong while training is a ``HeteroError``::
     HeteroError (RuntimeError)
     ├── CollectiveTimeoutError (also a TimeoutError)   a collective did not complete in time
     ├── RoundMismatchError                             ranks entered different rounds / group steps
-    └── TransportError                                 a transport outside Horovod failed
+    └── TransportError                                 a transport outside Horovod failed, as its user sees it
         └── StateServerError                           ESync's state server unreachable or closed
             └── StateServerTimeout                     ... or silent for longer than its timeout
+
+(A server that cannot even bind its socket raises the ``OSError`` the operating system gave.)
 
 The torch wrapper and the Keras callbacks raise the same classes, so ``except TimeoutError``
 and ``except horovod_hetero.errors.HeteroError`` work in either framework.

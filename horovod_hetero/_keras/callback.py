@@ -39,7 +39,7 @@ class KerasModel(Model):
 
     @property
     def variables(self):
-        if self._variables is None:
+        if not self._variables:                  # not cached while the model has no weights yet
             self._variables = [v for v in self._model.weights if _is_float(v)]
         return self._variables
 

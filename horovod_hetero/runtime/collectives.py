@@ -1,6 +1,6 @@
 """The two interfaces a framework adapter implements once: ``Collectives`` and ``Model``.
 
-Everything else (the weighted average, the round protocol, group averaging, blending, timeouts,
+Everything else (the weighted average, the round protocol, group averaging, blending,
 transports) is written once in the runtime over these interfaces, with Python's arithmetic
 operators on the framework's tensors (``t * w``, ``s / n``, ``g + lr * (w - g)`` work the same on
 torch tensors, TensorFlow tensors and NumPy arrays).
@@ -37,9 +37,10 @@ class Collectives(ABC):
         """Sum ``tensors`` and the float list ``control`` over the set (or over the process set of
         ``ranks``) in one fused collective; return ``(sums, summed control as floats)``.
 
-        The control vector is made on the tensors' device (Horovod's grouped allreduce reads the
-        whole group on its first tensor's device). ``inplace=True`` lets the adapter sum into
-        ``tensors`` themselves. Raises ``CollectiveTimeoutError`` naming ``what`` after ``timeout``.
+        The control vector goes where the framework needs it (torch: on the tensors' device, since
+        Horovod's grouped allreduce reads the whole group on its first tensor's device).
+        ``inplace=True`` lets the adapter sum into ``tensors`` themselves. Raises
+        ``CollectiveTimeoutError`` naming ``what`` after ``timeout`` (the adapter's own wait).
         """
 
     @abstractmethod
@@ -74,6 +75,11 @@ class Model(ABC):
     @abstractmethod
     def nbytes(self):
         """Bytes of the tensors (telemetry's traffic estimate)."""
+
+
+def scaled(tensors, weight):
+    """``weight * tensors`` (the tensors themselves for weight 1, so they can be summed in place)."""
+    return tensors if weight == 1.0 else [t * weight for t in tensors]
 
 
 def call_with_timeout(fn, timeout_s, what):

@@ -7,6 +7,7 @@ records telemetry. It imports no framework and knows no particular strategy.
 """
 import time
 
+from horovod_hetero.runtime.collectives import scaled
 from horovod_hetero.runtime.rounds import RoundProtocol
 from horovod_hetero.runtime.straggler import Slowdown
 from horovod_hetero.runtime.telemetry import Telemetry
@@ -57,14 +58,26 @@ class HeteroController:
         if self.transports is not None:
             return
         t0 = self._clock()
-        self.transports = Transports(self.rank, self.size, self.collectives)
-        self.strategy.start(Context(self.rank, self.size, self.transports, self.collectives, self._clock))
-        if self.strategy.global_lr != 1.0 and self._global is None:
-            self.protocol.run_round()          # w_0: the same on every rank, broadcast or not
-            self._global = self.collectives.copy(self.model.tensors())
+        transports = Transports(self.rank, self.size, self.collectives)
+        try:
+            self.strategy.start(Context(self.rank, self.size, transports, self.collectives, self._clock))
+        except BaseException:
+            transports.close()                 # a half-opened strategy stays closed; the next step retries
+            raise
+        self.transports = transports
+        if self._left:                         # a restart after finish(): serve peers with weight 0 until
+            self._publish(0.0)                 # this rank steps again, as before the restart
+        self._initial_round()
         # opening waits for every rank to get here (start-up, imports): neither a step's compute
         # nor its communication, so telemetry leaves it out
         self._t_last += self._clock() - t0
+
+    def _initial_round(self):
+        """With ``global_lr != 1``, average the initial models once (w_0, the same on every rank,
+        broadcast or not); deferred to the first step if the model has no weights yet (Keras)."""
+        if self.strategy.global_lr != 1.0 and self._global is None and self.model.tensors():
+            self.protocol.run_round()
+            self._global = self.collectives.copy(self.model.tensors())
 
     def finish(self):
         """Join rounds until every rank has joined (all then hold identical tensors); close the transports."""
@@ -88,6 +101,7 @@ class HeteroController:
         (gradient allreduce of ``Synchronous``). Returns True if an averaging round ran.
         """
         self.start()
+        self._initial_round()
         now = self._clock()
         compute = max(0.0, now - self._t_last - comm_s)
         compute += self.slowdown.pad(compute, step=self.strategy.step + 1)
@@ -124,9 +138,8 @@ class HeteroController:
 
     def _average(self, weight, control):
         """The round protocol's fused weighted average: sum(w_i x_i) / sum(w_i) over all ranks."""
-        live = self.model.tensors()
-        sent = live if weight == 1.0 else [t * weight for t in live]
-        summed, control = self.collectives.allreduce_sum(sent, control, name="horovod_hetero.average",
+        summed, control = self.collectives.allreduce_sum(scaled(self.model.tensors(), weight), control,
+                                                         name="horovod_hetero.average",
                                                          what="model averaging round", inplace=True)
         if control[0] > 0:
             self.model.assign(summed, control[0])
@@ -153,9 +166,10 @@ class HeteroController:
 
     def _group_average(self, decision):
         groups = self.transports.groups
-        if groups is None:
-            raise RuntimeError(f"{type(self.strategy).__name__} answered {decision!r} without opening groups "
-                               f"(ctx.transports.open_groups in on_start)")
+        if groups is None or self.rank not in decision.group:
+            raise RuntimeError(f"{type(self.strategy).__name__} answered {decision!r} on rank {self.rank}: a "
+                               f"group average needs groups opened in on_start (ctx.transports.open_groups) "
+                               f"and this rank in the group")
         t0 = self._clock()
         result = groups.average(decision.tag, decision.group, self.model.tensors())
         if result.stale:           # Algorithm 2, line 13: 1/(S+1) (W_sum + W')

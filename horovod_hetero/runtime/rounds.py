@@ -31,6 +31,11 @@ from horovod_hetero.validation import check_int
 
 #: Sums of round tags stay below this, so the control vector is exact even in float32.
 FLOAT32_EXACT = 1 << 24
+
+
+def tag(value, members):
+    """``value`` reduced so that the sum of ``members`` copies stays exact in float32."""
+    return value % max(2, FLOAT32_EXACT // members)
 _HEAD = 3                                   # [weight, done, round tag]
 _WIDTH = len(RoundStats.FIELDS)
 
@@ -58,7 +63,6 @@ class RoundProtocol:
         self._average = average
         self.size = check_int("size", size, 1)
         self.rank = check_int("rank", rank, 0, self.size - 1)
-        self.modulus = max(2, FLOAT32_EXACT // self.size)   # round tags modulo this
         self.round = 0
         self.steps_since_round = 0
         self._reset_stats()
@@ -94,13 +98,13 @@ class RoundProtocol:
         """
         weight = 1.0 if (self.steps_since_round > 0 or self.round == 0) else 0.0
         self.round += 1
-        tag = self.round % self.modulus
-        control = self._control(weight, done, tag)
+        mine = tag(self.round, self.size)
+        control = self._control(weight, done, mine)
         summed = self._average(weight, control)
-        if summed[2] != tag * self.size:
+        if summed[2] != mine * self.size:
             raise RoundMismatchError(
                 f"round {self.round}: ranks entered different rounds (sum of round tags {summed[2]}, "
-                f"expected {tag * self.size}). Every rank must synchronise through the same "
+                f"expected {mine * self.size}). Every rank must synchronise through the same "
                 f"strategy and end with sync_model()/join().")
         if len(summed) != len(control):
             raise RoundMismatchError(f"round {self.round}: control vectors of {len(summed)} and {len(control)} "

@@ -179,8 +179,10 @@ class GroupAverage(Decision):
 class Plan:
     """Local steps each rank runs before the next round (index: rank), identical on every rank.
 
-    A strategy returns it from ``on_start``/``on_round``; the runtime runs the round when this
-    rank has taken ``steps[rank]`` local steps (or earlier, if ``decide`` answers ``AVERAGE``).
+    A strategy returns it from ``on_start``/``on_round``; ``Strategy.after_step`` answers ``AVERAGE``
+    when this rank has taken ``steps[rank]`` local steps (or earlier, if ``decide`` does), whatever
+    ``decide`` answered for that step. Plans are identical on every rank, so every rank overrides
+    the same step.
     """
 
     steps: tuple

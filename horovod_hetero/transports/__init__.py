@@ -10,8 +10,10 @@ A strategy never builds a socket or a thread: it asks ``ctx.transports`` (a ``Tr
 what it needs in ``on_start``. The runtime closes everything opened here at the end of
 ``sync_model()`` / ``on_train_end`` and at interpreter exit, whichever comes first.
 """
-import atexit
+import logging
+import weakref
 
+from horovod_hetero.runtime.collectives import scaled
 from horovod_hetero.transports.activations import Activations
 from horovod_hetero.transports.group_exchange import GroupExchange
 from horovod_hetero.transports.state_server import StateClient, StateServer
@@ -36,7 +38,8 @@ class Transports:
         self._opened = []
         self.server = None
         self.groups = None
-        atexit.register(self.close)
+        # closes what was opened when this object is closed, collected, or at interpreter exit
+        self._finalizer = weakref.finalize(self, _close_all, self._opened)
 
     def _open(self, transport):
         self._opened.append(transport)
@@ -64,15 +67,23 @@ class Transports:
                 address, what="the exchange of the group activation addresses")))
 
         def allreduce(model, weight, control, group, name):
-            sent = model if weight == 1.0 else [t * weight for t in model]
-            return collectives.allreduce_sum(sent, control, ranks=group, name=name, what="group average")
+            return collectives.allreduce_sum(scaled(model, weight), control, ranks=group, name=name,
+                                             what="group average")
 
         self.groups = self._open(GroupExchange(self.rank, allreduce, activations, patience, timeout))
         return self.groups
 
     def close(self):
         """Close everything opened, newest first (idempotent)."""
-        while self._opened:
-            self._opened.pop().close()
+        self._finalizer()
         self.server = self.groups = None
-        atexit.unregister(self.close)
+
+
+def _close_all(opened):
+    """Close each transport, newest first; a failing close is logged and does not stop the others."""
+    while opened:
+        transport = opened.pop()
+        try:
+            transport.close()
+        except Exception:                                   # noqa: BLE001 - keep closing the rest
+            logging.getLogger("horovod_hetero").exception("closing %r failed", transport)

@@ -18,7 +18,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from horovod_hetero.errors import RoundMismatchError
-from horovod_hetero.runtime.rounds import FLOAT32_EXACT
+from horovod_hetero.runtime.rounds import tag as exact_tag
 
 #: Seconds close() waits for group averages the responder is still serving (daemon threads after that).
 CLOSE_WAIT_S = 5.0
@@ -48,8 +48,9 @@ class GroupExchange:
             the stale model (0: at once, as the paper).
         timeout: seconds to wait for a group result.
 
-    The main thread calls ``publish(model)`` after every change of the model (the model the next
-    step starts from) and ``average(tag, group, fresh)`` for every group average.
+    The main thread calls ``publish(model)`` after every group average and round (the model the
+    next step starts from; weight 0 once the rank stopped stepping) and ``average(tag, group, fresh)``
+    for every group average.
     """
 
     def __init__(self, rank, allreduce, activations=None, patience=0.0, timeout=300.0):
@@ -76,7 +77,7 @@ class GroupExchange:
         return self._activations is not None
 
     def _run(self, tag, group, model, weight):
-        control = [weight, 1.0, float(tag % max(2, FLOAT32_EXACT // len(group)))]
+        control = [weight, 1.0, float(exact_tag(tag, len(group)))]
         summed, ctl = self._allreduce(model, weight, control, group, f"horovod_hetero.group.{tag}")
         if round(ctl[1]) != len(group) or ctl[2] != control[2] * len(group):
             raise RoundMismatchError(f"group average {tag}: the members of {group} entered different "
@@ -134,11 +135,14 @@ class GroupExchange:
             future.set_exception(e)
 
     def close(self):
-        """Stop the responder; wait (bounded) for the group averages it is serving to finish."""
+        """Stop the responder; wait (bounded) for the group averages it is serving to finish.
+
+        The sockets are closed once the responder has stopped polling them (ZeroMQ sockets are not
+        thread-safe); a responder that does not stop within ``CLOSE_WAIT_S`` leaves them to exit."""
         self._closed = True
         if self._thread is not None:
-            self._thread.join(1.0)
             deadline = time.monotonic() + min(self.timeout, CLOSE_WAIT_S)
-            for thread in self._serving:
+            for thread in [self._thread] + self._serving:
                 thread.join(max(0.0, deadline - time.monotonic()))
-            self._activations.close()
+            if not self._thread.is_alive():
+                self._activations.close()

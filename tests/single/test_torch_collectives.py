@@ -65,3 +65,11 @@ def test_the_control_vector_follows_the_model_to_another_device_rounds_and_group
     for name, group in fake.groups:
         assert [d.type for d, _ in group] == ["meta"] * 3, name
         assert group[-1][1] == torch.float64
+
+
+def test_a_group_of_every_rank_is_averaged_over_the_whole_set():
+    """WAGMA with S = P (e.g. 2 workers, group_size=None): the group is the global process set, which
+    is not registered as a group of its own."""
+    c = collectives()
+    c.size = 2
+    assert c.process_set_of((0, 1)) is c.process_set and c.process_set_of(None) is c.process_set
