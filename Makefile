@@ -20,11 +20,16 @@ test-single: $(READY)
 	$(PY) -m pytest -q -p no:cacheprovider tests/single
 	$(PY) -m pytest -q -p no:cacheprovider --doctest-modules horovod_hetero
 
+#: the Keras test files run again on these stacks (first run: Keras 3 with the TensorFlow backend)
+KERAS_STACKS ?= KERAS_BACKEND=torch TF_USE_LEGACY_KERAS=1
+
 test-parallel: $(READY)
 	@# one horovodrun job per file: a file may set Horovod's environment (fusion off) or register
 	@# process sets (WAGMA) in its hvd.init, once per job
 	for f in tests/parallel/test_*.py; do \
 	  VENV=$(VENV) tools/run_parallel.sh $(NP) $$f || exit 1; done
+	for stack in $(KERAS_STACKS); do for f in tests/parallel/test_*keras*.py; do \
+	  echo "[$$stack] $$f"; env $$stack VENV=$(VENV) tools/run_parallel.sh $(NP) $$f || exit 1; done; done
 
 bench: $(READY)
 	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) benchmarks/averaging_cost.py

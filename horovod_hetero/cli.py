@@ -18,10 +18,13 @@ from horovod_hetero.runtime.telemetry import format_summary, load, summarize
 #: The directory holding the ``horovod_hetero`` package this command runs (a checkout or site-packages):
 #: the demo's workers import the same copy.
 PACKAGE_PARENT = pathlib.Path(horovod_hetero.__file__).resolve().parent.parent
-DEMO_STRATEGIES = {"sync": ("Synchronous", ["--strategy", "sync"]),
-                   "localsgd": ("LocalSGD(8)", ["--strategy", "localsgd", "--period", "8"]),
-                   "esync": ("ESync", ["--strategy", "esync"]),
-                   "wagma": ("WAGMA(S=2,8)", ["--strategy", "wagma", "--period", "8"])}
+TORCH, KERAS = "horovod_hetero.examples.torch_digits", "horovod_hetero.examples.keras_digits"
+#: name -> (row label, example module, its arguments)
+DEMO_STRATEGIES = {"sync": ("Synchronous", TORCH, ["--strategy", "sync"]),
+                   "localsgd": ("LocalSGD(8)", TORCH, ["--strategy", "localsgd", "--period", "8"]),
+                   "esync": ("ESync", TORCH, ["--strategy", "esync"]),
+                   "wagma": ("WAGMA(S=2,8)", TORCH, ["--strategy", "wagma", "--period", "8"]),
+                   "keras-esync": ("ESync, Keras 3", KERAS, ["--strategy", "esync"])}
 
 
 @click.group()
@@ -85,15 +88,14 @@ def demo(num_proc, slowdown, base_step, budget, keep, strategies):
                f"digits MLP, {budget:g} s of training per strategy")
     rows = []
     for i, key in enumerate(chosen, start=1):
-        label, args = DEMO_STRATEGIES[key]
-        out = root / label.replace("(", "_").replace(")", "").replace(",", "_").replace("=", "")
+        label, module, args = DEMO_STRATEGIES[key]
+        out = root / "".join(c if c.isalnum() else "_" for c in label)
         out.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ, HOROVOD_HETERO_SLOWDOWN=slowdown, HOROVOD_HETERO_BASE_STEP_S=str(base_step),
                    PYTHONPATH=os.pathsep.join(filter(None, [str(PACKAGE_PARENT), os.environ.get("PYTHONPATH")])),
                    HOROVOD_HETERO_TELEMETRY=str(out / "telemetry"), PYTHONUNBUFFERED="1")
-        cmd = horovodrun(num_proc) + [sys.executable, "-m", "horovod_hetero.examples.torch_digits", *args,
-                                      "--time-budget", str(budget), "--epochs", "100000",
-                                      "--result", str(out / "result.json")]
+        cmd = horovodrun(num_proc) + [sys.executable, "-m", module, *args, "--time-budget", str(budget),
+                                      "--epochs", "100000", "--result", str(out / "result.json")]
         click.echo(f"[{i}/{len(chosen)}] {label}: starting {num_proc} workers ...")
         t0 = time.perf_counter()
         code, output = run_worker_job(cmd, env, label, timeout_s=budget + 120)

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Create or update the environment: PyTorch, TensorFlow, Horovod (Gloo) and this package
-# (make runs it when .venv is missing or the requirements changed).
+# Create or update the environment: PyTorch, TensorFlow, Keras 3 (and Keras 2 as tf-keras), Horovod
+# (Gloo) and this package (make runs it when .venv is missing or the requirements changed).
+#
+# TF_VERSION=2.18.1 (default) picks TensorFlow: the newest Horovod 0.28.1 builds against unpatched
+# (2.20 and 2.21 fail in its XLA ops). Keras 2 comes as the tf-keras release of the same TensorFlow
+# (TF_USE_LEGACY_KERAS=1 selects it); Keras 3 is TensorFlow's own dependency.
 #
 # Both costly parts are cached per user, keyed by what they are built from, so only the first
 # set-up on a machine is slow: the Horovod wheel (built from its sdist, 10-20 min on 2 cores)
@@ -9,12 +13,13 @@ set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
 TORCH_VERSION=2.13.0
-TF_VERSION=2.15.1
+TF_VERSION="${TF_VERSION:-2.18.1}"
+TF_KERAS="tf-keras~=${TF_VERSION%.*}.0"          # Keras 2 for this TensorFlow
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PYTHON="${PYTHON:-python3.11}"
 CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/horovod-hetero"
 CACHE="$CACHE_ROOT/horovod-${HOROVOD_VERSION}-torch${TORCH_VERSION}-tf${TF_VERSION}"
-KEY=$( (cat "$ROOT/tools/requirements.txt"; echo "$HOROVOD_VERSION $("$PYTHON" -V 2>&1)") | sha256sum | cut -c1-12)
+KEY=$( (cat "$ROOT/tools/requirements.txt"; echo "$HOROVOD_VERSION $TF_VERSION $("$PYTHON" -V 2>&1)") | sha256sum | cut -c1-12)
 
 log() { printf '[bootstrap %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 # pip warns about every package the machine's extra local indexes lack: keep the log readable
@@ -42,9 +47,9 @@ if [ ! -x "$target/bin/python" ]; then
 fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 
-log "installing PyTorch $TORCH_VERSION, TensorFlow $TF_VERSION and the tools"
-quiet "${PIP[@]}" install -q --upgrade "pip<25" "setuptools<75" wheel
-quiet "${PIP[@]}" install -q -r "$ROOT/tools/requirements.txt"
+log "installing PyTorch $TORCH_VERSION, TensorFlow $TF_VERSION ($TF_KERAS) and the tools"
+quiet "${PIP[@]}" install -q --upgrade "pip<25" setuptools wheel
+quiet "${PIP[@]}" install -q -r "$ROOT/tools/requirements.txt" "tensorflow-cpu==$TF_VERSION" "$TF_KERAS"
 
 wheel=$(ls "$CACHE"/horovod-"$HOROVOD_VERSION"-*.whl 2>/dev/null | head -n1 || true)
 if [ -z "$wheel" ]; then

@@ -1,1 +1,32 @@
-"""Backend-agnostic logic of the Keras callbacks (as Horovod's ``horovod/_keras``)."""
+"""Backend-agnostic logic of the Keras callbacks (as Horovod's ``horovod/_keras``), and which Keras runs."""
+import os
+
+
+def keras_module():
+    """The Keras a script's ``model.fit`` runs, decided as TensorFlow >= 2.16 decides ``tf.keras``:
+    Keras 2 (the ``tf_keras`` package) when ``TF_USE_LEGACY_KERAS`` is ``1``/``true``, else the
+    ``keras`` package (Keras 3 with any backend, or Keras 2 with TensorFlow <= 2.15)."""
+    if os.environ.get("TF_USE_LEGACY_KERAS") in ("true", "True", "1"):
+        import tf_keras
+        return tf_keras
+    import keras
+    return keras
+
+
+def keras_major():
+    """2 or 3."""
+    return int(keras_module().__version__.split(".")[0])
+
+
+def collectives_class():
+    """The ``Collectives`` of the Keras backend: Horovod's TensorFlow ops, or its torch ops
+    (``KERAS_BACKEND=torch``: no TensorFlow needed)."""
+    backend = keras_module().backend.backend()
+    if backend == "tensorflow":
+        from horovod_hetero.tensorflow.collectives import TensorFlowCollectives
+        return TensorFlowCollectives
+    if backend == "torch":
+        from horovod_hetero.torch.collectives import TorchCollectives
+        return TorchCollectives
+    raise ValueError(f"Keras backend {backend!r} is not supported: horovod-hetero averages through Horovod's "
+                     f"TensorFlow or PyTorch collectives; set KERAS_BACKEND=tensorflow or KERAS_BACKEND=torch")

@@ -1,21 +1,68 @@
-"""The one Keras callback implementation, independent of the Keras backend and of the strategy.
+"""The Keras callbacks' logic, independent of the Keras version and backend and of the strategy.
 
-A framework module mixes ``HeteroSyncCallbackImpl`` into its ``Callback`` class and names its
-``Collectives`` (``collectives_class``); every strategy's callback is that class with the strategy
-filled in. Nothing here imports TensorFlow: weights are read and written through the Keras
-variable API (``value``, ``assign``) and Python operators.
+``horovod_hetero.keras.callbacks`` mixes these into thin ``Callback`` classes; every strategy's
+callback is ``HeteroSyncCallbackImpl`` with the strategy filled in. Nothing here imports TensorFlow
+or torch: weights are read and written through the Keras variable API (``value``, ``assign``) and
+Python operators, and the collectives are the backend's (``_keras.collectives_class``).
+
+Also here, for Keras 3, whose ``fit`` Horovod 0.28.1's Keras layer no longer drives: broadcasting
+the initial variables, averaging metrics, learning-rate warm-up, and an optimizer that averages
+gradients (``averaging_optimizer``).
 """
+import logging
+
 import numpy as np
 
+from horovod_hetero._keras import collectives_class, keras_major
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, Model
 from horovod_hetero.runtime.controller import HeteroController
 from horovod_hetero.strategies.base import check_strategy
 from horovod_hetero.validation import check_float, check_int
 
+log = logging.getLogger("horovod_hetero")
+
 
 def _value(variable):
     value = variable.value           # a method on tf.Variable, a property on Keras 3 variables
     return value() if callable(value) else value
+
+
+def _variables(model, attribute="weights"):
+    """``model.weights``/``model.variables``, empty while the model is not built (Keras 2 raises then)."""
+    return list(getattr(model, attribute)) if getattr(model, "built", True) else []
+
+
+def _optimizer_variables(optimizer):
+    if optimizer is None:
+        return []
+    variables = optimizer.variables  # a method on Keras 2's OptimizerV2, a property elsewhere
+    return list(variables() if callable(variables) else variables)
+
+
+def check_optimizer(model):
+    """Refuse ``hvd.DistributedOptimizer`` on Keras 3: it raises nothing and averages nothing there."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and keras_major() >= 3 and type(optimizer).__module__.startswith("horovod."):
+        raise TypeError("model.optimizer is hvd.DistributedOptimizer, which averages nothing under Keras 3 (Horovod "
+                        "0.28.1 hooks Keras 2's optimizer methods, which Keras 3's fit never calls): ranks would "
+                        "train apart silently. Wrap the optimizer with hh.DistributedOptimizer "
+                        "(import horovod_hetero.keras as hh)")
+
+
+def averaging_optimizer(optimizer, collectives):
+    """``optimizer`` (a Keras 3 optimizer) rebuilt from its config as a subclass whose ``apply``
+    averages the gradients over ``collectives`` first: synchronous data-parallel SGD."""
+    base = type(optimizer)
+
+    def apply(self, grads, trainable_variables=None):
+        grads = list(grads)
+        present = [i for i, g in enumerate(grads) if g is not None]
+        for i, g in zip(present, collectives.mean([grads[i] for i in present], name="horovod_hetero.gradients")):
+            grads[i] = g
+        return base.apply(self, grads, trainable_variables)
+
+    averaging = type(base.__name__, (base,), {"apply": apply, "__doc__": base.__doc__})
+    return averaging.from_config(optimizer.get_config())
 
 
 def _is_float(variable):
@@ -40,7 +87,7 @@ class KerasModel(Model):
     @property
     def variables(self):
         if not self._variables:                  # not cached while the model has no weights yet
-            self._variables = [v for v in self._model.weights if _is_float(v)]
+            self._variables = [v for v in _variables(self._model) if _is_float(v)]
         return self._variables
 
     def tensors(self):
@@ -67,16 +114,15 @@ class HeteroSyncCallbackImpl:
     batches; then what the strategy opened is closed.
     """
 
-    collectives_class = None        # the framework's Collectives, set by the Callback subclass
-
     def __init__(self, strategy, process_set=None, telemetry=None, slowdown=None, batch_size=None,
                  timeout=DEFAULT_TIMEOUT_S):
         super().__init__()
         self.strategy = check_strategy(strategy)
         if self.strategy.averages_gradients:
-            raise ValueError(f"strategy={self.strategy!r} averages gradients, which a callback cannot do: "
-                             f"wrap the optimizer with hvd.DistributedOptimizer for synchronous training, "
-                             f"or pass a model-averaging strategy such as LocalSGD(period=8)")
+            raise ValueError(f"strategy={self.strategy!r} averages gradients, which a callback cannot do: for "
+                             f"synchronous training wrap the optimizer with hh.DistributedOptimizer (on Keras 2 "
+                             f"that is hvd.DistributedOptimizer, which averages nothing on Keras 3), or pass a "
+                             f"model-averaging strategy such as LocalSGD(period=8)")
         self.process_set = process_set
         self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
         self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
@@ -86,7 +132,7 @@ class HeteroSyncCallbackImpl:
 
     def _hh_controller(self):
         if self._hh is None:
-            collectives = self.collectives_class(self.process_set, self.timeout, owner=type(self).__name__)
+            collectives = collectives_class()(self.process_set, self.timeout, owner=type(self).__name__)
             self._hh = HeteroController(self.strategy, collectives, KerasModel(self.model), self._telemetry,
                                         self._slowdown)
             if self._pending_state is not None:
@@ -99,6 +145,7 @@ class HeteroSyncCallbackImpl:
         return self._hh_controller().telemetry
 
     def on_train_begin(self, logs=None):
+        check_optimizer(self.model)
         self._hh_controller().start()
 
     def on_train_batch_end(self, batch, logs=None):
@@ -128,3 +175,122 @@ class HeteroSyncCallbackImpl:
             self._pending_state = state
         else:
             self._hh.load_state_dict(state)
+
+
+class BroadcastGlobalVariablesCallbackImpl:
+    """Broadcast the model's and its optimizer's variables from ``root_rank`` once: when training
+    begins if they exist, else after the first batch (a model built by its first batch)."""
+
+    def __init__(self, root_rank=0, process_set=None, timeout=DEFAULT_TIMEOUT_S):
+        super().__init__()
+        self.root_rank = check_int("root_rank", root_rank, 0)
+        self.process_set = process_set
+        self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
+        self.broadcast_done = False
+
+    def _broadcast(self):
+        variables = _variables(self.model, "variables")
+        if not variables:
+            return False
+        variables += _optimizer_variables(getattr(self.model, "optimizer", None))
+        collectives = collectives_class()(self.process_set, self.timeout, owner=type(self).__name__)
+        values = collectives.broadcast([_value(v) for v in variables], self.root_rank,
+                                       name="horovod_hetero.broadcast_variables", what="the initial variables' broadcast")
+        for variable, value in zip(variables, values):
+            variable.assign(value)
+        return True
+
+    def on_train_begin(self, logs=None):
+        check_optimizer(self.model)
+        if not self.broadcast_done:
+            self.broadcast_done = self._broadcast()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self.broadcast_done:
+            self.broadcast_done = self._broadcast()
+
+
+class MetricAverageCallbackImpl:
+    """At the end of every epoch, replace each numeric entry of ``logs`` by its mean over the ranks
+    (put it before callbacks that read the logs: checkpoints, early stopping, LR schedules)."""
+
+    def __init__(self, timeout=DEFAULT_TIMEOUT_S):
+        super().__init__()
+        self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
+
+    def on_train_begin(self, logs=None):
+        check_optimizer(self.model)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None:
+            return
+        mine = {k: float(np.asarray(v)) for k, v in sorted(logs.items()) if np.ndim(np.asarray(v)) == 0}
+        collectives = collectives_class()(None, self.timeout, owner=type(self).__name__)
+        everyone = collectives.allgather_object(mine, what="the metric average")
+        for key in mine:
+            logs[key] = float(np.mean([values[key] for values in everyone if key in values]))
+
+
+class LearningRateWarmupCallbackImpl:
+    """Horovod's learning-rate warm-up: over ``warmup_epochs`` the rate grows per batch from
+    ``initial_lr / size`` to ``initial_lr`` (Goyal et al., "Accurate, Large Minibatch SGD"), with
+    Horovod's formula. Momentum correction needs a momentum variable (Keras 2 optimizers); Keras 3
+    keeps momentum a constant of the compiled step, so it is skipped there (logged once)."""
+
+    def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None, verbose=0):
+        super().__init__()
+        self.initial_lr = check_float("initial_lr", initial_lr, 0.0, min_exclusive=True)
+        self.warmup_epochs = check_int("warmup_epochs", warmup_epochs, 1)
+        if not isinstance(momentum_correction, bool):
+            raise TypeError(f"momentum_correction must be True or False, got {momentum_correction!r}")
+        self.momentum_correction = momentum_correction
+        self.steps_per_epoch = None if steps_per_epoch is None else check_int("steps_per_epoch", steps_per_epoch, 1)
+        self.verbose = check_int("verbose", verbose, 0)
+        self._epoch, self._restore = 0, None
+
+    def on_train_begin(self, logs=None):
+        check_optimizer(self.model)
+        collectives = collectives_class()(None, DEFAULT_TIMEOUT_S, owner=type(self).__name__)
+        self._size, self._rank = collectives.size, collectives.rank
+        if self.steps_per_epoch is None:
+            self.steps_per_epoch = (self.params or {}).get("steps")
+            if not self.steps_per_epoch:
+                raise ValueError(f"{type(self).__name__}: fit() does not tell the number of batches per epoch; "
+                                 f"pass steps_per_epoch=")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def learning_rate(self, epoch):
+        """Horovod's warm-up multiplier at fractional ``epoch`` times ``initial_lr``."""
+        epoch += 1.0 / self.steps_per_epoch
+        return self.initial_lr / self._size * (epoch * (self._size - 1) / self.warmup_epochs + 1)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._epoch >= self.warmup_epochs:
+            return
+        optimizer = self.model.optimizer
+        old = float(np.asarray(optimizer.learning_rate))
+        new = self.learning_rate(self._epoch + batch / self.steps_per_epoch)
+        optimizer.learning_rate = new
+        momentum = getattr(optimizer, "momentum", None)
+        if self.momentum_correction and momentum is not None and old > 0:
+            if hasattr(momentum, "assign"):
+                self._restore = float(np.asarray(momentum))
+                momentum.assign(self._restore * new / old)
+            elif momentum and not getattr(self, "_warned", False):
+                self._warned = True
+                log.warning("%s: the optimizer's momentum is a constant, so momentum correction is skipped",
+                            type(self).__name__)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._restore is not None:
+            self.model.optimizer.momentum.assign(self._restore)
+            self._restore = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        lr = float(np.asarray(self.model.optimizer.learning_rate))
+        if logs is not None:
+            logs["lr"] = lr
+        if epoch == self.warmup_epochs - 1 and self.verbose and self._rank == 0:
+            print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {lr:g}.")

@@ -1,59 +1,94 @@
-"""Train an MLP on scikit-learn's digits with horovod-hetero (Keras).
+"""Train an MLP on scikit-learn's digits with horovod-hetero (Keras 3 with TensorFlow or PyTorch, or Keras 2).
 
     horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.keras_digits --strategy localsgd --period 8
-    horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.keras_digits --strategy wagma --period 8
+    KERAS_BACKEND=torch horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.keras_digits --strategy esync
+    TF_USE_LEGACY_KERAS=1 horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.keras_digits --strategy wagma
 
-The model is compiled with a plain local optimizer; ``LocalSGDCallback`` averages it every
-``period`` batches (counted across epochs) and leaves identical weights on every rank at the end.
+The model is compiled with a plain local optimizer (``--strategy sync``: ``hh.DistributedOptimizer``,
+gradients averaged every step); a callback averages it as the strategy decides and leaves identical
+weights on every rank at the end, whatever batch each rank stopped at (``--time-budget``).
 """
 import argparse
 import json
 import os
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import tensorflow as tf  # noqa: E402
-
-import horovod.tensorflow.keras as hvd  # noqa: E402
-import horovod_hetero.tensorflow.keras as hh  # noqa: E402
+import horovod_hetero.keras as hh  # noqa: E402
 from horovod_hetero.data import digits  # noqa: E402
+
+keras = hh.keras_module()
+if keras.backend.backend() == "torch":
+    import horovod.torch as hvd  # noqa: E402
+else:
+    import horovod.tensorflow as hvd  # noqa: E402
+
+
+class TimeBudget(keras.callbacks.Callback):
+    """Stop training after ``seconds``; count the samples trained."""
+
+    def __init__(self, seconds, batch_size):
+        super().__init__()
+        self.seconds, self.batch_size, self.samples = seconds, batch_size, 0
+
+    def on_train_begin(self, logs=None):
+        self.start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.samples += self.batch_size
+        if self.seconds is not None and time.perf_counter() - self.start >= self.seconds:
+            self.model.stop_training = True
+
+
+def strategy_callback(args):
+    options = {"batch_size": args.batch_size}
+    if args.strategy == "esync":
+        return hh.callbacks.ESyncCallback(**options)
+    if args.strategy == "wagma":
+        return hh.callbacks.WAGMACallback(sync_period=args.period, **options)
+    return hh.callbacks.LocalSGDCallback(period=args.period, **options)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--strategy", choices=["sync", "localsgd", "wagma"], default="localsgd")
+    p.add_argument("--strategy", choices=["sync", "localsgd", "esync", "wagma"], default="localsgd")
     p.add_argument("--period", type=int, default=8, help="LocalSGD period, WAGMA sync_period")
-    p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--epochs", type=int, default=30, help="(with --time-budget: at most)")
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="stop after this many seconds (model-averaging strategies: ranks may stop at any batch)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--result", default=None)
+    p.add_argument("--result", default=None, help="rank 0 writes a JSON summary here")
     args = p.parse_args()
+    if args.strategy == "sync" and args.time_budget is not None:
+        p.error("--time-budget needs a model-averaging strategy: synchronous ranks must run the same batches")
 
     if args.strategy == "wagma":         # WAGMA's group process sets are registered at init
         hvd.init(process_sets=hh.wagma_process_sets(group_size=None))
     else:
         hvd.init()
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    tf.keras.utils.set_random_seed(hvd.rank())
+    keras.utils.set_random_seed(hvd.rank())
     x, y, x_test, y_test = digits(hvd.rank(), hvd.size())
-    model = tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dense(128, activation="relu"),
-                                 tf.keras.layers.Dense(10)])
-    optimizer = tf.keras.optimizers.SGD(args.lr, momentum=0.9)
-    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(128, activation="relu"), keras.layers.Dense(10)])
+    optimizer = keras.optimizers.SGD(args.lr, momentum=0.9)
+    budget = TimeBudget(args.time_budget, args.batch_size)
+    callbacks = [hh.callbacks.BroadcastGlobalVariablesCallback(0), budget]
     if args.strategy == "sync":
-        optimizer = hvd.DistributedOptimizer(optimizer)
-    elif args.strategy == "wagma":
-        callbacks.append(hh.callbacks.WAGMACallback(sync_period=args.period, batch_size=args.batch_size))
+        optimizer = hh.DistributedOptimizer(optimizer)
     else:
-        callbacks.append(hh.callbacks.LocalSGDCallback(period=args.period, batch_size=args.batch_size))
+        callbacks.append(strategy_callback(args))
     model.compile(optimizer=optimizer, metrics=["accuracy"],
-                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, callbacks=callbacks,
-              verbose=2 if hvd.rank() == 0 else 0)
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    start = time.perf_counter()
+    model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs,
+              callbacks=callbacks, verbose=2 if hvd.rank() == 0 and args.time_budget is None else 0)
+    wall = time.perf_counter() - start
     _, accuracy = model.evaluate(x_test, y_test, verbose=0)
+    samples = sum(hvd.allgather_object(budget.samples, name="samples"))
     if hvd.rank() == 0:
-        result = {"strategy": args.strategy, "accuracy": accuracy}
+        result = {"strategy": args.strategy, "keras": f"{keras.__version__} ({keras.backend.backend()})",
+                  "accuracy": float(accuracy), "samples": samples, "wall_s": wall, "samples_per_s": samples / wall}
         print(json.dumps(result), flush=True)
         if args.result:
             with open(args.result, "w") as f:

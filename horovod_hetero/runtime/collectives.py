@@ -47,6 +47,16 @@ class Collectives(ABC):
     def copy(self, tensors):
         """New tensors equal to ``tensors`` (a snapshot)."""
 
+    def broadcast(self, tensors, root_rank, *, name, what):
+        """``root_rank``'s ``tensors`` on every rank (any dtype), in order; ``CollectiveTimeoutError``
+        naming ``what`` after ``timeout``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot broadcast tensors")
+
+    def mean(self, tensors, *, name):
+        """The element-wise mean of ``tensors`` over the set, callable inside a traced training step
+        (a Keras ``train_step``): gradient averaging. Bounded by Horovod's own timeouts there."""
+        raise NotImplementedError(f"{type(self).__name__} cannot average tensors")
+
     @abstractmethod
     def broadcast_object(self, obj, *, what):
         """``obj`` of the set's first rank, on every rank."""

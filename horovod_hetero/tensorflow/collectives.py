@@ -23,23 +23,38 @@ class TensorFlowCollectives(HorovodCollectives):
         return call_with_timeout(lambda: self._grouped_sum(tensors, control, process_set, name), self.timeout, what)
 
     @staticmethod
-    def _grouped_sum(tensors, control, process_set, name):
+    def _grouped(tensors, op, process_set, name, control=None):
+        """One grouped allreduce per dtype; ``control`` rides with float64 tensors if any, else float32."""
+        tensors = [tf.convert_to_tensor(t) for t in tensors]          # Keras 3 hands variables
         by_dtype = {}
         for i, t in enumerate(tensors):
             by_dtype.setdefault(t.dtype, []).append(i)
         ctl_dtype = tf.float64 if tf.float64 in by_dtype else tf.float32
-        by_dtype.setdefault(ctl_dtype, [])
-        sums, summed_control = [None] * len(tensors), None
+        if control is not None:
+            by_dtype.setdefault(ctl_dtype, [])
+        out, summed_control = [None] * len(tensors), None
         for dtype, index in by_dtype.items():
             group = [tensors[i] for i in index]
-            if dtype == ctl_dtype:
+            if control is not None and dtype == ctl_dtype:
                 group.append(tf.constant(control, dtype=dtype))
-            out = hvd.grouped_allreduce(group, op=hvd.Sum, process_set=process_set, name=f"{name}.{dtype.name}")
-            for i, s in zip(index, out):
-                sums[i] = s
-            if dtype == ctl_dtype:
-                summed_control = out[-1].numpy().tolist()
-        return sums, summed_control
+            reduced = hvd.grouped_allreduce(group, op=op, process_set=process_set, name=f"{name}.{dtype.name}")
+            for i, r in zip(index, reduced):
+                out[i] = r
+            if control is not None and dtype == ctl_dtype:
+                summed_control = reduced[-1]
+        return out, summed_control
+
+    def _grouped_sum(self, tensors, control, process_set, name):
+        sums, summed_control = self._grouped(tensors, hvd.Sum, process_set, name, control)
+        return sums, summed_control.numpy().tolist()
 
     def copy(self, tensors):
         return [tf.identity(t) for t in tensors]
+
+    def broadcast(self, tensors, root_rank, *, name, what):
+        return call_with_timeout(lambda: [hvd.broadcast(tf.convert_to_tensor(t), root_rank, name=f"{name}.{i}",
+                                                        process_set=self.process_set) for i, t in enumerate(tensors)],
+                                 self.timeout, what)
+
+    def mean(self, tensors, *, name):
+        return self._grouped(tensors, hvd.Average, self.process_set, name)[0]

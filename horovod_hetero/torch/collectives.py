@@ -45,6 +45,15 @@ class TorchCollectives(HorovodCollectives):
     def copy(self, tensors):
         return [t.clone() for t in tensors]
 
+    def broadcast(self, tensors, root_rank, *, name, what):
+        handles = [hvd.broadcast_async(t.detach(), root_rank, name=f"{name}.{i}", process_set=self.process_set)
+                   for i, t in enumerate(tensors)]
+        return [wait(h, self.timeout, what) for h in handles]
+
+    def mean(self, tensors, *, name):
+        handle = hvd.grouped_allreduce_async(list(tensors), op=hvd.Average, name=name, process_set=self.process_set)
+        return wait(handle, self.timeout, "the gradient average")
+
 
 class TorchModel(Model):
     """The optimizer's parameters and floating-point buffers (``tensor.data``), in name order."""

@@ -1,22 +1,12 @@
 """The checklist's proof, Keras: the same test-only strategy, through HeteroSyncCallback."""
-import os
+import numpy as np
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras_helpers
+from contract_strategy import SpeedProportional
+from horovod_hetero.runtime.straggler import Slowdown
+from keras_helpers import Recorder, hh, make_model, rank_data
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import horovod.tensorflow as hvd_tf  # noqa: E402
-import horovod.tensorflow.keras as hvd  # noqa: E402
-import horovod_hetero.tensorflow.keras as hh  # noqa: E402
-from contract_strategy import SpeedProportional  # noqa: E402
-from horovod_hetero.runtime.straggler import Slowdown  # noqa: E402
-from keras_helpers import Recorder, make_model, rank_data  # noqa: E402
-
-hvd.init()
-RANK, SIZE = hvd.rank(), hvd.size()
-tf.config.threading.set_inter_op_parallelism_threads(1)
-tf.config.threading.set_intra_op_parallelism_threads(1)
+RANK, SIZE = keras_helpers.init()
 
 
 def test_every_rank_plans_the_same_identical_after_rounds_uneven_data_ends():
@@ -26,8 +16,8 @@ def test_every_rank_plans_the_same_identical_after_rounds_uneven_data_ends():
                                                slowdown=Slowdown(RANK, "1,1,1,4", base_step_s=0.02))
     model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[callback, recorder])
     synced = [i for i, r in enumerate(callback.telemetry.records) if r["synced"]]
-    everyone = hvd_tf.allgather_object((callback.strategy.plans, [recorder.kernels[i].tolist() for i in synced],
-                                        [w.numpy().tolist() for w in model.weights]), name="contract.keras")
+    everyone = keras_helpers.gathered((callback.strategy.plans, [recorder.kernels[i].tolist() for i in synced],
+                                       [w.tolist() for w in keras_helpers.weights(model)]), name="contract.keras")
     plans, kernels, finals = zip(*everyone)
     assert all(p == plans[0] for p in plans)
     n = min(len(k) for k in kernels)                               # rounds every rank stepped into

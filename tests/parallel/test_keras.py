@@ -1,21 +1,11 @@
-"""Keras callbacks under horovodrun: identical weights at averaging batches and at the end."""
-import os
+"""Keras callbacks under horovodrun: identical weights at averaging batches and at the end (any
+Keras, any supported backend: see keras_helpers)."""
+import numpy as np
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras_helpers
+from keras_helpers import Recorder, hh, keras
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import horovod.tensorflow as hvd_tf  # noqa: E402
-import horovod.tensorflow.keras as hvd  # noqa: E402
-import horovod_hetero.tensorflow.keras as hh  # noqa: E402
-import keras_helpers  # noqa: E402
-from keras_helpers import Recorder  # noqa: E402
-
-hvd.init()
-RANK, SIZE = hvd.rank(), hvd.size()
-tf.config.threading.set_inter_op_parallelism_threads(1)
-tf.config.threading.set_intra_op_parallelism_threads(1)
+RANK, SIZE = keras_helpers.init()
 
 
 def make_model():
@@ -27,7 +17,7 @@ def rank_data(n):
 
 
 def gathered(arrays):
-    return hvd_tf.allgather_object([a.tolist() for a in arrays])
+    return keras_helpers.gathered([a.tolist() for a in arrays], name="test.keras.gather")
 
 
 def test_localsgd_callback_identical_at_averaging_batches_and_at_the_end():
@@ -36,7 +26,7 @@ def test_localsgd_callback_identical_at_averaging_batches_and_at_the_end():
     callback = hh.callbacks.LocalSGDCallback(period=3)
     model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0, callbacks=[callback, recorder])
     per_rank = gathered(recorder.kernels)
-    final = gathered([w.numpy() for w in model.weights])
+    final = gathered(keras_helpers.weights(model))
     identical = [all(np.array_equal(per_rank[0][b], per_rank[r][b]) for r in range(SIZE))
                  for b in range(len(recorder.kernels))]
     # batches counted across epochs: averaging after batches 3, 6, 9 (1-based)
@@ -46,9 +36,8 @@ def test_localsgd_callback_identical_at_averaging_batches_and_at_the_end():
 
 
 def test_averaging_batch_holds_the_exact_mean_of_the_ranks_weights():
-    model = tf.keras.Sequential([tf.keras.Input((1,)), tf.keras.layers.Dense(1, use_bias=False,
-                                                                             kernel_initializer="zeros")])
-    model.compile(optimizer=tf.keras.optimizers.SGD(0.0), loss="mse")
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="mse")
     model.weights[0].assign([[float(RANK)]])
     recorder = Recorder()
     model.fit(np.ones((4, 1), "float32"), np.ones((4, 1), "float32"), batch_size=2, epochs=1, verbose=0,
@@ -61,7 +50,7 @@ def test_ranks_with_different_numbers_of_batches_end_identical():
     x, y = rank_data(8 * (2 + RANK))                  # 2, 3, 4, 5 batches per epoch
     model.fit(x, y, batch_size=8, epochs=3, verbose=0,
               callbacks=[hh.callbacks.LocalSGDCallback(period=2, timeout=120)])
-    final = gathered([w.numpy() for w in model.weights])
+    final = gathered(keras_helpers.weights(model))
     assert all(np.array_equal(final[0][i], final[r][i]) for r in range(SIZE) for i in range(len(final[0])))
 
 
@@ -82,8 +71,8 @@ def test_esync_callback_slowest_runs_one_batch_per_round_all_identical_at_the_en
     callback = hh.callbacks.ESyncCallback(slowdown=Slowdown(RANK, "1,1,1,4", base_step_s=0.03))
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
     per_round = [r["local_steps"] for r in callback.telemetry.records if r["synced"]]
-    final = gathered([w.numpy() for w in model.weights])
-    rounds = hvd_tf.allgather_object(per_round)
+    final = gathered(keras_helpers.weights(model))
+    rounds = keras_helpers.gathered(per_round, name="test.keras.rounds")
     assert all(np.array_equal(final[0][i], final[r][i]) for r in range(SIZE) for i in range(len(final[0])))
     # judge the rounds while the slowest still trains: round 1 is warm-up (the first batch
     # traces the tf.function, which distorts every rank's measured capability), and once the

@@ -1,22 +1,12 @@
 """WAGMACallback under horovodrun -np 4 (S=2): exact group means per batch, global every sync_period."""
-import os
+import numpy as np
+import pytest
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras_helpers
+from horovod_hetero.rules.grouping import butterfly_groups
+from keras_helpers import Recorder, hh, make_model, rank_data
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import horovod.tensorflow as hvd_tf  # noqa: E402
-import horovod.tensorflow.keras as hvd  # noqa: E402
-import horovod_hetero.tensorflow.keras as hh  # noqa: E402
-from horovod_hetero.rules.grouping import butterfly_groups  # noqa: E402
-from keras_helpers import Recorder, make_model, rank_data  # noqa: E402
-
-hvd.init(process_sets=hh.wagma_process_sets(group_size=2))
-RANK, SIZE = hvd.rank(), hvd.size()
-tf.config.threading.set_inter_op_parallelism_threads(1)
-tf.config.threading.set_intra_op_parallelism_threads(1)
+RANK, SIZE = keras_helpers.init(process_sets=hh.wagma_process_sets(group_size=2))
 pytestmark = pytest.mark.skipif(SIZE != 4, reason="written for 4 ranks (S=2)")
 
 
@@ -25,7 +15,7 @@ def test_group_batches_hold_the_exact_pair_mean_global_batches_all_identical():
     x, y = rank_data(RANK, 48)                                             # 6 batches of 8
     callback = hh.callbacks.WAGMACallback(group_size=2, sync_period=3, wagma_options={"wait_avoiding": False})
     model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[before, callback, after])
-    everyone = hvd_tf.allgather_object((before.kernels, after.kernels), name="keras.wagma")
+    everyone = keras_helpers.gathered((before.kernels, after.kernels), name="keras.wagma")
     pre, post = (np.array([e[i] for e in everyone]) for i in (0, 1))     # [rank, batch, ...]
     groups = [r.get("group") for r in callback.telemetry.records]
     for batch in range(6):
@@ -46,5 +36,5 @@ def test_wait_avoiding_ranks_with_different_numbers_of_batches_end_identical():
     x, y = rank_data(RANK, 8 * (3 + RANK))                                 # 3, 4, 5, 6 batches per epoch
     callback = hh.callbacks.WAGMACallback(group_size=2, sync_period=4, timeout=120)
     model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[callback])
-    final = hvd_tf.allgather_object([w.numpy().tolist() for w in model.weights], name="keras.wagma.final")
+    final = keras_helpers.gathered([w.tolist() for w in keras_helpers.weights(model)], name="keras.wagma.final")
     assert all(np.array_equal(final[0][i], final[r][i]) for r in range(SIZE) for i in range(len(final[0])))

@@ -1,25 +1,15 @@
 """What a strategy opens, the library closes: nothing outlives fit() (Keras, on_train_end)."""
-import os
+import pytest
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras_helpers
+from keras_helpers import hh, keras, make_model, rank_data
+from lifecycle import opened, settled
 
-import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import horovod.tensorflow as hvd_tf  # noqa: E402
-import horovod.tensorflow.keras as hvd  # noqa: E402
-import horovod_hetero.tensorflow.keras as hh  # noqa: E402
-from keras_helpers import make_model, rank_data  # noqa: E402
-from lifecycle import opened, settled  # noqa: E402
-
-hvd.init(process_sets=hh.wagma_process_sets(group_size=2))
-RANK, SIZE = hvd.rank(), hvd.size()
-tf.config.threading.set_inter_op_parallelism_threads(1)
-tf.config.threading.set_intra_op_parallelism_threads(1)
+RANK, SIZE = keras_helpers.init(process_sets=hh.wagma_process_sets(group_size=2))
 pytestmark = pytest.mark.skipif(SIZE != 4, reason="written for 4 ranks (WAGMA S=2)")
 
 
-class Probe(tf.keras.callbacks.Callback):
+class Probe(keras.callbacks.Callback):
     """What is open in the middle of training."""
 
     def on_train_batch_end(self, batch, logs=None):
@@ -31,7 +21,7 @@ def test_esync_and_wagma_callbacks_close_what_they_opened_at_the_end_of_fit():
     model = make_model(RANK)
     x, y = rank_data(RANK, 48)
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[hh.callbacks.LocalSGDCallback(period=2)])
-    hvd_tf.allgather_object(0, name="lifecycle.barrier")
+    keras_helpers.gathered(0, name="lifecycle.barrier")
     before = settled(opened())
     seen = {}
     for name, callback in [("esync", hh.callbacks.ESyncCallback()),
@@ -39,7 +29,7 @@ def test_esync_and_wagma_callbacks_close_what_they_opened_at_the_end_of_fit():
         probe = Probe()
         model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[callback, probe])
         seen[name], seen[name + " closed"] = probe.during, settled(before)
-        hvd_tf.allgather_object(0, name=f"lifecycle.barrier.{name}")
+        keras_helpers.gathered(0, name=f"lifecycle.barrier.{name}")
     assert seen["esync closed"] == before and seen["wagma closed"] == before
     if RANK == 0:
         assert len(seen["esync"]["listening"]) > len(before["listening"])

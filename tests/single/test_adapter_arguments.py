@@ -43,3 +43,32 @@ def test_keras_callbacks_check_their_arguments():
         keras_hh.callbacks.ESyncCallback(mode="fast")
     with pytest.raises(TypeError, match="batch_size"):
         keras_hh.callbacks.LocalSGDCallback(period=2, batch_size=1.5)
+
+
+def test_which_keras_runs_follows_tensorflows_rule(monkeypatch):
+    from horovod_hetero import _keras
+
+    monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
+    assert _keras.keras_module().__name__ == "keras"
+    tf_keras = pytest.importorskip("tf_keras")
+    monkeypatch.setenv("TF_USE_LEGACY_KERAS", "1")
+    assert _keras.keras_module() is tf_keras and _keras.keras_major() == 2
+
+
+def test_a_keras_backend_without_horovod_collectives_is_refused_by_name(monkeypatch):
+    from types import SimpleNamespace
+
+    from horovod_hetero import _keras
+
+    jax = SimpleNamespace(backend=SimpleNamespace(backend=lambda: "jax"))
+    monkeypatch.setattr(_keras, "keras_module", lambda: jax)
+    with pytest.raises(ValueError, match="Keras backend 'jax' is not supported.*KERAS_BACKEND=tensorflow or KERAS_BACKEND=torch"):
+        _keras.collectives_class()
+
+
+def test_keras_3_optimizer_refuses_keras_2_options_before_any_collective():
+    keras_hh = pytest.importorskip("horovod_hetero.keras")
+    if keras_hh.keras_major() < 3:
+        pytest.skip("Keras 2: hh.DistributedOptimizer is hvd.DistributedOptimizer")
+    with pytest.raises(TypeError, match="compression: options of Horovod's Keras 2 optimizer"):
+        keras_hh.DistributedOptimizer(keras_hh.keras_module().optimizers.SGD(0.1), compression=None)

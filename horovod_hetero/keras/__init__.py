@@ -1,0 +1,49 @@
+"""Keras adapter, any Keras (3 with the TensorFlow or PyTorch backend, or 2): ``import horovod_hetero.keras as hh``.
+
+Next to ``import horovod.tensorflow as hvd`` (TensorFlow backend, Keras 2 or 3) or
+``import horovod.torch as hvd`` (``KERAS_BACKEND=torch``); the callbacks are in ``hh.callbacks``.
+``horovod_hetero.tensorflow.keras`` is the same module under Horovod's name for it.
+"""
+from horovod_hetero._horovod import wagma_process_sets  # noqa: F401
+from horovod_hetero._keras import collectives_class, keras_major, keras_module  # noqa: F401
+from horovod_hetero._keras.callback import averaging_optimizer
+from horovod_hetero.errors import CollectiveTimeoutError, HeteroError, RoundMismatchError  # noqa: F401
+from horovod_hetero.keras import callbacks  # noqa: F401
+from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S
+from horovod_hetero.strategies import ESync, LocalSGD, Strategy, Synchronous, WAGMA  # noqa: F401
+
+__all__ = ["DistributedOptimizer", "callbacks", "wagma_process_sets", "keras_module", "keras_major",
+           "Strategy", "Synchronous", "LocalSGD", "ESync", "WAGMA",
+           "HeteroError", "CollectiveTimeoutError", "RoundMismatchError"]
+
+
+def DistributedOptimizer(optimizer, process_set=None, timeout=DEFAULT_TIMEOUT_S, **horovod_options):
+    """Synchronous data-parallel training for Keras: gradients averaged over the ranks every step.
+
+    The ``Synchronous`` strategy for Keras (a callback cannot average gradients). On Keras 3 the
+    optimizer is rebuilt as a subclass of its class (``isinstance`` still holds) whose ``apply``
+    averages the gradients with one grouped allreduce of the backend's Horovod (``horovod.tensorflow``
+    inside the compiled train step, or ``horovod.torch``) before updating: Horovod 0.28.1's own
+    ``hvd.DistributedOptimizer`` hooks Keras 2's optimizer methods, which Keras 3's ``fit`` never
+    calls, so there it averages nothing. On Keras 2 this is ``hvd.DistributedOptimizer`` itself.
+
+    Args:
+        optimizer: a Keras optimizer.
+        process_set: Horovod process set (default: all ranks).
+        timeout: seconds a gradient average may take (PyTorch backend; TensorFlow's compiled step is
+            bounded by Horovod's own timeouts).
+        horovod_options: Keras 2 only: passed to ``hvd.DistributedOptimizer`` (``compression``, ...).
+
+    Example::
+
+        model.compile(optimizer=hh.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss=...)
+        model.fit(x, y, callbacks=[hh.callbacks.BroadcastGlobalVariablesCallback(0)])
+    """
+    if keras_major() < 3:
+        import horovod.tensorflow.keras as hvd_keras
+        return hvd_keras.DistributedOptimizer(optimizer, process_set=process_set or hvd_keras.global_process_set,
+                                              **horovod_options)
+    if horovod_options:
+        raise TypeError(f"{', '.join(sorted(horovod_options))}: options of Horovod's Keras 2 optimizer; on Keras 3 "
+                        f"hh.DistributedOptimizer takes optimizer, process_set and timeout")
+    return averaging_optimizer(optimizer, collectives_class()(process_set, timeout, owner="hh.DistributedOptimizer"))

@@ -1,0 +1,115 @@
+"""Keras callbacks: ``HeteroSyncCallback`` drives any strategy; the others fill one in; and what
+Horovod's Keras layer gives on Keras 2 but not on Keras 3 (broadcast, metric average, warm-up)."""
+from horovod_hetero._keras import keras_module
+from horovod_hetero._keras.callback import (
+    BroadcastGlobalVariablesCallbackImpl, HeteroSyncCallbackImpl, LearningRateWarmupCallbackImpl,
+    MetricAverageCallbackImpl)
+from horovod_hetero.strategies import ESync, LocalSGD, WAGMA
+
+Callback = keras_module().callbacks.Callback
+
+
+class HeteroSyncCallback(HeteroSyncCallbackImpl, Callback):
+    """Train with a model-averaging strategy: the general form every algorithm uses.
+
+    The model is compiled with a plain local optimizer; after each batch the strategy decides
+    whether the weights are averaged across ranks (one fused ``grouped_allreduce``) or within a
+    group. At the end of training all replicas hold identical weights, even if ranks saw
+    different numbers of batches, and what the strategy opened is closed.
+
+    Args:
+        strategy: a model-averaging strategy, e.g. ``LocalSGD(period=8)``.
+        process_set: Horovod process set (default: all ranks).
+        telemetry: directory for per-rank step records (default ``$HOROVOD_HETERO_TELEMETRY``).
+        slowdown: per-rank factors such as ``"1,1,1,4"`` (default ``$HOROVOD_HETERO_SLOWDOWN``).
+        batch_size: samples per batch, for the telemetry's samples/s (optional).
+        timeout: seconds any collective may take before ``CollectiveTimeoutError`` (a ``TimeoutError``).
+
+    Example::
+
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy")
+        model.fit(x, y, epochs=5, callbacks=[hh.callbacks.BroadcastGlobalVariablesCallback(0),
+                                             hh.callbacks.HeteroSyncCallback(hh.LocalSGD(period=8))])
+    """
+
+
+class LocalSGDCallback(HeteroSyncCallback):
+    """``HeteroSyncCallback(LocalSGD(period, warmup_steps))``: average every ``period``-th batch.
+
+    Example::
+
+        model.fit(x, y, epochs=5, callbacks=[hh.callbacks.LocalSGDCallback(period=8)])
+    """
+
+    def __init__(self, period, warmup_steps=0, **options):
+        super().__init__(LocalSGD(period, warmup_steps), **options)
+
+
+class ESyncCallback(HeteroSyncCallback):
+    """``HeteroSyncCallback(ESync(global_lr, mode, **esync_options))``: see ``hh.ESync``.
+
+    Example::
+
+        model.fit(x, y, epochs=5, callbacks=[hh.callbacks.ESyncCallback(global_lr=1.0, mode="delayed_ack")])
+    """
+
+    def __init__(self, global_lr=1.0, mode="blocking", esync_options=None, **options):
+        super().__init__(ESync(global_lr, mode, **(esync_options or {})), **options)
+
+
+class WAGMACallback(HeteroSyncCallback):
+    """``HeteroSyncCallback(WAGMA(group_size, sync_period, **wagma_options))``: see ``hh.WAGMA``.
+
+    Horovod must be initialised with ``hvd.init(process_sets=hh.wagma_process_sets(group_size))``.
+
+    Example::
+
+        hvd.init(process_sets=hh.wagma_process_sets(group_size=None))
+        model.fit(x, y, epochs=5, callbacks=[hh.callbacks.WAGMACallback(group_size=None, sync_period=10)])
+    """
+
+    def __init__(self, group_size=None, sync_period=10, wagma_options=None, **options):
+        super().__init__(WAGMA(group_size, sync_period, **(wagma_options or {})), **options)
+
+
+class BroadcastGlobalVariablesCallback(BroadcastGlobalVariablesCallbackImpl, Callback):
+    """Start every rank from ``root_rank``'s model and optimizer state (Horovod's callback of the
+    same name, for any Keras and backend).
+
+    Args:
+        root_rank: the rank whose variables every rank takes.
+        process_set: Horovod process set (default: all ranks).
+        timeout: seconds the broadcast may take.
+
+    Example::
+
+        model.fit(x, y, callbacks=[hh.callbacks.BroadcastGlobalVariablesCallback(0), ...])
+    """
+
+
+class MetricAverageCallback(MetricAverageCallbackImpl, Callback):
+    """Average the epoch's metrics (``logs``) over the ranks (Horovod's callback of the same name).
+
+    Put it before callbacks that read the logs. With a strategy whose ranks sit in different rounds
+    at an epoch's end (ESync), call ``sync_model()`` first or average at the end of training.
+
+    Example::
+
+        model.fit(x, y, callbacks=[hh.callbacks.MetricAverageCallback(), keras.callbacks.ModelCheckpoint(...)])
+    """
+
+
+class LearningRateWarmupCallback(LearningRateWarmupCallbackImpl, Callback):
+    """Horovod's learning-rate warm-up (its callback of the same name, for any Keras and backend).
+
+    Args:
+        initial_lr: the rate after warm-up (usually the single-worker rate times the number of ranks).
+        warmup_epochs: epochs over which the rate grows from ``initial_lr / size``.
+        momentum_correction: scale momentum with the rate change (where momentum is a variable).
+        steps_per_epoch: batches per epoch, if ``fit`` cannot tell.
+        verbose: 1 prints the end of the warm-up on rank 0.
+
+    Example::
+
+        model.fit(x, y, callbacks=[hh.callbacks.LearningRateWarmupCallback(initial_lr=0.05 * hvd.size())])
+    """
