@@ -13,7 +13,7 @@ import logging
 
 import numpy as np
 
-from horovod_hetero._keras import collectives_class, keras_major
+from horovod_hetero._keras import collectives_class, keras_major, keras_module
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, Model
 from horovod_hetero.runtime.controller import HeteroController
 from horovod_hetero.strategies.base import check_strategy
@@ -39,30 +39,55 @@ def _optimizer_variables(optimizer):
     return list(variables() if callable(variables) else variables)
 
 
+def _averages(optimizer):
+    return getattr(type(optimizer), "_hh_averaging", False)
+
+
 def check_optimizer(model):
-    """Refuse ``hvd.DistributedOptimizer`` on Keras 3: it raises nothing and averages nothing there."""
+    """Refuse, by name, optimizers that would let ranks train apart or fall out of step on Keras 3:
+    ``hvd.DistributedOptimizer`` (averages nothing there), a loss-scale optimizer around
+    ``hh.DistributedOptimizer`` (each rank would skip the average when its own gradients overflow),
+    and ``hh.DistributedOptimizer`` under XLA on TensorFlow (Horovod's ops do not compile)."""
     optimizer = getattr(model, "optimizer", None)
-    if optimizer is not None and keras_major() >= 3 and type(optimizer).__module__.startswith("horovod."):
+    if optimizer is None or keras_major() < 3:
+        return
+    if type(optimizer).__module__.startswith("horovod."):
         raise TypeError("model.optimizer is hvd.DistributedOptimizer, which averages nothing under Keras 3 (Horovod "
                         "0.28.1 hooks Keras 2's optimizer methods, which Keras 3's fit never calls): ranks would "
                         "train apart silently. Wrap the optimizer with hh.DistributedOptimizer "
                         "(import horovod_hetero.keras as hh)")
+    if _averages(getattr(optimizer, "inner_optimizer", None)):
+        raise TypeError("model.optimizer is a LossScaleOptimizer around hh.DistributedOptimizer (compile wraps it so "
+                        "under mixed_float16): a rank whose own gradients overflow would skip the average and ranks "
+                        "would fall out of step. Wrap the other way round: "
+                        "hh.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(optimizer))")
+    if _averages(optimizer) and keras_module().backend.backend() == "tensorflow" and getattr(model, "jit_compile", False):
+        raise ValueError("hh.DistributedOptimizer averages with Horovod's TensorFlow ops, which do not run under XLA: "
+                         "compile the model with jit_compile=False (Keras turns XLA on by default on GPUs)")
 
 
 def averaging_optimizer(optimizer, collectives):
-    """``optimizer`` (a Keras 3 optimizer) rebuilt from its config as a subclass whose ``apply``
-    averages the gradients over ``collectives`` first: synchronous data-parallel SGD."""
+    """``optimizer`` (a Keras 3 optimizer), whose ``apply`` now first averages the gradients over
+    ``collectives``: synchronous data-parallel SGD.
+
+    The instance is kept (its state, learning-rate schedule and options) and its class becomes a
+    subclass with the same name and module, so ``isinstance`` holds and a saved model reloads with
+    the plain optimizer. A missing gradient is averaged as zeros, so every rank averages the same
+    list of tensors (as Horovod's torch optimizer does)."""
     base = type(optimizer)
+    if _averages(optimizer):
+        return optimizer
+    ops = keras_module().ops
 
     def apply(self, grads, trainable_variables=None):
-        grads = list(grads)
-        present = [i for i, g in enumerate(grads) if g is not None]
-        for i, g in zip(present, collectives.mean([grads[i] for i in present], name="horovod_hetero.gradients")):
-            grads[i] = g
-        return base.apply(self, grads, trainable_variables)
+        variables = self._trainable_variables if trainable_variables is None else trainable_variables
+        grads = [ops.zeros_like(v) if g is None else g for g, v in zip(grads, variables)]
+        return base.apply(self, collectives.mean(grads, name="horovod_hetero.gradients"), trainable_variables)
 
-    averaging = type(base.__name__, (base,), {"apply": apply, "__doc__": base.__doc__})
-    return averaging.from_config(optimizer.get_config())
+    optimizer.__class__ = type(base.__name__, (base,), {
+        "apply": apply, "_hh_averaging": True, "__module__": base.__module__, "__qualname__": base.__qualname__,
+        "__doc__": base.__doc__})
+    return optimizer
 
 
 def _is_float(variable):
@@ -178,8 +203,9 @@ class HeteroSyncCallbackImpl:
 
 
 class BroadcastGlobalVariablesCallbackImpl:
-    """Broadcast the model's and its optimizer's variables from ``root_rank`` once: when training
-    begins if they exist, else after the first batch (a model built by its first batch)."""
+    """Broadcast the model's weights and its optimizer's variables from ``root_rank`` (a global rank)
+    once: when training begins if they exist, else after the first batch (a model built by its
+    first batch: put this callback first then). Random-generator states stay each rank's own."""
 
     def __init__(self, root_rank=0, process_set=None, timeout=DEFAULT_TIMEOUT_S):
         super().__init__()
@@ -189,11 +215,14 @@ class BroadcastGlobalVariablesCallbackImpl:
         self.broadcast_done = False
 
     def _broadcast(self):
-        variables = _variables(self.model, "variables")
+        variables = _variables(self.model)
         if not variables:
             return False
         variables += _optimizer_variables(getattr(self.model, "optimizer", None))
         collectives = collectives_class()(self.process_set, self.timeout, owner=type(self).__name__)
+        if self.root_rank not in collectives.process_set.ranks:
+            raise ValueError(f"root_rank={self.root_rank} is not in the process set (ranks "
+                             f"{collectives.process_set.ranks}); root_rank is a global rank")
         values = collectives.broadcast([_value(v) for v in variables], self.root_rank,
                                        name="horovod_hetero.broadcast_variables", what="the initial variables' broadcast")
         for variable, value in zip(variables, values):
@@ -234,8 +263,9 @@ class MetricAverageCallbackImpl:
 class LearningRateWarmupCallbackImpl:
     """Horovod's learning-rate warm-up: over ``warmup_epochs`` the rate grows per batch from
     ``initial_lr / size`` to ``initial_lr`` (Goyal et al., "Accurate, Large Minibatch SGD"), with
-    Horovod's formula. Momentum correction needs a momentum variable (Keras 2 optimizers); Keras 3
-    keeps momentum a constant of the compiled step, so it is skipped there (logged once)."""
+    Horovod's formula. Momentum correction needs a momentum variable (Keras 2's legacy optimizers,
+    ``tf_keras.optimizers.legacy``); elsewhere momentum is a constant of the compiled step, so it is
+    skipped (logged once)."""
 
     def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None, verbose=0):
         super().__init__()

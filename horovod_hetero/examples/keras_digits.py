@@ -26,19 +26,33 @@ else:
 
 
 class TimeBudget(keras.callbacks.Callback):
-    """Stop training after ``seconds``; count the samples trained."""
+    """Stop training after ``seconds``; count the samples trained and the training time."""
 
-    def __init__(self, seconds, batch_size):
+    def __init__(self, seconds, batch_size, n):
         super().__init__()
-        self.seconds, self.batch_size, self.samples = seconds, batch_size, 0
+        self.seconds, self.batch_size, self.n, self.samples = seconds, batch_size, n, 0
 
     def on_train_begin(self, logs=None):
         self.start = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
-        self.samples += self.batch_size
+        self.samples += min(self.batch_size, self.n - batch * self.batch_size)    # the last batch is partial
         if self.seconds is not None and time.perf_counter() - self.start >= self.seconds:
             self.model.stop_training = True
+
+    def on_train_end(self, logs=None):
+        self.wall = time.perf_counter() - self.start
+
+
+def one_thread():
+    """One compute thread per rank (ranks share the cores), as the torch example."""
+    if keras.backend.backend() == "torch":
+        import torch
+        torch.set_num_threads(1)
+    else:
+        import tensorflow as tf
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        tf.config.threading.set_inter_op_parallelism_threads(1)
 
 
 def strategy_callback(args):
@@ -68,11 +82,12 @@ def main():
         hvd.init(process_sets=hh.wagma_process_sets(group_size=None))
     else:
         hvd.init()
+    one_thread()
     keras.utils.set_random_seed(hvd.rank())
     x, y, x_test, y_test = digits(hvd.rank(), hvd.size())
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(128, activation="relu"), keras.layers.Dense(10)])
     optimizer = keras.optimizers.SGD(args.lr, momentum=0.9)
-    budget = TimeBudget(args.time_budget, args.batch_size)
+    budget = TimeBudget(args.time_budget, args.batch_size, len(y))
     callbacks = [hh.callbacks.BroadcastGlobalVariablesCallback(0), budget]
     if args.strategy == "sync":
         optimizer = hh.DistributedOptimizer(optimizer)
@@ -80,10 +95,9 @@ def main():
         callbacks.append(strategy_callback(args))
     model.compile(optimizer=optimizer, metrics=["accuracy"],
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    start = time.perf_counter()
     model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs,
               callbacks=callbacks, verbose=2 if hvd.rank() == 0 and args.time_budget is None else 0)
-    wall = time.perf_counter() - start
+    wall = budget.wall                   # fit's training, after its build and tracing, to its last sync
     _, accuracy = model.evaluate(x_test, y_test, verbose=0)
     samples = sum(hvd.allgather_object(budget.samples, name="samples"))
     if hvd.rank() == 0:

@@ -21,17 +21,21 @@ def DistributedOptimizer(optimizer, process_set=None, timeout=DEFAULT_TIMEOUT_S,
     """Synchronous data-parallel training for Keras: gradients averaged over the ranks every step.
 
     The ``Synchronous`` strategy for Keras (a callback cannot average gradients). On Keras 3 the
-    optimizer is rebuilt as a subclass of its class (``isinstance`` still holds) whose ``apply``
-    averages the gradients with one grouped allreduce of the backend's Horovod (``horovod.tensorflow``
-    inside the compiled train step, or ``horovod.torch``) before updating: Horovod 0.28.1's own
-    ``hvd.DistributedOptimizer`` hooks Keras 2's optimizer methods, which Keras 3's ``fit`` never
-    calls, so there it averages nothing. On Keras 2 this is ``hvd.DistributedOptimizer`` itself.
+    optimizer's class becomes a subclass of it (same name; ``isinstance``, its state and schedule
+    hold) whose ``apply`` averages the gradients with one grouped allreduce of the backend's Horovod
+    (``horovod.tensorflow`` inside the compiled train step, or ``horovod.torch``) before updating:
+    Horovod 0.28.1's own ``hvd.DistributedOptimizer`` hooks Keras 2's optimizer methods, which Keras
+    3's ``fit`` never calls, so there it averages nothing. On Keras 2 this is ``hvd.DistributedOptimizer``.
+    Under ``mixed_float16`` wrap a ``LossScaleOptimizer`` (``hh.DistributedOptimizer(
+    keras.optimizers.LossScaleOptimizer(opt))``); on TensorFlow compile with ``jit_compile=False``
+    where Keras would use XLA (GPUs): the hh callbacks refuse both mistakes by name.
 
     Args:
         optimizer: a Keras optimizer.
         process_set: Horovod process set (default: all ranks).
-        timeout: seconds a gradient average may take (PyTorch backend; TensorFlow's compiled step is
-            bounded by Horovod's own timeouts).
+        timeout: seconds a gradient average may take with the PyTorch backend. TensorFlow's compiled
+            step cannot be interrupted from Python: Gloo's own timeout bounds it
+            (``HOROVOD_GLOO_TIMEOUT_SECONDS``, 30 s by default).
         horovod_options: Keras 2 only: passed to ``hvd.DistributedOptimizer`` (``compression``, ...).
 
     Example::

@@ -74,10 +74,10 @@ class WAGMACallback(HeteroSyncCallback):
 
 class BroadcastGlobalVariablesCallback(BroadcastGlobalVariablesCallbackImpl, Callback):
     """Start every rank from ``root_rank``'s model and optimizer state (Horovod's callback of the
-    same name, for any Keras and backend).
+    same name, for any Keras and backend). Put it first among the callbacks.
 
     Args:
-        root_rank: the rank whose variables every rank takes.
+        root_rank: the (global) rank whose variables every rank takes.
         process_set: Horovod process set (default: all ranks).
         timeout: seconds the broadcast may take.
 
@@ -90,8 +90,10 @@ class BroadcastGlobalVariablesCallback(BroadcastGlobalVariablesCallbackImpl, Cal
 class MetricAverageCallback(MetricAverageCallbackImpl, Callback):
     """Average the epoch's metrics (``logs``) over the ranks (Horovod's callback of the same name).
 
-    Put it before callbacks that read the logs. With a strategy whose ranks sit in different rounds
-    at an epoch's end (ESync), call ``sync_model()`` first or average at the end of training.
+    Put it before callbacks that read the logs. Its allgather runs at every rank's epoch end: with
+    a model-averaging strategy every rank must reach each epoch's end between the same two rounds
+    (equal batches per epoch and a strategy that keeps ranks in step, e.g. LocalSGD on even shards);
+    otherwise a rank waits in it while another waits in a round, until the timeout names it.
 
     Example::
 

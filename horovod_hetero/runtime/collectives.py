@@ -54,7 +54,8 @@ class Collectives(ABC):
 
     def mean(self, tensors, *, name):
         """The element-wise mean of ``tensors`` over the set, callable inside a traced training step
-        (a Keras ``train_step``): gradient averaging. Bounded by Horovod's own timeouts there."""
+        (a Keras ``train_step``): gradient averaging. Traced, it cannot be timed out from Python:
+        Gloo's own timeout bounds it (``HOROVOD_GLOO_TIMEOUT_SECONDS``)."""
         raise NotImplementedError(f"{type(self).__name__} cannot average tensors")
 
     @abstractmethod

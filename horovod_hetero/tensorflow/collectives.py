@@ -8,12 +8,12 @@ from horovod_hetero.runtime.collectives import call_with_timeout
 
 
 class TensorFlowCollectives(HorovodCollectives):
-    """Horovod's TensorFlow collectives (eager).
+    """Horovod's TensorFlow collectives.
 
     TensorFlow's grouped allreduce takes one dtype: one group per dtype (normally just float32),
     the control vector riding with float64 tensors if any, else float32 ones (exact for the
-    round protocol's tags and counts). Eager ops cannot be polled, so each collective runs under
-    ``call_with_timeout``.
+    round protocol's tags and counts). Eager ops cannot be polled, so each eager collective runs
+    under ``call_with_timeout``; ``mean`` runs inside Keras' compiled train step.
     """
 
     hvd = hvd

@@ -100,3 +100,33 @@ def test_horovods_optimizer_that_would_average_nothing_on_keras_3_is_refused_by_
         with pytest.raises(TypeError, match="hvd.DistributedOptimizer, which averages nothing under Keras 3.*"
                                             "hh.DistributedOptimizer"):
             model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+
+
+@pytest.mark.skipif(keras.__version__ < "3", reason="Keras 2: hh.DistributedOptimizer is hvd.DistributedOptimizer")
+def test_keras_3_mistakes_that_would_desynchronise_ranks_are_refused_by_name(tmp_path):
+    x, y = rank_data(RANK, 16)
+    wrapped = keras.optimizers.LossScaleOptimizer(hh.DistributedOptimizer(keras.optimizers.SGD(0.1)))
+    with pytest.raises(TypeError, match=r"LossScaleOptimizer around hh.DistributedOptimizer.*"
+                                        r"hh.DistributedOptimizer\(keras.optimizers.LossScaleOptimizer"):
+        make_model(RANK, optimizer=wrapped).fit(x, y, verbose=0, callbacks=[hh.callbacks.MetricAverageCallback()])
+    if BACKEND == "tensorflow":
+        model = make_model(RANK, optimizer=hh.DistributedOptimizer(keras.optimizers.SGD(0.1)))
+        model.compile(optimizer=model.optimizer, loss=model.loss, jit_compile=True)
+        with pytest.raises(ValueError, match="jit_compile=False"):
+            model.fit(x, y, verbose=0, callbacks=[hh.callbacks.BroadcastGlobalVariablesCallback(0)])
+    with pytest.raises(ValueError, match=f"root_rank={SIZE} is not in the process set"):
+        make_model(RANK).fit(x, y, verbose=0, callbacks=[hh.callbacks.BroadcastGlobalVariablesCallback(SIZE)])
+
+
+@pytest.mark.skipif(keras.__version__ < "3", reason="Keras 2: hh.DistributedOptimizer is hvd.DistributedOptimizer")
+def test_a_model_saved_with_the_averaging_optimizer_reloads_and_keeps_its_state(tmp_path):
+    optimizer = keras.optimizers.Adam(keras.optimizers.schedules.ExponentialDecay(0.01, 10, 0.5))
+    model = make_model(RANK, optimizer=hh.DistributedOptimizer(optimizer))
+    assert model.optimizer is optimizer and type(optimizer).__name__ == "Adam"
+    x, y = rank_data(RANK, 16)
+    model.fit(x, y, batch_size=8, verbose=0)
+    path = tmp_path / f"rank{RANK}.keras"
+    model.save(path)
+    reloaded = keras.models.load_model(path)
+    assert isinstance(reloaded.optimizer, keras.optimizers.Adam) and not hasattr(reloaded.optimizer, "_hh_averaging")
+    assert int(np.asarray(reloaded.optimizer.iterations)) == 2
