@@ -30,3 +30,14 @@ def collectives_class():
         return TorchCollectives
     raise ValueError(f"Keras backend {backend!r} is not supported: horovod-hetero averages through Horovod's "
                      f"TensorFlow or PyTorch collectives; set KERAS_BACKEND=tensorflow or KERAS_BACKEND=torch")
+
+
+def value(variable):
+    """A variable's value as the backend's tensor."""
+    read = variable.value            # a method on tf.Variable, a property on Keras 3 variables
+    return read() if callable(read) else read
+
+
+def weights(model):
+    """``model.weights``, empty while the model is not built (Keras 2 raises then)."""
+    return list(model.weights) if getattr(model, "built", True) else []

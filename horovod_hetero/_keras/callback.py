@@ -1,93 +1,18 @@
-"""The Keras callbacks' logic, independent of the Keras version and backend and of the strategy.
+"""The Keras strategy callback's logic, independent of the Keras version and backend and of the strategy.
 
-``horovod_hetero.keras.callbacks`` mixes these into thin ``Callback`` classes; every strategy's
+``horovod_hetero.keras.callbacks`` mixes it into thin ``Callback`` classes; every strategy's
 callback is ``HeteroSyncCallbackImpl`` with the strategy filled in. Nothing here imports TensorFlow
 or torch: weights are read and written through the Keras variable API (``value``, ``assign``) and
 Python operators, and the collectives are the backend's (``_keras.collectives_class``).
-
-Also here, for Keras 3, whose ``fit`` Horovod 0.28.1's Keras layer no longer drives: broadcasting
-the initial variables, averaging metrics, learning-rate warm-up, and an optimizer that averages
-gradients (``averaging_optimizer``).
 """
-import logging
-
 import numpy as np
 
-from horovod_hetero._keras import collectives_class, keras_major, keras_module
+from horovod_hetero._keras import collectives_class, value, weights
+from horovod_hetero._keras.horovod_layer import check_optimizer
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, Model
 from horovod_hetero.runtime.controller import HeteroController
 from horovod_hetero.strategies.base import check_strategy
 from horovod_hetero.validation import check_float, check_int
-
-log = logging.getLogger("horovod_hetero")
-
-
-def _value(variable):
-    value = variable.value           # a method on tf.Variable, a property on Keras 3 variables
-    return value() if callable(value) else value
-
-
-def _variables(model, attribute="weights"):
-    """``model.weights``/``model.variables``, empty while the model is not built (Keras 2 raises then)."""
-    return list(getattr(model, attribute)) if getattr(model, "built", True) else []
-
-
-def _optimizer_variables(optimizer):
-    if optimizer is None:
-        return []
-    variables = optimizer.variables  # a method on Keras 2's OptimizerV2, a property elsewhere
-    return list(variables() if callable(variables) else variables)
-
-
-def _averages(optimizer):
-    return getattr(type(optimizer), "_hh_averaging", False)
-
-
-def check_optimizer(model):
-    """Refuse, by name, optimizers that would let ranks train apart or fall out of step on Keras 3:
-    ``hvd.DistributedOptimizer`` (averages nothing there), a loss-scale optimizer around
-    ``hh.DistributedOptimizer`` (each rank would skip the average when its own gradients overflow),
-    and ``hh.DistributedOptimizer`` under XLA on TensorFlow (Horovod's ops do not compile)."""
-    optimizer = getattr(model, "optimizer", None)
-    if optimizer is None or keras_major() < 3:
-        return
-    if type(optimizer).__module__.startswith("horovod."):
-        raise TypeError("model.optimizer is hvd.DistributedOptimizer, which averages nothing under Keras 3 (Horovod "
-                        "0.28.1 hooks Keras 2's optimizer methods, which Keras 3's fit never calls): ranks would "
-                        "train apart silently. Wrap the optimizer with hh.DistributedOptimizer "
-                        "(import horovod_hetero.keras as hh)")
-    if _averages(getattr(optimizer, "inner_optimizer", None)):
-        raise TypeError("model.optimizer is a LossScaleOptimizer around hh.DistributedOptimizer (compile wraps it so "
-                        "under mixed_float16): a rank whose own gradients overflow would skip the average and ranks "
-                        "would fall out of step. Wrap the other way round: "
-                        "hh.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(optimizer))")
-    if _averages(optimizer) and keras_module().backend.backend() == "tensorflow" and getattr(model, "jit_compile", False):
-        raise ValueError("hh.DistributedOptimizer averages with Horovod's TensorFlow ops, which do not run under XLA: "
-                         "compile the model with jit_compile=False (Keras turns XLA on by default on GPUs)")
-
-
-def averaging_optimizer(optimizer, collectives):
-    """``optimizer`` (a Keras 3 optimizer), whose ``apply`` now first averages the gradients over
-    ``collectives``: synchronous data-parallel SGD.
-
-    The instance is kept (its state, learning-rate schedule and options) and its class becomes a
-    subclass with the same name and module, so ``isinstance`` holds and a saved model reloads with
-    the plain optimizer. A missing gradient is averaged as zeros, so every rank averages the same
-    list of tensors (as Horovod's torch optimizer does)."""
-    base = type(optimizer)
-    if _averages(optimizer):
-        return optimizer
-    ops = keras_module().ops
-
-    def apply(self, grads, trainable_variables=None):
-        variables = self._trainable_variables if trainable_variables is None else trainable_variables
-        grads = [ops.zeros_like(v) if g is None else g for g, v in zip(grads, variables)]
-        return base.apply(self, collectives.mean(grads, name="horovod_hetero.gradients"), trainable_variables)
-
-    optimizer.__class__ = type(base.__name__, (base,), {
-        "apply": apply, "_hh_averaging": True, "__module__": base.__module__, "__qualname__": base.__qualname__,
-        "__doc__": base.__doc__})
-    return optimizer
 
 
 def _is_float(variable):
@@ -112,16 +37,16 @@ class KerasModel(Model):
     @property
     def variables(self):
         if not self._variables:                  # not cached while the model has no weights yet
-            self._variables = [v for v in _variables(self._model) if _is_float(v)]
+            self._variables = [v for v in weights(self._model) if _is_float(v)]
         return self._variables
 
     def tensors(self):
-        return [_value(v) for v in self.variables]
+        return [value(v) for v in self.variables]
 
     def assign(self, values, divisor=1.0, add_current=False):
         for v, s in zip(self.variables, values):
             if add_current:
-                s = s + _value(v)
+                s = s + value(v)
             v.assign(s / divisor if divisor != 1.0 else s)
 
     @property
@@ -200,127 +125,3 @@ class HeteroSyncCallbackImpl:
             self._pending_state = state
         else:
             self._hh.load_state_dict(state)
-
-
-class BroadcastGlobalVariablesCallbackImpl:
-    """Broadcast the model's weights and its optimizer's variables from ``root_rank`` (a global rank)
-    once: when training begins if they exist, else after the first batch (a model built by its
-    first batch: put this callback first then). Random-generator states stay each rank's own."""
-
-    def __init__(self, root_rank=0, process_set=None, timeout=DEFAULT_TIMEOUT_S):
-        super().__init__()
-        self.root_rank = check_int("root_rank", root_rank, 0)
-        self.process_set = process_set
-        self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
-        self.broadcast_done = False
-
-    def _broadcast(self):
-        variables = _variables(self.model)
-        if not variables:
-            return False
-        variables += _optimizer_variables(getattr(self.model, "optimizer", None))
-        collectives = collectives_class()(self.process_set, self.timeout, owner=type(self).__name__)
-        if self.root_rank not in collectives.process_set.ranks:
-            raise ValueError(f"root_rank={self.root_rank} is not in the process set (ranks "
-                             f"{collectives.process_set.ranks}); root_rank is a global rank")
-        values = collectives.broadcast([_value(v) for v in variables], self.root_rank,
-                                       name="horovod_hetero.broadcast_variables", what="the initial variables' broadcast")
-        for variable, value in zip(variables, values):
-            variable.assign(value)
-        return True
-
-    def on_train_begin(self, logs=None):
-        check_optimizer(self.model)
-        if not self.broadcast_done:
-            self.broadcast_done = self._broadcast()
-
-    def on_train_batch_end(self, batch, logs=None):
-        if not self.broadcast_done:
-            self.broadcast_done = self._broadcast()
-
-
-class MetricAverageCallbackImpl:
-    """At the end of every epoch, replace each numeric entry of ``logs`` by its mean over the ranks
-    (put it before callbacks that read the logs: checkpoints, early stopping, LR schedules)."""
-
-    def __init__(self, timeout=DEFAULT_TIMEOUT_S):
-        super().__init__()
-        self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
-
-    def on_train_begin(self, logs=None):
-        check_optimizer(self.model)
-
-    def on_epoch_end(self, epoch, logs=None):
-        if logs is None:
-            return
-        mine = {k: float(np.asarray(v)) for k, v in sorted(logs.items()) if np.ndim(np.asarray(v)) == 0}
-        collectives = collectives_class()(None, self.timeout, owner=type(self).__name__)
-        everyone = collectives.allgather_object(mine, what="the metric average")
-        for key in mine:
-            logs[key] = float(np.mean([values[key] for values in everyone if key in values]))
-
-
-class LearningRateWarmupCallbackImpl:
-    """Horovod's learning-rate warm-up: over ``warmup_epochs`` the rate grows per batch from
-    ``initial_lr / size`` to ``initial_lr`` (Goyal et al., "Accurate, Large Minibatch SGD"), with
-    Horovod's formula. Momentum correction needs a momentum variable (Keras 2's legacy optimizers,
-    ``tf_keras.optimizers.legacy``); elsewhere momentum is a constant of the compiled step, so it is
-    skipped (logged once)."""
-
-    def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None, verbose=0):
-        super().__init__()
-        self.initial_lr = check_float("initial_lr", initial_lr, 0.0, min_exclusive=True)
-        self.warmup_epochs = check_int("warmup_epochs", warmup_epochs, 1)
-        if not isinstance(momentum_correction, bool):
-            raise TypeError(f"momentum_correction must be True or False, got {momentum_correction!r}")
-        self.momentum_correction = momentum_correction
-        self.steps_per_epoch = None if steps_per_epoch is None else check_int("steps_per_epoch", steps_per_epoch, 1)
-        self.verbose = check_int("verbose", verbose, 0)
-        self._epoch, self._restore = 0, None
-
-    def on_train_begin(self, logs=None):
-        check_optimizer(self.model)
-        collectives = collectives_class()(None, DEFAULT_TIMEOUT_S, owner=type(self).__name__)
-        self._size, self._rank = collectives.size, collectives.rank
-        if self.steps_per_epoch is None:
-            self.steps_per_epoch = (self.params or {}).get("steps")
-            if not self.steps_per_epoch:
-                raise ValueError(f"{type(self).__name__}: fit() does not tell the number of batches per epoch; "
-                                 f"pass steps_per_epoch=")
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
-
-    def learning_rate(self, epoch):
-        """Horovod's warm-up multiplier at fractional ``epoch`` times ``initial_lr``."""
-        epoch += 1.0 / self.steps_per_epoch
-        return self.initial_lr / self._size * (epoch * (self._size - 1) / self.warmup_epochs + 1)
-
-    def on_train_batch_begin(self, batch, logs=None):
-        if self._epoch >= self.warmup_epochs:
-            return
-        optimizer = self.model.optimizer
-        old = float(np.asarray(optimizer.learning_rate))
-        new = self.learning_rate(self._epoch + batch / self.steps_per_epoch)
-        optimizer.learning_rate = new
-        momentum = getattr(optimizer, "momentum", None)
-        if self.momentum_correction and momentum is not None and old > 0:
-            if hasattr(momentum, "assign"):
-                self._restore = float(np.asarray(momentum))
-                momentum.assign(self._restore * new / old)
-            elif momentum and not getattr(self, "_warned", False):
-                self._warned = True
-                log.warning("%s: the optimizer's momentum is a constant, so momentum correction is skipped",
-                            type(self).__name__)
-
-    def on_train_batch_end(self, batch, logs=None):
-        if self._restore is not None:
-            self.model.optimizer.momentum.assign(self._restore)
-            self._restore = None
-
-    def on_epoch_end(self, epoch, logs=None):
-        lr = float(np.asarray(self.model.optimizer.learning_rate))
-        if logs is not None:
-            logs["lr"] = lr
-        if epoch == self.warmup_epochs - 1 and self.verbose and self._rank == 0:
-            print(f"\nEpoch {epoch + 1}: finished gradual learning rate warmup to {lr:g}.")

@@ -6,7 +6,7 @@ Next to ``import horovod.tensorflow as hvd`` (TensorFlow backend, Keras 2 or 3) 
 """
 from horovod_hetero._horovod import wagma_process_sets  # noqa: F401
 from horovod_hetero._keras import collectives_class, keras_major, keras_module  # noqa: F401
-from horovod_hetero._keras.callback import averaging_optimizer
+from horovod_hetero._keras.horovod_layer import averaging_optimizer
 from horovod_hetero.errors import CollectiveTimeoutError, HeteroError, RoundMismatchError  # noqa: F401
 from horovod_hetero.keras import callbacks  # noqa: F401
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S

@@ -1,9 +1,9 @@
 """Keras callbacks: ``HeteroSyncCallback`` drives any strategy; the others fill one in; and what
 Horovod's Keras layer gives on Keras 2 but not on Keras 3 (broadcast, metric average, warm-up)."""
 from horovod_hetero._keras import keras_module
-from horovod_hetero._keras.callback import (
-    BroadcastGlobalVariablesCallbackImpl, HeteroSyncCallbackImpl, LearningRateWarmupCallbackImpl,
-    MetricAverageCallbackImpl)
+from horovod_hetero._keras.callback import HeteroSyncCallbackImpl
+from horovod_hetero._keras.horovod_layer import (
+    BroadcastGlobalVariablesCallbackImpl, LearningRateWarmupCallbackImpl, MetricAverageCallbackImpl)
 from horovod_hetero.strategies import ESync, LocalSGD, WAGMA
 
 Callback = keras_module().callbacks.Callback
