@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 READY := $(VENV)/.horovod-hetero-ready
 NP ?= 4
 
-.PHONY: demo test test-single test-parallel bench bench-wagma env clean
+.PHONY: demo test test-single test-parallel bench bench-wagma bench-planned env clean
 
 $(READY): tools/bootstrap.sh tools/requirements.txt pyproject.toml
 	VENV=$(VENV) bash tools/bootstrap.sh
@@ -36,6 +36,9 @@ bench: $(READY)
 
 bench-wagma: $(READY)
 	PYTHONPATH=. $(VENV)/bin/horovodrun -np 4 -H localhost:4 --gloo $(PY) benchmarks/wagma.py
+
+bench-planned: $(READY)
+	PYTHONPATH=. $(PY) benchmarks/planned.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

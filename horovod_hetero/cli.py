@@ -12,7 +12,7 @@ import time
 import click
 
 import horovod_hetero
-from horovod_hetero.runtime.straggler import parse_factors
+from horovod_hetero.runtime.straggler import parse_slowdown
 from horovod_hetero.runtime.telemetry import format_summary, load, summarize
 
 #: The directory holding the ``horovod_hetero`` package this command runs (a checkout or site-packages):
@@ -24,6 +24,8 @@ DEMO_STRATEGIES = {"sync": ("Synchronous", TORCH, ["--strategy", "sync"]),
                    "localsgd": ("LocalSGD(8)", TORCH, ["--strategy", "localsgd", "--period", "8"]),
                    "esync": ("ESync", TORCH, ["--strategy", "esync"]),
                    "wagma": ("WAGMA(S=2,8)", TORCH, ["--strategy", "wagma", "--period", "8"]),
+                   "elasticbsp": ("ElasticBSP(15)", TORCH, ["--strategy", "elasticbsp", "--lookahead", "15"]),
+                   "dssp": ("DSSP(3,15)", TORCH, ["--strategy", "dssp", "--staleness", "3", "15"]),
                    "keras-esync": ("ESync, Keras 3", KERAS, ["--strategy", "esync"])}
 
 
@@ -65,7 +67,8 @@ def run_worker_job(cmd, env, label, timeout_s):
 
 @cli.command()
 @click.option("--np", "num_proc", default=4, show_default=True, help="number of workers")
-@click.option("--slowdown", default="1,1,1,4", show_default=True, help="per-rank slowdown factors")
+@click.option("--slowdown", default="1,1,1,4", show_default=True,
+              help="per-rank slowdown factors; changing over time: 1,1,1,1;15:1,1,1,4 (from 15 s on)")
 @click.option("--base-step", default=0.1, show_default=True,
               help="seconds one step takes on a factor-1 worker (steps are padded to factor x this)")
 @click.option("--budget", default=25.0, show_default=True, help="wall-clock seconds of training per strategy")
@@ -80,7 +83,7 @@ def demo(num_proc, slowdown, base_step, budget, keep, strategies):
         raise click.UsageError(f"--strategies: unknown {', '.join(unknown) or 'empty list'}; "
                                f"choose from {', '.join(DEMO_STRATEGIES)}")
     try:
-        factors = parse_factors(slowdown, name="--slowdown")   # the fast workers: those of the smallest factor
+        factors = parse_slowdown(slowdown, name="--slowdown")[0][1]   # the fast workers: the smallest first factor
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     root = pathlib.Path(keep or tempfile.mkdtemp(prefix="horovod-hetero-demo-"))
@@ -172,8 +175,8 @@ def simulate(speeds, strategies, duration, jitter, change_at, change_factors, mo
 
     step_times = parse_speeds(speeds)
     makers = {"sync": lambda: lib.Synchronous(), "localsgd": lambda: lib.LocalSGD(period),
-              "esync": lambda: lib.ESync(), "elasticbsp": lambda: sim.ElasticBSP(lookahead),
-              "dssp": lambda: sim.DSSP(s_lower, s_upper),
+              "esync": lambda: lib.ESync(), "elasticbsp": lambda: lib.ElasticBSP(lookahead),
+              "dssp": lambda: lib.DSSP((s_lower, s_upper)),
               "wagma": lambda: lib.WAGMA(group_size, wagma_period)}
     names = list(makers) if strategies == "all" else [n.strip() for n in strategies.split(",")]
     unknown = [n for n in names if n not in makers]
@@ -237,22 +240,37 @@ def plot_results(results, path):
 
 
 @cli.command()
-@click.option("--last-ends", required=True, help="each worker's latest iteration end time, comma-separated")
-@click.option("--intervals", required=True, help="each worker's iteration interval, comma-separated")
-@click.option("-R", "lookahead", default=15, show_default=True, help="lookahead: iterations predicted per worker")
-def plan(last_ends, intervals, lookahead):
-    """Print the ZipLine barrier (ElasticBSP) for workers' last end times and intervals."""
-    from horovod_hetero.rules.zipline import predict_ends, zipline
+@click.option("--step-times", required=True, help="seconds per step of each worker: 0.1,0.1,0.1,0.4 or 0.1x3,0.4")
+@click.option("--strategy", "strategies", default="elasticbsp,dssp", show_default=True,
+              help="comma list of elasticbsp, dssp")
+@click.option("-R", "lookahead", default=15, show_default=True, help="ElasticBSP lookahead R")
+@click.option("--s-lower", default=3, show_default=True, help="DSSP lower staleness bound")
+@click.option("--s-upper", default=15, show_default=True, help="DSSP upper staleness bound")
+def plan(step_times, strategies, lookahead, s_lower, s_upper):
+    """Print the local steps each worker runs before the next round (ElasticBSP, DSSP), as the
+    strategy objects plan them after a round that measured these step times."""
+    from horovod_hetero import strategies as lib
 
+    makers = {"elasticbsp": lambda: lib.ElasticBSP(lookahead), "dssp": lambda: lib.DSSP((s_lower, s_upper))}
+    names = [n.strip() for n in strategies.split(",")]
+    unknown = [n for n in names if n not in makers]
+    if unknown:
+        raise click.BadParameter(f"unknown {', '.join(unknown)}; choose from {', '.join(makers)}",
+                                 param_hint="--strategy")
+    step_s = parse_speeds(step_times)
+    if not all(0 < s < float("inf") for s in step_s):
+        raise click.BadParameter("step times must be finite seconds > 0", param_hint="--step-times")
     try:
-        result = zipline(predict_ends(parse_floats(last_ends, "--last-ends"),
-                                      parse_floats(intervals, "--intervals"), lookahead))
-    except ValueError as e:
+        chosen = [makers[n]() for n in names]
+        plans = [s.plan_steps(step_s) for s in chosen]
+    except (TypeError, ValueError) as e:
         raise click.ClickException(str(e)) from None
-    click.echo(f"barrier at t_sync = {result.t_sync:g} (fastest worker waits {result.wait:g})")
-    click.echo(f"{'worker':>6} {'iterations before the barrier':>30}")
-    for p, k in enumerate(result.steps.tolist()):
-        click.echo(f"{p:>6} {k:>30}")
+    click.echo(f"{'worker':>6} {'step s':>8} " + " ".join(f"{s.label:>16}" for s in chosen))
+    for p, seconds in enumerate(step_s):
+        click.echo(f"{p:>6} {seconds:>8g} " + " ".join(f"{steps[p]:>16}" for steps in plans))
+    for strategy, steps in zip(chosen, plans):
+        ends = [k * t for k, t in zip(steps, step_s)]
+        click.echo(f"{strategy.label}: barrier at {max(ends):g} s, longest wait {max(ends) - min(ends):g} s")
 
 
 @cli.command()

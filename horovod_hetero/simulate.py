@@ -4,7 +4,8 @@ Before renting a cluster, see what each algorithm would do with your workers' sp
 per worker, compute-time ratio, waiting, synchronisations, bytes, and samples/s.
 
 The simulator runs the library's own strategy objects (``hh.Synchronous()``, ``hh.LocalSGD(8)``,
-``hh.ESync()``, ``hh.WAGMA(...)`` or your own ``Strategy``): one per worker, started with a
+``hh.ESync()``, ``hh.WAGMA(...)``, ``hh.ElasticBSP(15)``, ``hh.DSSP((3, 15))`` or your own
+``Strategy``): one per worker, started with a
 ``Context`` whose clock is virtual and whose transports are in-process (ESync's state service is
 the same ``rules.esync.ESyncState`` the real server keeps, queried without a socket). Each step's
 duration is drawn from the cluster; the strategy's decisions are carried out as the runtime does:
@@ -13,11 +14,8 @@ allreduce (wait-avoiding, ideally: a group never waits for a slow member), and t
 handed to every worker carries every worker's step statistics, as a real round does. Nothing here
 re-implements a decision.
 
-ElasticBSP and DSSP are not training strategies yet: their rows are modelled from their decision
-rules (``rules.zipline.zipline``, ``rules.dssp.DSSPServer``) until they are.
-
 The communication model: a ring allreduce over k workers of B bytes costs
-``2(k-1) latency + 2(k-1)/k B / bandwidth``; a DSSP push + pull costs ``2 (latency + B / bandwidth)``.
+``2(k-1) latency + 2(k-1)/k B / bandwidth``.
 
 Example:
     >>> from horovod_hetero.strategies import Synchronous
@@ -33,11 +31,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from horovod_hetero.rules.dssp import DSSPServer
 from horovod_hetero.rules.esync import ESyncState
-from horovod_hetero.rules.zipline import predict_ends, zipline
 from horovod_hetero.strategies.base import AVERAGE, Context, GroupAverage, RoundResult, RoundStats, StepReport, Strategy
-from horovod_hetero.validation import check_float, check_int
+from horovod_hetero.validation import check_float
 
 
 @dataclass
@@ -218,15 +214,12 @@ def label(strategy):
 def simulate(cluster, strategy, duration):
     """Simulate ``strategy`` on ``cluster`` for ``duration`` seconds; return a ``SimResult``.
 
-    ``strategy`` is a ``Strategy`` (a fresh copy runs on every worker) or one of the rule models
-    ``ElasticBSP``/``DSSP``. The simulation ends with the first round that ends at or after
+    ``strategy`` is a ``Strategy``; a fresh copy runs on every worker. The simulation ends with the first round that ends at or after
     ``duration`` (or, for a strategy that never averages, once every worker has passed it).
     """
     duration = check_float("duration", duration, 0.0, min_exclusive=True)
-    if isinstance(strategy, (ElasticBSP, DSSP)):
-        return strategy.simulate(cluster, duration)
     if not isinstance(strategy, Strategy):
-        raise TypeError(f"strategy must be a Strategy (e.g. hh.LocalSGD(8)) or ElasticBSP/DSSP, got {strategy!r}")
+        raise TypeError(f"strategy must be a Strategy (e.g. hh.LocalSGD(8)), got {strategy!r}")
     n = cluster.n
     world = _World(n)
     workers = [copy.deepcopy(strategy) for _ in range(n)]
@@ -292,84 +285,6 @@ def simulate(cluster, strategy, duration):
             begin(q, t)
     return SimResult(label(strategy), end, steps.astype(np.int64), compute, wait, comm, syncs.astype(np.int64),
                      sent, cluster.samples_per_step, round_steps)
-
-
-@dataclass
-class ElasticBSP:
-    """ElasticBSP (rule model): ZipLine picks, from the next R predicted iterations, the barrier with
-    least waiting; each round every worker runs its chosen number of iterations, then all average."""
-
-    R: int = 15
-
-    def __post_init__(self):
-        check_int("R", self.R, 1)
-
-    @property
-    def label(self):
-        return f"ElasticBSP(R={self.R})"
-
-    def simulate(self, cluster, duration):
-        n = cluster.n
-        steps, compute, wait, comm, syncs, sent = (np.zeros(n) for _ in range(6))
-        t = 0.0
-        while t < duration:
-            caps = cluster.mean_step_times(t)
-            durations = cluster.draw(t, self.R)
-            k = zipline(predict_ends(np.full(n, t), caps, self.R)).steps
-            busy = (durations * (np.arange(self.R) < k[:, None])).sum(axis=1)
-            round_comm = cluster.allreduce_s(n)
-            steps += k
-            compute += busy
-            wait += busy.max() - busy
-            comm += round_comm
-            syncs += 1
-            sent += cluster.ring_bytes(n)
-            t += busy.max() + round_comm
-        return SimResult(self.label, t, steps.astype(np.int64), compute, wait, comm, syncs.astype(np.int64),
-                         sent, cluster.samples_per_step)
-
-
-@dataclass
-class DSSP:
-    """DSSP (rule model): parameter-server training with a staleness bound in [s_lower, s_upper], per push."""
-
-    s_lower: int = 3
-    s_upper: int = 15
-
-    @property
-    def label(self):
-        return f"DSSP({self.s_lower},{self.s_upper})"
-
-    def simulate(self, cluster, duration):
-        return _simulate_dssp(cluster, self, duration)
-
-
-def _simulate_dssp(cluster, strategy, duration):
-    n = cluster.n
-    server = DSSPServer(n, strategy.s_lower, strategy.s_upper)
-    push_s = 2 * (cluster.latency_s + cluster.model_bytes / cluster.bandwidth)
-    steps, compute, wait, comm = (np.zeros(n) for _ in range(4))
-    running = cluster.draw(0.0, 1)[:, 0]                      # duration of each worker's current step
-    events = [(float(running[p]), p) for p in range(n)]       # (time the worker pushes, worker)
-    heapq.heapify(events)
-    blocked_since = {}
-    while events and events[0][0] < duration:
-        t, p = heapq.heappop(events)
-        steps[p] += 1
-        compute[p] += running[p]
-        released = server.push(p, t)
-        if p not in released:
-            blocked_since[p] = t
-        for q in released:
-            wait[q] += t - blocked_since.pop(q, t)
-            running[q] = cluster.draw_one(t, q)
-            comm[q] += push_s
-            heapq.heappush(events, (t + push_s + running[q], q))
-    for q, since in blocked_since.items():
-        wait[q] += duration - since
-    syncs = steps.astype(np.int64)
-    return SimResult(strategy.label, duration, syncs, compute, wait, comm, syncs,
-                     syncs * 2 * cluster.model_bytes, cluster.samples_per_step)
 
 
 def compare(cluster, strategies, duration):

@@ -61,12 +61,19 @@ def strategy_callback(args):
         return hh.callbacks.ESyncCallback(**options)
     if args.strategy == "wagma":
         return hh.callbacks.WAGMACallback(sync_period=args.period, **options)
+    if args.strategy == "elasticbsp":
+        return hh.callbacks.ElasticBSPCallback(lookahead=args.lookahead, **options)
+    if args.strategy == "dssp":
+        return hh.callbacks.DSSPCallback(staleness=tuple(args.staleness), **options)
     return hh.callbacks.LocalSGDCallback(period=args.period, **options)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--strategy", choices=["sync", "localsgd", "esync", "wagma"], default="localsgd")
+    p.add_argument("--strategy", choices=["sync", "localsgd", "esync", "wagma", "elasticbsp", "dssp"],
+                   default="localsgd")
+    p.add_argument("--lookahead", type=int, default=15, help="ElasticBSP lookahead R")
+    p.add_argument("--staleness", type=int, nargs=2, default=(3, 15), metavar=("LOW", "HIGH"), help="DSSP bounds")
     p.add_argument("--period", type=int, default=8, help="LocalSGD period, WAGMA sync_period")
     p.add_argument("--epochs", type=int, default=30, help="(with --time-budget: at most)")
     p.add_argument("--time-budget", type=float, default=None,

@@ -2,6 +2,7 @@
 
     horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.torch_digits --strategy localsgd --period 8
     horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.torch_digits --strategy wagma --period 8
+    horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.torch_digits --strategy elasticbsp
 
 Ranks may stop at different steps (a wall-clock budget, or unequal data): each calls
 ``opt.sync_model()`` at the end, which keeps joining the others' averaging rounds until all are
@@ -27,12 +28,19 @@ def build_strategy(args):
         return hh.ESync(global_lr=args.global_lr, mode=args.mode)
     if args.strategy == "wagma":
         return hh.WAGMA(group_size=args.group_size, sync_period=args.period)
+    if args.strategy == "elasticbsp":
+        return hh.ElasticBSP(lookahead=args.lookahead)
+    if args.strategy == "dssp":
+        return hh.DSSP(staleness=tuple(args.staleness))
     return hh.LocalSGD(period=args.period, warmup_steps=args.warmup_steps)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--strategy", choices=["sync", "localsgd", "esync", "wagma"], default="localsgd")
+    p.add_argument("--strategy", choices=["sync", "localsgd", "esync", "wagma", "elasticbsp", "dssp"],
+                   default="localsgd")
+    p.add_argument("--lookahead", type=int, default=15, help="ElasticBSP lookahead R")
+    p.add_argument("--staleness", type=int, nargs=2, default=(3, 15), metavar=("LOW", "HIGH"), help="DSSP bounds")
     p.add_argument("--mode", choices=["blocking", "delayed_ack"], default="blocking", help="ESync mode")
     p.add_argument("--global-lr", type=float, default=1.0, help="ESync global step size")
     p.add_argument("--period", type=int, default=8, help="LocalSGD period, WAGMA sync_period")
@@ -60,6 +68,7 @@ def main():
                                   named_buffers=model.named_buffers(),
                                   strategy=build_strategy(args))
 
+    hvd.barrier()                        # the time budget starts together on every rank (start-up differs by seconds)
     start = last_report = time.perf_counter()
     generator = torch.Generator().manual_seed(hvd.rank())
     steps, samples, out_of_time = 0, 0, False

@@ -10,10 +10,10 @@ from horovod_hetero._keras.horovod_layer import averaging_optimizer
 from horovod_hetero.errors import CollectiveTimeoutError, HeteroError, RoundMismatchError  # noqa: F401
 from horovod_hetero.keras import callbacks  # noqa: F401
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S
-from horovod_hetero.strategies import ESync, LocalSGD, Strategy, Synchronous, WAGMA  # noqa: F401
+from horovod_hetero.strategies import DSSP, ESync, ElasticBSP, LocalSGD, Strategy, Synchronous, WAGMA  # noqa: F401
 
 __all__ = ["DistributedOptimizer", "callbacks", "wagma_process_sets", "keras_module", "keras_major",
-           "Strategy", "Synchronous", "LocalSGD", "ESync", "WAGMA",
+           "Strategy", "Synchronous", "LocalSGD", "ESync", "WAGMA", "ElasticBSP", "DSSP",
            "HeteroError", "CollectiveTimeoutError", "RoundMismatchError"]
 
 

@@ -4,7 +4,7 @@ from horovod_hetero._keras import keras_module
 from horovod_hetero._keras.callback import HeteroSyncCallbackImpl
 from horovod_hetero._keras.horovod_layer import (
     BroadcastGlobalVariablesCallbackImpl, LearningRateWarmupCallbackImpl, MetricAverageCallbackImpl)
-from horovod_hetero.strategies import ESync, LocalSGD, WAGMA
+from horovod_hetero.strategies import DSSP, ESync, ElasticBSP, LocalSGD, WAGMA
 
 Callback = keras_module().callbacks.Callback
 
@@ -70,6 +70,30 @@ class WAGMACallback(HeteroSyncCallback):
 
     def __init__(self, group_size=None, sync_period=10, wagma_options=None, **options):
         super().__init__(WAGMA(group_size, sync_period, **(wagma_options or {})), **options)
+
+
+class ElasticBSPCallback(HeteroSyncCallback):
+    """``HeteroSyncCallback(ElasticBSP(lookahead))``: see ``hh.ElasticBSP``.
+
+    Example::
+
+        model.fit(x, y, epochs=5, callbacks=[hh.callbacks.ElasticBSPCallback(lookahead=15)])
+    """
+
+    def __init__(self, lookahead=15, **options):
+        super().__init__(ElasticBSP(lookahead), **options)
+
+
+class DSSPCallback(HeteroSyncCallback):
+    """``HeteroSyncCallback(DSSP(staleness, tolerance))``: see ``hh.DSSP``.
+
+    Example::
+
+        model.fit(x, y, epochs=5, callbacks=[hh.callbacks.DSSPCallback(staleness=(3, 15))])
+    """
+
+    def __init__(self, staleness=(3, 15), tolerance=0.05, **options):
+        super().__init__(DSSP(staleness, tolerance), **options)
 
 
 class BroadcastGlobalVariablesCallback(BroadcastGlobalVariablesCallbackImpl, Callback):

@@ -131,3 +131,53 @@ class DSSPServer:
                 self.allowance[p] = r - 1       # this OK spends one of the r extra iterations
                 return True
         return False
+
+
+def round_plan(step_s, s_lower, s_upper, tolerance=0.05):
+    """DSSP's decision at an averaging round: local steps per worker before the next round.
+
+    The round is the synchronisation point and every worker starts from it at once. Without
+    extra allowance (r = 0) the next round closes when the slowest worker ends its running
+    iteration, and the fastest runs what fits in that time, at most ``s_lower + 1`` iterations
+    (``s_lower`` ahead of the slowest). Algorithm 2 then gives the fastest r* in [0, s_upper -
+    s_lower] extra iterations: the r that minimises its simulated wait for the slowest's first
+    iteration end at or after its stop (``simulated_waits``, ties: the smallest r). The round
+    closes at that end; every other worker runs as many iterations as fit before it, never more
+    than the fastest. Measured step times are noisy, so a slowest end up to ``tolerance`` of the
+    fastest's step before its stop counts as on time, and waits within that much of the least count
+    as equal (ties: the fewest extra iterations, so noise does not stretch the round).
+
+    Args:
+        step_s: seconds per iteration of each worker (finite, > 0).
+        s_lower, s_upper: the staleness range, 0 <= s_lower <= s_upper.
+        tolerance: fraction of a step, in [0, 0.5].
+
+    Returns:
+        a list of ints >= 1, one per worker; the slowest's count is its iterations before the round.
+
+    Example (the situation of the paper's Figure 2, from a round: the slowest takes 2.9 steps
+    of the fastest; the fastest runs 5, ending just before the slowest's second iteration):
+        >>> round_plan([1.0, 2.9], s_lower=0, s_upper=4)
+        [5, 2]
+    """
+    step_s = np.asarray(step_s, dtype=np.float64)
+    if step_s.ndim != 1 or step_s.size == 0 or not np.isfinite(step_s).all() or (step_s <= 0).any():
+        raise ValueError(f"step_s must be finite seconds > 0, one per worker, got {step_s.tolist()!r}")
+    s_lower = check_int("s_lower", s_lower, 0)
+    s_upper = check_int("s_upper", s_upper, s_lower)
+    tolerance = check_float("tolerance", tolerance, 0.0, 0.5)
+    fast, slow = int(np.argmin(step_s)), int(np.argmax(step_s))
+    i_f, i_s = step_s[fast], step_s[slow]
+    late = tolerance * i_f                      # an end this much after a stop still counts as on time
+
+    def fits(t):
+        return np.maximum(1, np.floor(t / step_s + tolerance)).astype(np.int64)
+
+    free = int(min(fits(i_s)[fast], s_lower + 1))
+    waits = simulated_waits((free - 1) * i_f, free * i_f, late - i_s, late, s_upper - s_lower)
+    extra = int(np.argmax(waits <= waits.min() + late))       # near-equal waits tie: the fewest extra
+    stop = (free + extra) * i_f
+    rounds_of_slowest = max(1, int(np.ceil((stop - late) / i_s - 1e-9)))
+    steps = np.minimum(fits(rounds_of_slowest * i_s), free + extra)
+    steps[fast], steps[slow] = free + extra, rounds_of_slowest
+    return steps.tolist()

@@ -49,6 +49,7 @@ class HeteroController:
         self._global = None            # w_t, for strategies with global_lr != 1
         self._left = False
         self._extra_comm = 0.0
+        self._plan_s = 0.0             # the strategy's bookkeeping after the latest round (telemetry)
         self._t_last = clock()
 
     # -- lifecycle --
@@ -155,11 +156,13 @@ class HeteroController:
             lr = self.strategy.global_lr
             self.model.assign([g + lr * (w - g) for w, g in zip(self.model.tensors(), self._global)])
             self._global = self.collectives.copy(self.model.tensors())
+        t0 = self._clock()
         self.strategy.after_round(result)
+        self._plan_s = self._clock() - t0
         self._publish(0.0 if self._left else 1.0)
 
     def _round_fields(self, result):
-        fields = {"round": result.round, "ranks": result.stats.as_dict()}
+        fields = {"round": result.round, "ranks": result.stats.as_dict(), "plan_s": self._plan_s}
         if self.strategy.plan is not None:
             fields["plan"] = list(self.strategy.plan.steps)
         return fields

@@ -6,13 +6,21 @@
 | ``local_sgd`` | ``LocalSGD``: model averaged every ``period`` steps | Lin et al. |
 | ``esync`` | ``ESync``: local steps sized by a state server, delta averaging | ESync |
 | ``wagma`` | ``WAGMA``: wait-avoiding butterfly group averaging, global every tau | WAGMA-SGD |
+| ``elastic_bsp`` | ``ElasticBSP``: ZipLine plans each round's local steps (least waiting) | ElasticBSP |
+| ``dssp`` | ``DSSP``: local steps within a staleness bound picked each round | DSSP |
+
+``planned`` holds ``RoundPlanned``, the base of the strategies that plan every round from the
+speeds the previous round carried.
 
 Adding one: see docs/architecture.md ("Adding a strategy").
 """
 from horovod_hetero.strategies.base import (  # noqa: F401
     AVERAGE, CONTINUE, Context, Decision, GroupAverage, Plan, RoundResult, RoundStats, StepReport, Strategy,
     check_strategy)
+from horovod_hetero.strategies.dssp import DSSP  # noqa: F401
+from horovod_hetero.strategies.elastic_bsp import ElasticBSP  # noqa: F401
 from horovod_hetero.strategies.esync import ESync  # noqa: F401
 from horovod_hetero.strategies.local_sgd import LocalSGD  # noqa: F401
 from horovod_hetero.strategies.synchronous import Synchronous  # noqa: F401
+from horovod_hetero.strategies.planned import RoundPlanned  # noqa: F401
 from horovod_hetero.strategies.wagma import WAGMA  # noqa: F401

@@ -98,6 +98,14 @@ class RoundStats:
         return cls(local_steps=np.rint(block[:, 1]).astype(np.int64), step_s=block[:, 2], loss=block[:, 3],
                    samples=np.rint(block[:, 4]).astype(np.int64), done=block[:, 0] > 0.5)
 
+    def memo(self, key, compute):
+        """``compute()``, once per ``key`` for these statistics (immutable; the simulator hands one
+        object to every worker, so a plan that depends on them alone is computed once per round)."""
+        cache = self.__dict__.setdefault("_memo", {})
+        if key not in cache:
+            cache[key] = compute()
+        return cache[key]
+
     def as_dict(self):
         """Lists, for telemetry (NaN becomes None)."""
         clean = lambda a: [None if isinstance(v, float) and math.isnan(v) else v for v in a.tolist()]  # noqa: E731
@@ -206,6 +214,7 @@ class Strategy:
 
     averages_gradients = False
     global_lr = 1.0
+    base_class = True                 # set in a class's own body: not a strategy to train with
 
     def __init__(self):
         self.step = 0
@@ -309,6 +318,6 @@ def library_strategies():
     while todo:
         cls = todo.pop()
         todo.extend(cls.__subclasses__())
-        if cls is not Strategy and cls.__module__.startswith("horovod_hetero.strategies."):
+        if cls.__module__.startswith("horovod_hetero.strategies.") and not vars(cls).get("base_class"):
             seen.add(cls.__name__)
     return sorted(seen)

@@ -1,5 +1,7 @@
-"""The checklist's proof, torch: a strategy defined only in the tests trains under horovodrun."""
+"""The checklist's proof, torch: a strategy defined only in the tests trains under horovodrun, and
+so do the library's planned strategies (ElasticBSP, DSSP), with the same assertions."""
 import numpy as np
+import pytest
 import torch
 
 import horovod.torch as hvd
@@ -9,12 +11,15 @@ from horovod_hetero.runtime.straggler import Slowdown
 
 hvd.init()
 RANK, SIZE = hvd.rank(), hvd.size()
+#: the test-only strategy and the library's planned ones, built the same way
+PLANNED = {"test-only": SpeedProportional, "ElasticBSP": lambda: hh.ElasticBSP(lookahead=8),
+           "DSSP": lambda: hh.DSSP(staleness=(1, 6))}
 
 
-def run(rounds, slowdown="1,1,1,4"):
+def run(make, rounds, slowdown="1,1,1,4"):
     p = torch.nn.Parameter(torch.full((3,), float(RANK)))
     opt = hh.DistributedOptimizer(torch.optim.SGD([p], lr=0.1), named_parameters=[("p", p)],
-                                  strategy=SpeedProportional(), slowdown=Slowdown(RANK, slowdown, base_step_s=0.02))
+                                  strategy=make(), slowdown=Slowdown(RANK, slowdown, base_step_s=0.02))
     after = []
     while len(after) < rounds:
         p.grad = torch.full_like(p, -(RANK + 1.0))
@@ -22,12 +27,13 @@ def run(rounds, slowdown="1,1,1,4"):
         if opt.telemetry.records[-1]["synced"]:
             after.append(p.tolist())
     opt.sync_model()
-    stats = [r["ranks"] for r in opt.telemetry.records if r["synced"]]
-    return opt.strategy.plans, after, stats, p.tolist()
+    rounds = [r for r in opt.telemetry.records if r["synced"]]
+    return [tuple(r["plan"]) for r in rounds], after, [r["ranks"] for r in rounds], p.tolist()
 
 
-def test_every_rank_plans_the_same_from_the_rounds_statistics_and_fast_ranks_step_more():
-    everyone = hvd.allgather_object(run(rounds=6), name="contract.torch")
+@pytest.mark.parametrize("name", PLANNED)
+def test_every_rank_plans_the_same_from_the_rounds_statistics_and_fast_ranks_step_more(name):
+    everyone = hvd.allgather_object(run(PLANNED[name], rounds=6), name=f"contract.torch.{name}")
     plans, afters, stats, finals = zip(*everyone)
     assert all(p == plans[0] for p in plans) and len(plans[0]) == 6    # sync_model's round measured no step
     assert all(a == afters[0] for a in afters)                                 # bit-identical every round
@@ -35,16 +41,19 @@ def test_every_rank_plans_the_same_from_the_rounds_statistics_and_fast_ranks_ste
     assert all(f == finals[0] for f in finals)
     steady = plans[0][1:6]
     assert all(plan[3] == 1 and min(plan[:3]) >= 2 for plan in steady), plans[0]
+    if name != "test-only":                 # ZipLine and the DSSP controller: the fast fill the slow's step
+        assert steady == ((4, 4, 4, 1),) * 5, plans[0]
     assert [s["local_steps"] for s in stats[0][1:6]] == [list(p) for p in plans[0][:5]]   # each plan was run
 
 
-def test_ranks_that_stop_early_end_identical_without_a_hang():
+@pytest.mark.parametrize("name", PLANNED)
+def test_ranks_that_stop_early_end_identical_without_a_hang(name):
     p = torch.nn.Parameter(torch.full((2,), float(RANK)))
     opt = hh.DistributedOptimizer(torch.optim.SGD([p], lr=0.1), named_parameters=[("p", p)],
-                                  strategy=SpeedProportional(cap=3), slowdown=[1.0] * SIZE)
+                                  strategy=PLANNED[name](), slowdown=Slowdown(RANK, [1, 1, 2, 3], base_step_s=0.01))
     for _ in range(4 + 5 * RANK):                                              # 4, 9, 14, 19 steps
         p.grad = torch.full_like(p, float(RANK))
         opt.step()
     opt.sync_model()
-    finals = hvd.allgather_object(p.tolist(), name="contract.torch.uneven")
+    finals = hvd.allgather_object(p.tolist(), name=f"contract.torch.uneven.{name}")
     assert all(f == finals[0] for f in finals) and np.isfinite(finals[0]).all()

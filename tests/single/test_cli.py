@@ -37,12 +37,17 @@ def test_simulate_bad_input():
     assert bad.exit_code != 0 and "unknown magic" in bad.output
 
 
-def test_plan_prints_the_barrier():
-    result = run("plan", "--last-ends", "0,0,0.5", "--intervals", "1,1,4", "-R", "8")
-    assert result.exit_code == 0
-    assert "t_sync = 4.5" in result.output and "waits 0.5" in result.output
-    assert [line.split() for line in result.output.splitlines()[2:]] == [["0", "4"], ["1", "4"], ["2", "1"]]
-    assert run("plan", "--last-ends", "0", "--intervals", "-1").exit_code != 0
+def test_plan_prints_each_strategys_local_steps():
+    result = run("plan", "--step-times", "1,1,2.9", "-R", "8", "--s-lower", "0", "--s-upper", "4")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].split() == ["worker", "step", "s", "ElasticBSP(R=8)", "DSSP(0,4)"]
+    assert [line.split() for line in lines[1:4]] == [["0", "1", "3", "5"], ["1", "1", "3", "5"], ["2", "2.9", "1", "2"]]
+    assert lines[4] == "ElasticBSP(R=8): barrier at 3 s, longest wait 0.1 s"
+    assert lines[5] == "DSSP(0,4): barrier at 5.8 s, longest wait 0.8 s"
+    assert "must be finite seconds > 0" in run("plan", "--step-times", "1,-1").output
+    assert "s_lower" in run("plan", "--step-times", "1,2", "--s-lower", "5", "--s-upper", "2").output
+    assert run("plan", "--step-times", "1", "--strategy", "zip").exit_code != 0
 
 
 def test_telemetry_summary(tmp_path):

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from horovod_hetero.simulate import DSSP, Cluster, ElasticBSP, compare, format_table, simulate
-from horovod_hetero.strategies import AVERAGE, WAGMA, ESync, LocalSGD, Plan, Strategy
+from horovod_hetero.simulate import Cluster, compare, format_table, simulate
+from horovod_hetero.strategies import AVERAGE, DSSP, WAGMA, ElasticBSP, ESync, LocalSGD, Plan, Strategy
 from horovod_hetero.strategies import Synchronous as Sync
 
 
@@ -57,16 +57,21 @@ def test_the_simulator_runs_any_strategy_object_and_hands_it_every_workers_speed
     assert r.steps.tolist() == [13, 7, 4] and r.wait_s.tolist() == [3, 2, 0]
 
 
-def test_elasticbsp_uses_zipline_and_matches_esync_on_exact_speeds():
-    r = simulate(free_network([1, 1, 1, 4]), ElasticBSP(R=8), duration=40.0)
-    assert r.steps.tolist() == [40, 40, 40, 10] and r.wait_s.max() == 0.0
+def test_elasticbsp_runs_zipline_plans_from_the_rounds_speeds():
+    r = simulate(free_network([1, 1, 1, 4]), ElasticBSP(lookahead=8), duration=40.0)
+    # two rounds of one step each (the first step is no speed; the fast wait 3 s each), then ZipLine's
+    # 4, 4, 4, 1 with no wait
+    assert [s.tolist() for s in r.round_steps] == [[1, 1, 1, 1]] * 2 + [[4, 4, 4, 1]] * 8
+    assert r.steps.tolist() == [34, 34, 34, 10] and r.wait_s.tolist() == [6, 6, 6, 0]
 
 
-def test_dssp_without_a_range_is_bounded_staleness():
-    r = simulate(free_network([1, 4]), DSSP(s_lower=0, s_upper=0), duration=40.5)
-    assert abs(int(r.steps[0]) - int(r.steps[1])) <= 1
-    ranged = simulate(free_network([1, 4]), DSSP(s_lower=2, s_upper=10), duration=40.5)
-    assert ranged.steps[0] > r.steps[0] and ranged.compute_ratio[0] > r.compute_ratio[0]
+def test_dssp_without_a_range_averages_every_step_and_a_range_lets_the_fast_run_ahead():
+    r = simulate(free_network([1, 4]), DSSP(staleness=(0, 0)), duration=40.0)
+    assert r.steps.tolist() == [10, 10] and r.wait_s.tolist() == [30, 0]
+    ranged = simulate(free_network([1, 4]), DSSP(staleness=(2, 10)), duration=40.0)
+    # 3 free steps, then r* = 1 more ends with the slowest's step: no wait
+    assert [s.tolist() for s in ranged.round_steps][:4] == [[1, 1], [1, 1], [4, 1], [4, 1]]
+    assert ranged.steps.tolist() == [34, 10] and ranged.wait_s.tolist() == [6, 0]
 
 
 def test_wagma_groups_every_step_global_every_period():
@@ -98,7 +103,7 @@ def test_communication_cost_model():
 
 def test_ten_thousand_workers_every_strategy_runs():
     c = Cluster(np.r_[np.full(5000, 1.0), np.full(5000, 3.2)], jitter=0.05)
-    results = compare(c, [Sync(), LocalSGD(8), ESync(), ElasticBSP(15), DSSP(3, 15)], duration=15.0)
+    results = compare(c, [Sync(), LocalSGD(8), ESync(), ElasticBSP(15), DSSP((3, 15))], duration=15.0)
     assert all(r.steps.size == 10000 for r in results)
     sync, esync = results[0], results[2]
     assert esync.samples_per_s > 1.5 * sync.samples_per_s

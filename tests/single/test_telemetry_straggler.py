@@ -104,3 +104,31 @@ def test_opening_a_strategys_transports_is_neither_compute_nor_communication():
     ctl.finish()
     record = ctl.telemetry.records[0]
     assert (record["compute_s"], record["comm_s"], record["synced"]) == (pytest.approx(0.1), 0.0, True)
+
+
+def test_slowdown_schedule_changes_speeds_from_the_ranks_first_step():
+    now = [100.0]
+    rank3 = Slowdown(3, "1,1,1,1;15:1,1,1,4;30:2,1,1,4", base_step_s=0.1, sleep=lambda s: None, clock=lambda: now[0])
+    rank0 = Slowdown(0, [(0, [1, 1, 1, 1]), (15, [1, 1, 1, 4]), (30, [2, 1, 1, 4])], base_step_s=0.1,
+                     sleep=lambda s: None, clock=lambda: now[0])
+    pads = []
+    for t in (100.0, 114.9, 115.0, 129.9, 130.0):        # the first pad starts the schedule's clock
+        now[0] = t
+        pads.append((round(rank0.pad(0.0), 9), round(rank3.pad(0.0), 9)))
+    assert pads == [(0.1, 0.1), (0.1, 0.1), (0.1, 0.4), (0.1, 0.4), (0.2, 0.4)]
+    assert rank0.active and not Slowdown(0, "1,1;5:1,1").active
+
+
+@pytest.mark.parametrize("factors,error,match", [
+    ("1,1;5:1", ValueError, "same number of factors"),
+    ("5:1,1", ValueError, "times increasing from 0"),
+    ("1,1;5:1,2;3:1,1", ValueError, "times increasing from 0"),
+    ("1,1;inf:1,2", ValueError, "times increasing from 0"),
+    ("1,inf", ValueError, "must be finite"),
+    (5, TypeError, "a list of per-rank factors or of"),
+    ([(0, [1, 2]), (10, [1])], ValueError, "same number of factors"),
+    ([1, float("inf")], ValueError, "slowdown factor must be finite"),
+])
+def test_bad_slowdown_schedules_name_the_form(factors, error, match):
+    with pytest.raises(error, match=match):
+        Slowdown(1, factors)

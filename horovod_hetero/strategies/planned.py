@@ -1,0 +1,69 @@
+"""Strategies that plan every round from the speeds the round itself carried."""
+import functools
+
+import numpy as np
+
+from horovod_hetero.strategies.base import Plan, Strategy
+
+
+class RoundPlanned(Strategy):
+    """Base of strategies that give each rank its local steps before the next round.
+
+    A round carries every rank's mean step time since the previous one (``RoundStats``), so after
+    it every rank holds the same measurements and computes the same ``Plan`` with no server and no
+    extra message: identical everywhere by construction. A subclass writes ``plan_steps``.
+
+    The first two rounds come after one step each: the first step is not a speed (it holds what
+    happened since the optimizer was built: start-up, data, tracing), as the paper's interval needs
+    two pushes; from the second round on, each plan depends on that round's statistics alone. Ranks
+    that stopped stepping (``sync_model()``) are left out and get 1; when a stepping rank has no
+    measurement in the round, every rank runs one step, to measure it.
+    """
+
+    base_class = True
+
+    def plan_steps(self, step_s):
+        """Local steps (ints >= 1) for ranks stepping at ``step_s`` seconds per step (finite, > 0)."""
+        raise NotImplementedError
+
+    def __init__(self):
+        super().__init__()
+        self.warming_up = False       # the next round measured each rank's first step only
+
+    def on_start(self, ctx):
+        self.warming_up = True
+        return _one_step_each(ctx.size)
+
+    def on_round(self, result):
+        stats = result.stats
+        if stats is None:
+            return None
+        if self.warming_up:
+            self.warming_up = False
+            return _one_step_each(len(stats.done))
+        # the plan is a function of the statistics: computed once per round where ranks share them (the simulator)
+        return stats.memo((type(self), repr(self)), lambda: self.plan_from(stats))
+
+    def plan_from(self, stats):
+        """The ``Plan`` after a round with these ``RoundStats``."""
+        active = ~np.asarray(stats.done, dtype=bool)
+        steps = np.ones(len(active), dtype=np.int64)
+        step_s = stats.step_s[active]
+        if active.any() and (stats.local_steps[active] > 0).all() and np.isfinite(step_s).all():
+            # a step measured at 0 s (a coarse clock) counts as the fastest measured one, 1 us at least
+            positive = step_s[step_s > 0]
+            steps[active] = self.plan_steps(np.maximum(step_s, positive.min() if positive.size else 1e-6))
+        return Plan(tuple(int(s) for s in steps))
+
+    def state_dict(self):
+        return dict(super().state_dict(), warming_up=self.warming_up)
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.warming_up = bool(state.get("warming_up", False))
+
+
+@functools.lru_cache(maxsize=8)
+def _one_step_each(size):
+    """``Plan((1,) * size)``, built once per size (the simulator starts thousands of workers)."""
+    return Plan((1,) * size)
