@@ -11,6 +11,9 @@ class LocalSGD(Strategy):
     are each averaged, the model is averaged after the ``warmup_steps + period``-th,
     ``warmup_steps + 2*period``-th, ... step: the decision is ``AVERAGE`` then, and the runtime
     averages parameters and floating-point buffers with one fused Horovod ``grouped_allreduce``.
+    PyTorch's ``PeriodicModelAverager(period, warmup_steps=W)`` skips averaging in its warm-up and
+    averages after steps W+1, W+1+period, ...: ``LocalSGD(p, w)`` is "average after each of steps
+    1..w" plus ``PeriodicModelAverager(p, w + p - 1)``.
 
     Args:
         period: int >= 1, or a ``step -> int`` schedule giving the number of local steps until

@@ -22,13 +22,13 @@ class RoundPlanned(Strategy):
 
     base_class = True
 
-    def plan_steps(self, step_s):
-        """Local steps (ints >= 1) for ranks stepping at ``step_s`` seconds per step (finite, > 0)."""
-        raise NotImplementedError
-
     def __init__(self):
         super().__init__()
         self.warming_up = False       # the next round measured each rank's first step only
+
+    def plan_steps(self, step_s):
+        """Local steps (ints >= 1) for ranks stepping at ``step_s`` seconds per step (finite, > 0)."""
+        raise NotImplementedError
 
     def on_start(self, ctx):
         self.warming_up = True

@@ -42,7 +42,7 @@ def test_every_rank_plans_the_same_from_the_rounds_statistics_and_fast_ranks_ste
     steady = plans[0][1:6]
     assert all(plan[3] == 1 and min(plan[:3]) >= 2 for plan in steady), plans[0]
     if name != "test-only":                 # ZipLine and the DSSP controller: the fast fill the slow's step
-        assert steady == ((4, 4, 4, 1),) * 5, plans[0]
+        assert list(steady) == [(4, 4, 4, 1)] * 5, plans[0]
     assert [s["local_steps"] for s in stats[0][1:6]] == [list(p) for p in plans[0][:5]]   # each plan was run
 
 
