@@ -3,6 +3,7 @@
 Bad configuration fails at construction with a ``TypeError``/``ValueError`` that names the
 argument and the allowed values, before any collective is entered.
 """
+import math
 import numbers
 
 
@@ -15,9 +16,18 @@ def check_int(name, value, minimum=None, maximum=None):
 
 
 def check_float(name, value, minimum=None, maximum=None, min_exclusive=False):
-    """Return ``value`` as a float if it is a finite number in range, else raise naming ``name``."""
+    """Return ``value`` as a float if it is a finite number in range, else raise naming ``name``.
+
+    Example:
+        >>> check_float("timeout", float("inf"))
+        Traceback (most recent call last):
+        ...
+        ValueError: timeout must be a finite number, got inf
+    """
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != value:
         raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
     if min_exclusive and minimum is not None and value <= minimum:
         raise ValueError(f"{name} must be > {minimum}, got {value!r}")
     _check_range(name, value, minimum, maximum)

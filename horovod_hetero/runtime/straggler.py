@@ -56,10 +56,7 @@ def parse_factors(text, name=ENV_FACTORS):
 
 
 def _finite_factor(name, value):
-    value = check_float(name, value, 0.0, min_exclusive=True)
-    if value == float("inf"):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return value
+    return check_float(name, value, 0.0, min_exclusive=True)
 
 
 def parse_slowdown(text, name=ENV_FACTORS):
@@ -137,7 +134,11 @@ class Slowdown:
         if factors is None and os.environ.get(ENV_FACTORS):
             factors = parse_slowdown(os.environ[ENV_FACTORS])
         if base_step_s is None and os.environ.get(ENV_BASE):
-            base_step_s = float(os.environ[ENV_BASE])
+            text = os.environ[ENV_BASE]
+            try:
+                base_step_s = check_float(ENV_BASE, float(text), 0.0)
+            except (TypeError, ValueError):
+                raise ValueError(f"{ENV_BASE} must be finite seconds >= 0, e.g. 0.1, got {text!r}") from None
         self.schedule = [(0.0, 1.0)]            # (from seconds, this rank's factor)
         if factors is not None:
             schedule = _schedule(factors)

@@ -26,8 +26,11 @@ def _named(named, what, fallback):
     """List of (name, tensor), validated like Horovod does for named_parameters."""
     if named is None:
         return fallback
-    named = list(named)
-    if any(not (isinstance(p, tuple) and len(p) == 2) for p in named):
+    try:
+        named = list(named)
+    except TypeError:
+        named = None
+    if named is None or any(not (isinstance(p, tuple) and len(p) == 2) for p in named):
         raise ValueError(f"{what} must be a sequence of (name, tensor) tuples, "
                          f"usually produced by model.{what}()")
     names = [n for n, _ in named]

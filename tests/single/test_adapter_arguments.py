@@ -21,6 +21,7 @@ def test_use_before_hvd_init_names_the_fix():
     ({"strategy": hh.LocalSGD}, TypeError, "an instance"),
     ({"backward_passes_per_step": 0}, ValueError, "backward_passes_per_step"),
     ({"timeout": -1.0}, ValueError, "timeout"),
+    ({"timeout": float("inf")}, ValueError, "timeout must be a finite number"),
     ({"process_set": 0}, TypeError, "process_set"),
 ])
 def test_bad_arguments_are_refused_before_init(kwargs, error, match):
@@ -72,3 +73,22 @@ def test_keras_3_optimizer_refuses_keras_2_options_before_any_collective():
         pytest.skip("Keras 2: hh.DistributedOptimizer is hvd.DistributedOptimizer")
     with pytest.raises(TypeError, match="compression: options of Horovod's Keras 2 optimizer"):
         keras_hh.DistributedOptimizer(keras_hh.keras_module().optimizers.SGD(0.1), compression=None)
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda: hh.ESync(global_lr=float("inf")), "global_lr must be a finite number"),
+    (lambda: hh.ESync(timeout=float("inf")), "timeout must be a finite number"),
+    (lambda: hh.WAGMA(timeout=float("inf")), "timeout must be a finite number"),
+    (lambda: hh.WAGMA(patience=float("-inf")), "patience must be a finite number"),
+    (lambda: hh.DSSP((1, 3), tolerance=float("inf")), "tolerance must be a finite number"),
+])
+def test_infinite_numbers_are_refused_where_only_finite_ones_make_sense(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+@pytest.mark.parametrize("named", [5, [("w",)], "ab"])
+def test_named_tensors_that_are_not_pairs_name_the_argument(named):
+    from horovod_hetero.torch.optimizer import _named
+    with pytest.raises(ValueError, match=r"named_parameters must be a sequence of \(name, tensor\) tuples"):
+        _named(named, "named_parameters", [])

@@ -124,11 +124,24 @@ def test_slowdown_schedule_changes_speeds_from_the_ranks_first_step():
     ("5:1,1", ValueError, "times increasing from 0"),
     ("1,1;5:1,2;3:1,1", ValueError, "times increasing from 0"),
     ("1,1;inf:1,2", ValueError, "times increasing from 0"),
-    ("1,inf", ValueError, "must be finite"),
+    ("1,inf", ValueError, "must be a finite number"),
     (5, TypeError, "a list of per-rank factors or of"),
     ([(0, [1, 2]), (10, [1])], ValueError, "same number of factors"),
-    ([1, float("inf")], ValueError, "slowdown factor must be finite"),
+    ([1, float("inf")], ValueError, "slowdown factor must be a finite number"),
 ])
 def test_bad_slowdown_schedules_name_the_form(factors, error, match):
     with pytest.raises(error, match=match):
         Slowdown(1, factors)
+
+
+@pytest.mark.parametrize("value", ["fast", "inf", "-0.1", "nan"])
+def test_a_bad_base_step_names_its_variable(monkeypatch, value):
+    monkeypatch.setenv("HOROVOD_HETERO_BASE_STEP_S", value)
+    with pytest.raises(ValueError, match="HOROVOD_HETERO_BASE_STEP_S must be finite seconds >= 0"):
+        Slowdown(0)
+
+
+@pytest.mark.parametrize("text", ["1:inf", "1:nan"])
+def test_a_random_delay_must_be_finite(text):
+    with pytest.raises((ValueError, TypeError), match="HOROVOD_HETERO_RANDOM_DELAY seconds"):
+        Slowdown(0, size=2, random_delay=text)
