@@ -19,6 +19,7 @@ each strategy's telemetry:
 """
 import argparse
 import json
+import os
 import pathlib
 import statistics
 import subprocess
@@ -86,10 +87,7 @@ def main():
     p.add_argument("--plans", action="store_true", help="print every plan change")
     args = p.parse_args()
     root = pathlib.Path(args.keep or tempfile.mkdtemp(prefix="bench-planned-"))
-    env = None
-    if args.random_delay:
-        import os
-        env = dict(os.environ, HOROVOD_HETERO_RANDOM_DELAY=args.random_delay)
+    env = dict(os.environ, HOROVOD_HETERO_RANDOM_DELAY=args.random_delay) if args.random_delay else None
     subprocess.run([sys.executable, "-m", "horovod_hetero.cli", "demo", "--strategies", args.strategies,
                     "--slowdown", args.slowdown, "--budget", str(args.budget), "--keep", str(root)],
                    check=True, env=env)

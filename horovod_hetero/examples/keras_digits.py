@@ -17,6 +17,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import horovod_hetero.keras as hh  # noqa: E402
 from horovod_hetero.data import digits  # noqa: E402
+from horovod_hetero.examples import add_strategy_arguments, build_strategy  # noqa: E402
 
 keras = hh.keras_module()
 if keras.backend.backend() == "torch":
@@ -55,26 +56,9 @@ def one_thread():
         tf.config.threading.set_inter_op_parallelism_threads(1)
 
 
-def strategy_callback(args):
-    options = {"batch_size": args.batch_size}
-    if args.strategy == "esync":
-        return hh.callbacks.ESyncCallback(**options)
-    if args.strategy == "wagma":
-        return hh.callbacks.WAGMACallback(sync_period=args.period, **options)
-    if args.strategy == "elasticbsp":
-        return hh.callbacks.ElasticBSPCallback(lookahead=args.lookahead, **options)
-    if args.strategy == "dssp":
-        return hh.callbacks.DSSPCallback(staleness=tuple(args.staleness), **options)
-    return hh.callbacks.LocalSGDCallback(period=args.period, **options)
-
-
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--strategy", choices=["sync", "localsgd", "esync", "wagma", "elasticbsp", "dssp"],
-                   default="localsgd")
-    p.add_argument("--lookahead", type=int, default=15, help="ElasticBSP lookahead R")
-    p.add_argument("--staleness", type=int, nargs=2, default=(3, 15), metavar=("LOW", "HIGH"), help="DSSP bounds")
-    p.add_argument("--period", type=int, default=8, help="LocalSGD period, WAGMA sync_period")
+    add_strategy_arguments(p)
     p.add_argument("--epochs", type=int, default=30, help="(with --time-budget: at most)")
     p.add_argument("--time-budget", type=float, default=None,
                    help="stop after this many seconds (model-averaging strategies: ranks may stop at any batch)")
@@ -86,7 +70,7 @@ def main():
         p.error("--time-budget needs a model-averaging strategy: synchronous ranks must run the same batches")
 
     if args.strategy == "wagma":         # WAGMA's group process sets are registered at init
-        hvd.init(process_sets=hh.wagma_process_sets(group_size=None))
+        hvd.init(process_sets=hh.wagma_process_sets(group_size=args.group_size))
     else:
         hvd.init()
     one_thread()
@@ -99,7 +83,7 @@ def main():
     if args.strategy == "sync":
         optimizer = hh.DistributedOptimizer(optimizer)
     else:
-        callbacks.append(strategy_callback(args))
+        callbacks.append(hh.callbacks.HeteroSyncCallback(build_strategy(args), batch_size=args.batch_size))
     model.compile(optimizer=optimizer, metrics=["accuracy"],
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs,

@@ -19,33 +19,12 @@ import torch.nn.functional as F
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
 from horovod_hetero.data import digits
-
-
-def build_strategy(args):
-    if args.strategy == "sync":
-        return hh.Synchronous()
-    if args.strategy == "esync":
-        return hh.ESync(global_lr=args.global_lr, mode=args.mode)
-    if args.strategy == "wagma":
-        return hh.WAGMA(group_size=args.group_size, sync_period=args.period)
-    if args.strategy == "elasticbsp":
-        return hh.ElasticBSP(lookahead=args.lookahead)
-    if args.strategy == "dssp":
-        return hh.DSSP(staleness=tuple(args.staleness))
-    return hh.LocalSGD(period=args.period, warmup_steps=args.warmup_steps)
+from horovod_hetero.examples import add_strategy_arguments, build_strategy
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--strategy", choices=["sync", "localsgd", "esync", "wagma", "elasticbsp", "dssp"],
-                   default="localsgd")
-    p.add_argument("--lookahead", type=int, default=15, help="ElasticBSP lookahead R")
-    p.add_argument("--staleness", type=int, nargs=2, default=(3, 15), metavar=("LOW", "HIGH"), help="DSSP bounds")
-    p.add_argument("--mode", choices=["blocking", "delayed_ack"], default="blocking", help="ESync mode")
-    p.add_argument("--global-lr", type=float, default=1.0, help="ESync global step size")
-    p.add_argument("--period", type=int, default=8, help="LocalSGD period, WAGMA sync_period")
-    p.add_argument("--group-size", type=int, default=None, help="WAGMA group size (default: nearest sqrt(P))")
-    p.add_argument("--warmup-steps", type=int, default=0)
+    add_strategy_arguments(p)
     p.add_argument("--epochs", type=int, default=40)
     p.add_argument("--time-budget", type=float, default=None, help="stop after this many seconds")
     p.add_argument("--batch-size", type=int, default=32)

@@ -93,19 +93,22 @@ def _schedule(factors):
     """``factors`` (a string, per-rank numbers, or ``(seconds, factors)`` pairs) as a checked schedule."""
     if isinstance(factors, str):
         return parse_slowdown(factors, "slowdown")
+    form = (f"slowdown must be a string like '1,1,1,4', a list of per-rank factors or of (seconds, factors) "
+            f"pairs, got {factors!r}")
     try:
         items = list(factors)
-        if items and all(isinstance(item, (tuple, list)) for item in items):
-            return _checked([(check_float("slowdown time", t, 0.0), [_finite_factor("slowdown factor", f) for f in fs])
-                             for t, fs in items], "slowdown", factors)
-    except (TypeError, ValueError) as e:
-        if "slowdown" in str(e):
-            raise
-        items = None
+    except TypeError:
+        raise TypeError(form) from None
     if not items:
-        raise TypeError(f"slowdown must be a string like '1,1,1,4', a list of per-rank factors or of "
-                        f"(seconds, factors) pairs, got {factors!r}")
-    return [(0.0, [_finite_factor("slowdown factor", f) for f in items])]
+        raise TypeError(form)
+    if not all(isinstance(item, (tuple, list)) for item in items):
+        return [(0.0, [_finite_factor("slowdown factor", f) for f in items])]
+    try:
+        pairs = [(t, list(fs)) for t, fs in items]
+    except (TypeError, ValueError):                 # not pairs, or factors that are not a list
+        raise TypeError(form) from None
+    return _checked([(check_float("slowdown time", t, 0.0), [_finite_factor("slowdown factor", f) for f in fs])
+                     for t, fs in pairs], "slowdown", factors)
 
 
 class Slowdown:

@@ -40,7 +40,7 @@ class RoundPlanned(Strategy):
             return None
         if self.warming_up:
             self.warming_up = False
-            return _one_step_each(len(stats.done))
+            return _one_step_each(self.size)
         # the plan is a function of the statistics: computed once per round where ranks share them (the simulator)
         return stats.memo((type(self), repr(self)), lambda: self.plan_from(stats))
 
