@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 READY := $(VENV)/.horovod-hetero-ready
 NP ?= 4
 
-.PHONY: demo test test-single test-parallel bench bench-wagma bench-planned env clean
+.PHONY: demo test test-single test-parallel bench bench-wagma bench-planned bench-epochs env clean
 
 $(READY): tools/bootstrap.sh tools/requirements.txt pyproject.toml
 	VENV=$(VENV) bash tools/bootstrap.sh
@@ -39,6 +39,9 @@ bench-wagma: $(READY)
 
 bench-planned: $(READY)
 	PYTHONPATH=. $(PY) benchmarks/planned.py
+
+bench-epochs: $(READY)
+	PYTHONPATH=. $(PY) benchmarks/epochs.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -11,8 +11,12 @@ from horovod.common.process_sets import ProcessSet
 
 from horovod_hetero.rules.grouping import process_set_ranks
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, Collectives, call_with_timeout
-from horovod_hetero.validation import check_float, check_int
+from horovod_hetero.runtime.straggler import Slowdown, check_base_step, check_random_delay, check_slowdown
+from horovod_hetero.runtime.telemetry import Telemetry, telemetry_directory
+from horovod_hetero.validation import check_float, check_host, check_int
 
+#: The address servers bind and advertise when ranks span machines (default: this host's address).
+ENV_SERVER_HOST = "HOROVOD_HETERO_STATE_SERVER_HOST"
 #: Environment variables launchers set to the world size, checked in this order.
 SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
@@ -26,6 +30,20 @@ def world_size(size=None):
             return check_int(name, int(os.environ[name]), 1)
     raise ValueError("wagma_process_sets() needs the world size before hvd.init(): launch with horovodrun "
                      "(it sets HOROVOD_SIZE), or pass it, e.g. wagma_process_sets(group_size=2, size=4)")
+
+
+def check_process_set(process_set, name="process_set"):
+    """``process_set`` if it is a Horovod ``ProcessSet`` or ``None`` (all ranks), else a ``TypeError``
+    naming ``name``. Only the type: membership can be checked only after ``hvd.init()``.
+
+    Example:
+        >>> check_process_set(None) is None
+        True
+    """
+    if process_set is not None and not isinstance(process_set, ProcessSet):
+        raise TypeError(f"{name} must be a horovod ProcessSet (e.g. hvd.global_process_set) or None (all ranks), "
+                        f"got {process_set!r} ({type(process_set).__name__})")
+    return process_set
 
 
 def wagma_process_sets(group_size=None, size=None):
@@ -65,7 +83,27 @@ def server_host(all_local):
     ``$HOROVOD_HETERO_STATE_SERVER_HOST`` or this host's address."""
     if all_local:
         return "127.0.0.1"
-    return os.environ.get("HOROVOD_HETERO_STATE_SERVER_HOST") or socket.gethostbyname(socket.gethostname())
+    return server_host_setting() or socket.gethostbyname(socket.gethostname())
+
+
+def check_run_options(telemetry, slowdown):
+    """Check an adapter's ``telemetry`` and ``slowdown`` and the variables that fill in for them
+    (``HOROVOD_HETERO_*``) when the adapter is built, before ``hvd.init()`` is needed; the
+    ``Telemetry`` and ``Slowdown`` themselves are built later (they need the rank), with the same errors."""
+    if not isinstance(telemetry, Telemetry):
+        telemetry_directory(telemetry)
+    if not isinstance(slowdown, Slowdown):
+        check_slowdown(slowdown)
+        check_base_step(None)
+        check_random_delay(None)
+    server_host_setting()
+
+
+def server_host_setting():
+    """``$HOROVOD_HETERO_STATE_SERVER_HOST`` (a host name or IP address), or ``None`` if unset; a
+    ``ValueError`` names the variable when it is neither."""
+    text = os.environ.get(ENV_SERVER_HOST)
+    return check_host(ENV_SERVER_HOST, text) if text else None
 
 
 class HorovodCollectives(Collectives):
@@ -75,11 +113,13 @@ class HorovodCollectives(Collectives):
         process_set: the Horovod process set that synchronises (``None``: all ranks).
         timeout: seconds any collective may take before ``CollectiveTimeoutError``.
         owner: what the user built (names it in the errors raised here).
+        members_only: refuse a rank outside ``process_set`` (else ``included`` is False and the
+            adapter steps locally, as Horovod's optimizer does on non-members).
     """
 
     hvd = None          # horovod.torch or horovod.tensorflow, set by the subclass
 
-    def __init__(self, process_set=None, timeout=DEFAULT_TIMEOUT_S, owner="horovod_hetero"):
+    def __init__(self, process_set=None, timeout=DEFAULT_TIMEOUT_S, owner="horovod_hetero", members_only=True):
         hvd = self.hvd
         self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
         if process_set is not None and not isinstance(process_set, ProcessSet):
@@ -87,8 +127,11 @@ class HorovodCollectives(Collectives):
         if not hvd.is_initialized():
             raise RuntimeError(f"{owner}: Horovod is not initialized; call hvd.init() first")
         self.process_set = ps = process_set or hvd.global_process_set
-        if not ps.included():
-            raise ValueError(f"this rank is not in process_set; build the {owner} only on its members")
+        self.included = ps.included()
+        if not self.included:
+            if members_only:
+                raise ValueError(f"this rank is not in process_set; build the {owner} only on its members")
+            return
         self.rank, self.size = ps.rank(), ps.size()
         self.root = 0 if ps == hvd.global_process_set else ps.ranks[0]
         self.host = server_host(hvd.local_size() == hvd.size())

@@ -3,8 +3,26 @@
 Bad configuration fails at construction with a ``TypeError``/``ValueError`` that names the
 argument and the allowed values, before any collective is entered.
 """
+import ipaddress
 import math
 import numbers
+import os
+import re
+from collections.abc import Mapping
+
+
+def check_bool(name, value):
+    """Return ``value`` if it is ``True`` or ``False`` (not a string, a number or None), else raise naming ``name``.
+
+    Example:
+        >>> check_bool("wait_avoiding", "no")
+        Traceback (most recent call last):
+        ...
+        TypeError: wait_avoiding must be True or False, got 'no' (str)
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r} ({type(value).__name__})")
+    return value
 
 
 def check_int(name, value, minimum=None, maximum=None):
@@ -24,19 +42,19 @@ def check_float(name, value, minimum=None, maximum=None, min_exclusive=False):
         ...
         ValueError: timeout must be a finite number, got inf
     """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value != value:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
     if not math.isfinite(value):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     if min_exclusive and minimum is not None and value <= minimum:
         raise ValueError(f"{name} must be > {minimum}, got {value!r}")
-    _check_range(name, value, minimum, maximum)
+    _check_range(name, value, minimum, maximum, kind="a number")
     return float(value)
 
 
-def _check_range(name, value, minimum, maximum):
+def _check_range(name, value, minimum, maximum, kind="an int"):
     if minimum is not None and value < minimum:
-        hint = f"an int >= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        hint = f"{kind} >= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
         raise ValueError(f"{name} must be {hint}, got {value!r}")
     if maximum is not None and value > maximum:
         raise ValueError(f"{name} must be <= {maximum}, got {value!r}")
@@ -58,6 +76,9 @@ def as_schedule(name, value, minimum=1):
             return check_int(f"{name}({step})", value(step), minimum)
         schedule.__doc__ = f"{name} schedule from {value!r}"
         return schedule
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int >= {minimum} or a step -> int callable, got {value!r} "
+                        f"({type(value).__name__})")
     constant = check_int(name, value, minimum)
     return lambda step: constant
 
@@ -72,6 +93,89 @@ def parse_address(address, name="server_address"):
     if not isinstance(address, str):
         raise TypeError(f"{name} must be a string like tcp://host:port, got {address!r} ({type(address).__name__})")
     host, _, port = address.removeprefix("tcp://").rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"{name} must look like tcp://host:port, got {address!r}")
+    if not host or host != host.strip() or not port.isascii() or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{name} must look like tcp://host:port (port 0 to 65535), got {address!r}")
     return host, int(port)
+
+
+def check_host(name, value):
+    """``value`` if it is a host name (letters, digits, ``.``, ``-``, ``_``) or an IP address, else raise
+    naming ``name``.
+
+    Example:
+        >>> check_host("host", "tcp://h:1")
+        Traceback (most recent call last):
+        ...
+        ValueError: host must be a host name or an IP address (no scheme, no port), e.g. 10.0.0.1, got 'tcp://h:1'
+    """
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a host name or an IP address (a str), got {value!r} ({type(value).__name__})")
+    try:
+        ipaddress.ip_address(value)
+        return value
+    except ValueError:
+        pass
+    if not re.fullmatch(r"[A-Za-z0-9_]([A-Za-z0-9._-]*[A-Za-z0-9_])?", value):
+        raise ValueError(f"{name} must be a host name or an IP address (no scheme, no port), e.g. 10.0.0.1, "
+                         f"got {value!r}")
+    return value
+
+
+def check_options(name, value, accepted):
+    """``value`` (a dict of keyword arguments, or None) as a dict, refusing keys not in ``accepted``.
+
+    Example:
+        >>> check_options("esync_options", {"timeout": 5.0}, ["timeout", "epsilon"])
+        {'timeout': 5.0}
+        >>> check_options("esync_options", 5, ["timeout"])
+        Traceback (most recent call last):
+        ...
+        TypeError: esync_options must be a dict of keyword arguments (timeout) or None, got 5 (int)
+    """
+    accepted = list(accepted)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be a dict of keyword arguments ({', '.join(accepted)}) or None, "
+                        f"got {value!r} ({type(value).__name__})")
+    unknown = [key for key in value if key not in accepted]
+    if unknown:
+        raise TypeError(f"{name} holds {', '.join(map(repr, unknown))}, which it does not take; it takes "
+                        f"{', '.join(accepted) or 'none'}")
+    return dict(value)
+
+
+def check_directory(name, value):
+    """``value`` as a path string if it is a directory that exists or can be created, and written to;
+    ``None`` or ``""`` gives ``None``. Raises a ``TypeError``/``ValueError`` naming ``name``; nothing
+    is created.
+
+    Example:
+        >>> check_directory("telemetry", 5)
+        Traceback (most recent call last):
+        ...
+        TypeError: telemetry must be a directory (a str or os.PathLike) or None, got 5 (int)
+    """
+    if value is None:
+        return None
+    if isinstance(value, bytes) or not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a directory (a str or os.PathLike) or None, got {value!r} "
+                        f"({type(value).__name__})")
+    path = os.fspath(value)
+    if not isinstance(path, str):
+        raise TypeError(f"{name} must be a directory (a str or os.PathLike) or None, got {value!r} "
+                        f"({type(value).__name__})")
+    if not path:
+        return None
+    if "\0" in path:
+        raise ValueError(f"{name} must be a directory path, got {value!r} (it holds a NUL character)")
+    existing = os.path.abspath(path)
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        what = "is not a directory" if existing == os.path.abspath(path) else f"is under {existing!r}, not a directory"
+        raise ValueError(f"{name} must be a directory that can be created and written to; {path!r} {what}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{name} must be a directory that can be created and written to; {existing!r} is not "
+                         f"writable")
+    return path

@@ -7,12 +7,14 @@ Python operators, and the collectives are the backend's (``_keras.collectives_cl
 """
 import numpy as np
 
+from horovod_hetero._horovod import check_process_set, check_run_options
 from horovod_hetero._keras import collectives_class, value, weights
 from horovod_hetero._keras.horovod_layer import check_optimizer
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, Model
 from horovod_hetero.runtime.controller import HeteroController
+from horovod_hetero.runtime.straggler import Pacer, Slowdown
 from horovod_hetero.strategies.base import check_strategy
-from horovod_hetero.validation import check_float, check_int
+from horovod_hetero.validation import check_bool, check_float, check_int
 
 
 def _is_float(variable):
@@ -65,7 +67,7 @@ class HeteroSyncCallbackImpl:
     """
 
     def __init__(self, strategy, process_set=None, telemetry=None, slowdown=None, batch_size=None,
-                 timeout=DEFAULT_TIMEOUT_S):
+                 timeout=DEFAULT_TIMEOUT_S, epoch_sync=True):
         super().__init__()
         self.strategy = check_strategy(strategy)
         if self.strategy.averages_gradients:
@@ -73,9 +75,11 @@ class HeteroSyncCallbackImpl:
                              f"synchronous training wrap the optimizer with hh.DistributedOptimizer (on Keras 2 "
                              f"that is hvd.DistributedOptimizer, which averages nothing on Keras 3), or pass a "
                              f"model-averaging strategy such as LocalSGD(period=8)")
-        self.process_set = process_set
+        self.process_set = check_process_set(process_set)        # membership: at fit, after hvd.init()
         self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
         self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
+        self.epoch_sync = check_bool("epoch_sync", epoch_sync)
+        check_run_options(telemetry, slowdown)                   # built at fit (they need the rank)
         self._telemetry, self._slowdown = telemetry, slowdown
         self._hh = None
         self._pending_state = None
@@ -106,6 +110,13 @@ class HeteroSyncCallbackImpl:
             hh.telemetry.annotate(samples=self.batch_size)
         hh.after_step()
 
+    def on_epoch_end(self, epoch, logs=None):
+        if self.epoch_sync:
+            # sync_model() at every epoch's end, as in the torch loop: every rank leaves the epoch
+            # at the same round with identical weights, so the callbacks after this one (metric
+            # averaging, checkpoints) meet in their collectives; the next batch reopens the strategy
+            self.sync_model()
+
     def on_train_end(self, logs=None):
         self.sync_model()
 
@@ -125,3 +136,25 @@ class HeteroSyncCallbackImpl:
             self._pending_state = state
         else:
             self._hh.load_state_dict(state)
+
+
+class SlowdownCallbackImpl:
+    """Simulated heterogeneity for Keras training without a horovod-hetero strategy (Synchronous with
+    ``hh.DistributedOptimizer`` or Horovod's): each batch is padded as ``HOROVOD_HETERO_SLOWDOWN``
+    says, so baselines run under the same simulated cluster as the strategies. The batch is timed
+    from its start to its end (the gradient average inside it included), the sleep follows it."""
+
+    def __init__(self, slowdown=None):
+        super().__init__()
+        check_run_options(None, slowdown)
+        self._slowdown, self._pacer = slowdown, None
+
+    def on_train_begin(self, logs=None):
+        hvd = collectives_class().hvd
+        self._pacer = Pacer(Slowdown(hvd.rank(), self._slowdown, size=hvd.size()))
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._pacer.start()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._pacer.pad()

@@ -9,9 +9,10 @@ import logging
 
 import numpy as np
 
+from horovod_hetero._horovod import check_process_set
 from horovod_hetero._keras import collectives_class, keras_major, keras_module, value, weights
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S
-from horovod_hetero.validation import check_float, check_int
+from horovod_hetero.validation import check_bool, check_float, check_int
 
 log = logging.getLogger("horovod_hetero")
 
@@ -50,6 +51,19 @@ def check_optimizer(model):
                          "compile the model with jit_compile=False (Keras turns XLA on by default on GPUs)")
 
 
+def check_keras_optimizer(optimizer, name="optimizer"):
+    """``optimizer`` if it is an optimizer of the Keras that runs (Keras 2: also a legacy one), else a
+    ``TypeError`` naming ``name``."""
+    optimizers = keras_module().optimizers
+    kinds = tuple(k for k in (optimizers.Optimizer, getattr(getattr(optimizers, "legacy", None), "Optimizer", None))
+                  if isinstance(k, type))
+    if not isinstance(optimizer, kinds):
+        raise TypeError(f"{name} must be a Keras optimizer (an instance of {kinds[0].__module__.split('.')[0]}."
+                        f"optimizers.Optimizer, e.g. keras.optimizers.SGD(0.05)), got {optimizer!r} "
+                        f"({type(optimizer).__name__})")
+    return optimizer
+
+
 def averaging_optimizer(optimizer, collectives):
     """``optimizer`` (a Keras 3 optimizer), whose ``apply`` now first averages the gradients over
     ``collectives``: synchronous data-parallel SGD.
@@ -82,7 +96,7 @@ class BroadcastGlobalVariablesCallbackImpl:
     def __init__(self, root_rank=0, process_set=None, timeout=DEFAULT_TIMEOUT_S):
         super().__init__()
         self.root_rank = check_int("root_rank", root_rank, 0)
-        self.process_set = process_set
+        self.process_set = check_process_set(process_set)        # membership: at fit, after hvd.init()
         self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
         self.broadcast_done = False
 
@@ -143,9 +157,7 @@ class LearningRateWarmupCallbackImpl:
         super().__init__()
         self.initial_lr = check_float("initial_lr", initial_lr, 0.0, min_exclusive=True)
         self.warmup_epochs = check_int("warmup_epochs", warmup_epochs, 1)
-        if not isinstance(momentum_correction, bool):
-            raise TypeError(f"momentum_correction must be True or False, got {momentum_correction!r}")
-        self.momentum_correction = momentum_correction
+        self.momentum_correction = check_bool("momentum_correction", momentum_correction)
         self.steps_per_epoch = None if steps_per_epoch is None else check_int("steps_per_epoch", steps_per_epoch, 1)
         self.verbose = check_int("verbose", verbose, 0)
         self._epoch, self._restore = 0, None

@@ -4,13 +4,14 @@ Next to ``import horovod.tensorflow as hvd`` (TensorFlow backend, Keras 2 or 3) 
 ``import horovod.torch as hvd`` (``KERAS_BACKEND=torch``); the callbacks are in ``hh.callbacks``.
 ``horovod_hetero.tensorflow.keras`` is the same module under Horovod's name for it.
 """
-from horovod_hetero._horovod import wagma_process_sets  # noqa: F401
+from horovod_hetero._horovod import check_process_set, wagma_process_sets  # noqa: F401
 from horovod_hetero._keras import collectives_class, keras_major, keras_module  # noqa: F401
-from horovod_hetero._keras.horovod_layer import averaging_optimizer
+from horovod_hetero._keras.horovod_layer import averaging_optimizer, check_keras_optimizer
 from horovod_hetero.errors import CollectiveTimeoutError, HeteroError, RoundMismatchError  # noqa: F401
 from horovod_hetero.keras import callbacks  # noqa: F401
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S
 from horovod_hetero.strategies import DSSP, ESync, ElasticBSP, LocalSGD, Strategy, Synchronous, WAGMA  # noqa: F401
+from horovod_hetero.validation import check_float
 
 __all__ = ["DistributedOptimizer", "callbacks", "wagma_process_sets", "keras_module", "keras_major",
            "Strategy", "Synchronous", "LocalSGD", "ESync", "WAGMA", "ElasticBSP", "DSSP",
@@ -31,9 +32,9 @@ def DistributedOptimizer(optimizer, process_set=None, timeout=DEFAULT_TIMEOUT_S,
     where Keras would use XLA (GPUs): the hh callbacks refuse both mistakes by name.
 
     Args:
-        optimizer: a Keras optimizer.
-        process_set: Horovod process set (default: all ranks).
-        timeout: seconds a gradient average may take with the PyTorch backend. TensorFlow's compiled
+        optimizer: a Keras optimizer (of the Keras that runs).
+        process_set: a Horovod ``ProcessSet`` or ``None`` (all ranks).
+        timeout: seconds (finite, > 0) a gradient average may take with the PyTorch backend. TensorFlow's compiled
             step cannot be interrupted from Python: Gloo's own timeout bounds it
             (``HOROVOD_GLOO_TIMEOUT_SECONDS``, 30 s by default).
         horovod_options: Keras 2 only: passed to ``hvd.DistributedOptimizer`` (``compression``, ...).
@@ -43,6 +44,9 @@ def DistributedOptimizer(optimizer, process_set=None, timeout=DEFAULT_TIMEOUT_S,
         model.compile(optimizer=hh.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss=...)
         model.fit(x, y, callbacks=[hh.callbacks.BroadcastGlobalVariablesCallback(0)])
     """
+    check_keras_optimizer(optimizer)
+    check_process_set(process_set)
+    timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
     if keras_major() < 3:
         import horovod.tensorflow.keras as hvd_keras
         return hvd_keras.DistributedOptimizer(optimizer, process_set=process_set or hvd_keras.global_process_set,

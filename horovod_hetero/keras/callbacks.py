@@ -1,12 +1,30 @@
 """Keras callbacks: ``HeteroSyncCallback`` drives any strategy; the others fill one in; and what
-Horovod's Keras layer gives on Keras 2 but not on Keras 3 (broadcast, metric average, warm-up)."""
+Horovod's Keras layer gives on Keras 2 but not on Keras 3 (broadcast, metric average, warm-up).
+
+Every argument, and every environment variable that fills in for one, is checked when a callback is
+built: a ``TypeError``/``ValueError`` names it; what needs ``hvd.init()`` (process-set membership,
+factors per rank) is checked when training begins."""
+import inspect
+from collections.abc import Mapping
+
 from horovod_hetero._keras import keras_module
-from horovod_hetero._keras.callback import HeteroSyncCallbackImpl
+from horovod_hetero._keras.callback import HeteroSyncCallbackImpl, SlowdownCallbackImpl
 from horovod_hetero._keras.horovod_layer import (
     BroadcastGlobalVariablesCallbackImpl, LearningRateWarmupCallbackImpl, MetricAverageCallbackImpl)
 from horovod_hetero.strategies import DSSP, ESync, ElasticBSP, LocalSGD, WAGMA
+from horovod_hetero.validation import check_options
 
 Callback = keras_module().callbacks.Callback
+
+
+def _strategy_options(name, options, strategy, given):
+    """``options`` checked as keyword arguments of ``strategy`` other than those in ``given`` (the
+    callback's own arguments)."""
+    accepted = [p for p in inspect.signature(strategy).parameters if p not in given]
+    for key in given:
+        if isinstance(options, Mapping) and key in options:
+            raise TypeError(f"{name} holds {key!r}, an argument of the callback itself: pass {key}= directly")
+    return check_options(name, options, accepted)
 
 
 class HeteroSyncCallback(HeteroSyncCallbackImpl, Callback):
@@ -19,11 +37,15 @@ class HeteroSyncCallback(HeteroSyncCallbackImpl, Callback):
 
     Args:
         strategy: a model-averaging strategy, e.g. ``LocalSGD(period=8)``.
-        process_set: Horovod process set (default: all ranks).
-        telemetry: directory for per-rank step records (default ``$HOROVOD_HETERO_TELEMETRY``).
-        slowdown: per-rank factors such as ``"1,1,1,4"`` (default ``$HOROVOD_HETERO_SLOWDOWN``).
-        batch_size: samples per batch, for the telemetry's samples/s (optional).
-        timeout: seconds any collective may take before ``CollectiveTimeoutError`` (a ``TimeoutError``).
+        process_set: a Horovod ``ProcessSet`` or ``None`` (all ranks).
+        telemetry: directory for per-rank step records, a str or ``os.PathLike`` that can be created and
+            written to (default ``$HOROVOD_HETERO_TELEMETRY``), or a ``Telemetry``.
+        slowdown: per-rank factors such as ``"1,1,1,4"`` or ``[1, 1, 1, 4]``, factors over time
+            (see ``Slowdown``), or a ``Slowdown`` (default ``$HOROVOD_HETERO_SLOWDOWN``).
+        batch_size: samples per batch, an int >= 1, for the telemetry's samples/s (optional).
+        timeout: seconds (finite, > 0) any collective may take before ``CollectiveTimeoutError``
+            (a ``TimeoutError``).
+        epoch_sync: ``True`` or ``False``: ``sync_model()`` at every epoch's end.
 
     Example::
 
@@ -54,7 +76,8 @@ class ESyncCallback(HeteroSyncCallback):
     """
 
     def __init__(self, global_lr=1.0, mode="blocking", esync_options=None, **options):
-        super().__init__(ESync(global_lr, mode, **(esync_options or {})), **options)
+        esync_options = _strategy_options("esync_options", esync_options, ESync, ("global_lr", "mode"))
+        super().__init__(ESync(global_lr, mode, **esync_options), **options)
 
 
 class WAGMACallback(HeteroSyncCallback):
@@ -69,7 +92,8 @@ class WAGMACallback(HeteroSyncCallback):
     """
 
     def __init__(self, group_size=None, sync_period=10, wagma_options=None, **options):
-        super().__init__(WAGMA(group_size, sync_period, **(wagma_options or {})), **options)
+        wagma_options = _strategy_options("wagma_options", wagma_options, WAGMA, ("group_size", "sync_period"))
+        super().__init__(WAGMA(group_size, sync_period, **wagma_options), **options)
 
 
 class ElasticBSPCallback(HeteroSyncCallback):
@@ -138,4 +162,22 @@ class LearningRateWarmupCallback(LearningRateWarmupCallbackImpl, Callback):
     Example::
 
         model.fit(x, y, callbacks=[hh.callbacks.LearningRateWarmupCallback(initial_lr=0.05 * hvd.size())])
+    """
+
+
+class SlowdownCallback(SlowdownCallbackImpl, Callback):
+    """Simulated heterogeneity (``HOROVOD_HETERO_SLOWDOWN``) for a Keras baseline without a strategy.
+
+    ``HeteroSyncCallback`` applies the slowdown itself; add this one instead when training
+    synchronously (``hh.DistributedOptimizer``, or Horovod's on Keras 2), so both are measured
+    under the same simulated cluster. Pair it with ``HOROVOD_HETERO_BASE_STEP_S``: a Keras batch
+    includes the gradient average, so only a fixed base step pads exactly.
+
+    Args:
+        slowdown: per-rank factors such as ``"1,1,1,4"`` (default ``$HOROVOD_HETERO_SLOWDOWN``).
+
+    Example::
+
+        model.compile(optimizer=hh.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss=...)
+        model.fit(x, y, epochs=5, callbacks=[hh.callbacks.SlowdownCallback()])
     """

@@ -7,6 +7,7 @@ records telemetry. It imports no framework and knows no particular strategy.
 """
 import time
 
+from horovod_hetero.rules.partition import latest_step_times
 from horovod_hetero.runtime.collectives import scaled
 from horovod_hetero.runtime.rounds import RoundProtocol
 from horovod_hetero.runtime.straggler import Slowdown
@@ -50,6 +51,7 @@ class HeteroController:
         self._left = False
         self._extra_comm = 0.0
         self._plan_s = 0.0             # the strategy's bookkeeping after the latest round (telemetry)
+        self.step_times = None         # every rank's latest seconds per step, from the rounds (samplers)
         self._t_last = clock()
 
     # -- lifecycle --
@@ -66,8 +68,9 @@ class HeteroController:
             transports.close()                 # a half-opened strategy stays closed; the next step retries
             raise
         self.transports = transports
-        if self._left:                         # a restart after finish(): serve peers with weight 0 until
-            self._publish(0.0)                 # this rank steps again, as before the restart
+        if self._left:                         # a restart after finish(): serve peers with weight 0 until this
+            self._publish(0.0, collects=True)  # rank steps again, as before the restart; its step takes what
+                                               # was served (never runs a served tag again: a peer would not)
         self._initial_round()
         # opening waits for every rank to get here (start-up, imports): neither a step's compute
         # nor its communication, so telemetry leaves it out
@@ -156,10 +159,14 @@ class HeteroController:
             lr = self.strategy.global_lr
             self.model.assign([g + lr * (w - g) for w, g in zip(self.model.tensors(), self._global)])
             self._global = self.collectives.copy(self.model.tensors())
+        if result.stats is not None:
+            self.step_times = latest_step_times(self.step_times, result.stats.step_s)
         t0 = self._clock()
         self.strategy.after_round(result)
         self._plan_s = self._clock() - t0
-        self._publish(0.0 if self._left else 1.0)
+        # in a join, weight 0 and nothing collected until every rank has joined; from that round on
+        # this rank may step again, so its responder records what it serves (GroupExchange.publish)
+        self._publish(0.0 if self._left else 1.0, collects=not self._left or result.done >= self.size)
 
     def _round_fields(self, result):
         fields = {"round": result.round, "ranks": result.stats.as_dict(), "plan_s": self._plan_s}
@@ -182,11 +189,11 @@ class HeteroController:
         self._publish()
         return {"group": list(decision.group), "stale": result.stale, "group_s": self._clock() - t0}
 
-    def _publish(self, weight=1.0):
+    def _publish(self, weight=1.0, collects=True):
         """Hand the model the next step starts from to a wait-avoiding group responder, if any."""
         groups = self.transports.groups if self.transports is not None else None
         if groups is not None and groups.serves:
-            groups.publish(self.collectives.copy(self.model.tensors()), weight)
+            groups.publish(self.collectives.copy(self.model.tensors()), weight, collects)
 
     def join(self):
         """Join rounds until every rank has joined; all ranks then hold identical tensors."""
@@ -194,7 +201,7 @@ class HeteroController:
         t0 = self._clock()
         self._left = True
         self.strategy.leave()
-        self._publish(0.0)
+        self._publish(0.0, collects=False)
         rounds = self.protocol.join(on_round=self._after_round)
         self.add_comm(self._clock() - t0)
         self._t_last = self._clock()
@@ -204,5 +211,46 @@ class HeteroController:
         return {"strategy": self.strategy.state_dict(), "rounds": self.protocol.state_dict()}
 
     def load_state_dict(self, state):
+        """Counters from a checkpoint or from another rank (``broadcast_optimizer_state``); with
+        ``global_lr != 1`` the model now held is taken as the latest round's (it was just loaded or
+        broadcast, like the counters)."""
+        if not isinstance(state, dict) or not {"strategy", "rounds"} <= state.keys():
+            raise ValueError(f"state must be a dict with 'strategy' and 'rounds' (from state_dict()), got {state!r}")
         self.strategy.load_state_dict(state["strategy"])
         self.protocol.load_state_dict(state["rounds"])
+        if self._global is not None:
+            self._global = self.collectives.copy(self.model.tensors())
+
+
+class OutsideController:
+    """The controller of a rank outside the synchronising process set: it steps locally and
+    synchronises nothing, as Horovod's ``DistributedOptimizer`` does on a non-member rank.
+
+    Args:
+        strategy: the strategy the members run (kept for ``opt.strategy``; never started here).
+        rank: this rank's global rank (names the telemetry file).
+        telemetry: as ``HeteroController``'s.
+    """
+
+    model = step_times = None
+
+    def __init__(self, strategy, rank, telemetry=None):
+        self.strategy = strategy
+        self.telemetry = telemetry if isinstance(telemetry, Telemetry) else Telemetry(rank, telemetry)
+
+    def after_step(self, comm_s=0.0, bytes_sent=0):
+        return False
+
+    def start(self):
+        """Nothing to open, nothing to join (the same no-ops as ``finish``, ``join``, ``close``)."""
+
+    finish = join = close = start
+
+    def add_comm(self, seconds):
+        pass
+
+    def state_dict(self):
+        return None
+
+    def load_state_dict(self, state):
+        pass

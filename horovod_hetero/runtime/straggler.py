@@ -36,6 +36,58 @@ def parse_random_delay(text, name=ENV_RANDOM):
     return check_int(f"{name} count", count, 0), check_float(f"{name} seconds", seconds, 0.0)
 
 
+def check_random_delay(value, name="random_delay"):
+    """``(count, seconds)`` from a pair or a ``"count:seconds"`` string; ``None`` reads
+    ``HOROVOD_HETERO_RANDOM_DELAY`` (``None`` if unset). Errors name ``name`` or the variable.
+
+    Example:
+        >>> check_random_delay((2, 0.05)), check_random_delay("1:0.5")
+        ((2, 0.05), (1, 0.5))
+    """
+    if value is None:
+        text = os.environ.get(ENV_RANDOM) or None
+        return None if text is None else parse_random_delay(text, ENV_RANDOM)
+    if isinstance(value, str):
+        return parse_random_delay(value, name)
+    if isinstance(value, (bytes, dict)) or not isinstance(value, (tuple, list)) or len(value) != 2:
+        raise TypeError(f"{name} must be (count, seconds), e.g. (2, 0.05), a string like '2:0.05', or None, "
+                        f"got {value!r} ({type(value).__name__})")
+    return check_int(f"{name} count", value[0], 0), check_float(f"{name} seconds", value[1], 0.0)
+
+
+def check_base_step(value, name="base_step_s"):
+    """Finite seconds >= 0 per padded step, or ``None``; ``None`` reads ``HOROVOD_HETERO_BASE_STEP_S``.
+
+    Example:
+        >>> check_base_step(0.02)
+        0.02
+    """
+    if value is not None:
+        return check_float(name, value, 0.0)
+    text = os.environ.get(ENV_BASE)
+    if not text:
+        return None
+    try:
+        return check_float(ENV_BASE, float(text), 0.0)
+    except (TypeError, ValueError):
+        raise ValueError(f"{ENV_BASE} must be finite seconds >= 0, e.g. 0.1, got {text!r}") from None
+
+
+def check_slowdown(factors=None, name="slowdown"):
+    """``factors`` (see ``Slowdown``) as a checked ``[(from_seconds, factors), ...]`` schedule and the
+    name errors use; ``None`` reads ``HOROVOD_HETERO_SLOWDOWN`` (``(None, ENV)`` if unset). Only the
+    form is checked (the number of factors against the ranks is checked by ``Slowdown``).
+
+    Example:
+        >>> check_slowdown([1, 2])
+        ([(0.0, [1.0, 2.0])], 'slowdown')
+    """
+    if factors is None:
+        text = os.environ.get(ENV_FACTORS)
+        return (parse_slowdown(text, ENV_FACTORS) if text else None), ENV_FACTORS
+    return _schedule(factors, name), name
+
+
 def delayed_ranks(size, count, step, seed=0):
     """The ``count`` ranks of ``size`` delayed at ``step``: the same on every rank.
 
@@ -89,12 +141,14 @@ def _checked(schedule, name, given):
     return schedule
 
 
-def _schedule(factors):
+def _schedule(factors, name="slowdown"):
     """``factors`` (a string, per-rank numbers, or ``(seconds, factors)`` pairs) as a checked schedule."""
     if isinstance(factors, str):
-        return parse_slowdown(factors, "slowdown")
-    form = (f"slowdown must be a string like '1,1,1,4', a list of per-rank factors or of (seconds, factors) "
-            f"pairs, got {factors!r}")
+        return parse_slowdown(factors, name)
+    form = (f"{name} must be a string like '1,1,1,4', a list of per-rank factors or of (seconds, factors) "
+            f"pairs, got {factors!r} ({type(factors).__name__})")
+    if isinstance(factors, (bytes, bytearray, dict, set, frozenset)):
+        raise TypeError(form)
     try:
         items = list(factors)
     except TypeError:
@@ -102,30 +156,34 @@ def _schedule(factors):
     if not items:
         raise TypeError(form)
     if not all(isinstance(item, (tuple, list)) for item in items):
-        return [(0.0, [_finite_factor("slowdown factor", f) for f in items])]
+        return [(0.0, [_finite_factor(f"{name} factor", f) for f in items])]
     try:
-        pairs = [(t, list(fs)) for t, fs in items]
+        pairs = [(t, list(fs)) for t, fs in items if not isinstance(fs, (str, bytes, dict))]
     except (TypeError, ValueError):                 # not pairs, or factors that are not a list
         raise TypeError(form) from None
-    return _checked([(check_float("slowdown time", t, 0.0), [_finite_factor("slowdown factor", f) for f in fs])
-                     for t, fs in pairs], "slowdown", factors)
+    if len(pairs) != len(items) or not all(fs for _, fs in pairs):
+        raise TypeError(form)
+    return _checked([(check_float(f"{name} time", t, 0.0), [_finite_factor(f"{name} factor", f) for f in fs])
+                     for t, fs in pairs], name, factors)
 
 
 class Slowdown:
     """Pads this rank's steps to simulate a slower worker.
 
     Args:
-        rank: this rank.
+        rank: this rank, an int >= 0.
         factors: per-rank factors (a list, or a string ``"1,1,1,4"``), factors that change over time
             (``"1,1,1,1;15:1,1,1,4"`` or ``[(0, [1, 1, 1, 1]), (15, [1, 1, 1, 4])]``: seconds
             since this rank's first step), or ``None`` to read ``HOROVOD_HETERO_SLOWDOWN`` (unset:
-            no slowdown).
-        base_step_s: fixed base step time in seconds; ``None`` reads
+            no slowdown). Factors are finite numbers > 0, at least one per rank.
+        base_step_s: fixed base step time in seconds (finite, >= 0); ``None`` reads
             ``HOROVOD_HETERO_BASE_STEP_S`` (unset: proportional to the measured step time).
-        size: number of ranks (needed with ``random_delay``).
+        size: number of ranks, an int > ``rank`` (needed with ``random_delay``).
         random_delay: ``(count, seconds)`` or ``"count:seconds"``: at each step ``count`` random
             ranks sleep ``seconds`` more; ``None`` reads ``HOROVOD_HETERO_RANDOM_DELAY``.
-        sleep, clock: injected for tests.
+        sleep, clock: injected for tests (callables).
+
+    Every argument and variable is checked here; errors name the argument or the variable.
 
     Example:
         >>> Slowdown(rank=1, factors="1,3", sleep=lambda s: None).pad(0.01)
@@ -134,28 +192,23 @@ class Slowdown:
 
     def __init__(self, rank, factors=None, base_step_s=None, sleep=time.sleep, size=None, random_delay=None,
                  clock=time.monotonic):
-        if factors is None and os.environ.get(ENV_FACTORS):
-            factors = parse_slowdown(os.environ[ENV_FACTORS])
-        if base_step_s is None and os.environ.get(ENV_BASE):
-            text = os.environ[ENV_BASE]
-            try:
-                base_step_s = check_float(ENV_BASE, float(text), 0.0)
-            except (TypeError, ValueError):
-                raise ValueError(f"{ENV_BASE} must be finite seconds >= 0, e.g. 0.1, got {text!r}") from None
+        rank = check_int("rank", rank, 0)
+        if size is not None and check_int("size", size, 1) <= rank:
+            raise ValueError(f"size must be an int > rank ({rank}), got {size!r}")
+        for name, fn in (("sleep", sleep), ("clock", clock)):
+            if not callable(fn):
+                raise TypeError(f"{name} must be a callable, got {fn!r} ({type(fn).__name__})")
+        schedule, name = check_slowdown(factors)
         self.schedule = [(0.0, 1.0)]            # (from seconds, this rank's factor)
-        if factors is not None:
-            schedule = _schedule(factors)
+        if schedule is not None:
             count = len(schedule[0][1])
             if rank >= count:
-                raise ValueError(f"{ENV_FACTORS} has {count} factors but rank {rank} needs one: "
+                raise ValueError(f"{name} has {count} factors but rank {rank} needs one: "
                                  f"give one factor per rank, e.g. {','.join(['1'] * (rank + 1))}")
             self.schedule = [(start, fs[rank]) for start, fs in schedule]
         self._clock, self._t0 = clock, None
-        self.base_step_s = None if base_step_s is None else check_float("base_step_s", base_step_s, 0.0)
-        if random_delay is None:
-            random_delay = os.environ.get(ENV_RANDOM) or None
-        if isinstance(random_delay, str):
-            random_delay = parse_random_delay(random_delay)
+        self.base_step_s = check_base_step(base_step_s)
+        random_delay = check_random_delay(random_delay)
         if random_delay is not None and size is None:
             raise ValueError("random_delay needs size= (the number of ranks)")
         self.random_delay, self.rank, self.size = random_delay, rank, size
@@ -188,3 +241,46 @@ class Slowdown:
         if extra > 0:
             self._sleep(extra)
         return extra
+
+
+class Pacer:
+    """Applies a ``Slowdown`` to a training loop horovod-hetero does not drive (plain
+    ``hvd.DistributedOptimizer``), so Synchronous baselines run under the same simulated speeds.
+
+    ``stop()`` marks the end of a step's own work (before it waits for other ranks; optional),
+    ``pad()`` comes after the step: it sleeps as ``Slowdown.pad`` says for the time since the previous
+    ``pad()`` (or ``start()``) up to ``stop()`` (or now), before the next step enqueues its collectives.
+
+    Args:
+        slowdown: a ``Slowdown``.
+        clock: seconds, monotonic (injected for tests).
+
+    Example:
+        >>> t = [0.0]
+        >>> pacer = Pacer(Slowdown(0, "3", sleep=lambda s: None), clock=lambda: t[0])
+        >>> t[0] = 0.1; pacer.stop(); t[0] = 0.5; round(pacer.pad(), 6)     # 0.1 s of work: 0.2 s more
+        0.2
+    """
+
+    def __init__(self, slowdown, clock=time.perf_counter):
+        if not isinstance(slowdown, Slowdown):
+            raise TypeError(f"slowdown must be a Slowdown, got {type(slowdown).__name__}")
+        self.slowdown, self._clock = slowdown, clock
+        self.steps = 0
+        self.start()
+
+    def start(self):
+        """A step begins its own work now."""
+        self._start, self._stop = self._clock(), None
+
+    def stop(self):
+        """The step's own work ends now (what follows is waiting for others)."""
+        self._stop = self._clock()
+
+    def pad(self):
+        """After a step: sleep the simulated extra time; return it."""
+        end = self._stop if self._stop is not None else self._clock()
+        self.steps += 1
+        slept = self.slowdown.pad(max(0.0, end - self._start), step=self.steps)
+        self.start()
+        return slept

@@ -13,16 +13,37 @@ import os
 import statistics
 import time
 
+from horovod_hetero.validation import check_directory, check_int
+
 ENV = "HOROVOD_HETERO_TELEMETRY"
+
+
+def telemetry_directory(directory=None, name="telemetry"):
+    """The directory step records go to: ``directory``, or for ``None`` ``$HOROVOD_HETERO_TELEMETRY``;
+    ``None`` when both are unset (records kept in memory). Checked, nothing created: a ``TypeError``/
+    ``ValueError`` names ``name`` or the variable when it is not a path that can be created and written to.
+
+    Example:
+        >>> telemetry_directory(5)
+        Traceback (most recent call last):
+        ...
+        TypeError: telemetry must be a directory (a str or os.PathLike) or None, got 5 (int)
+    """
+    if directory is None:
+        return check_directory(ENV, os.environ.get(ENV) or None)
+    return check_directory(name, directory)
 
 
 class Telemetry:
     """Collects this rank's step records and writes them to ``<directory>/rank<r>.jsonl``.
 
     Args:
-        rank: this rank (names the file).
-        directory: where to write; ``None`` reads ``HOROVOD_HETERO_TELEMETRY``; if both are
-            unset records are kept in memory only (``records``).
+        rank: this rank (names the file), an int >= 0.
+        directory: where to write (a str or ``os.PathLike``, created if missing); ``None`` reads
+            ``HOROVOD_HETERO_TELEMETRY``; if both are unset (or ``""``) records are kept in memory
+            only (``records``). A directory that cannot be created or written to is refused here,
+            with a ``ValueError`` naming ``telemetry`` or the variable.
+        keep: records kept in memory, an int >= 0 (the oldest are dropped).
 
     Example:
         >>> t = Telemetry(rank=0)
@@ -33,15 +54,21 @@ class Telemetry:
     """
 
     def __init__(self, rank, directory=None, keep=1000):
-        self.rank = rank
-        self.directory = directory if directory is not None else os.environ.get(ENV) or None
+        self.rank = check_int("rank", rank, 0)
+        name = "telemetry" if directory is not None else ENV
+        self.directory = telemetry_directory(directory)
         self.records = []
-        self._keep = keep
+        self._keep = check_int("keep", keep, 0)
         self._pending = {}
         self._file = None
         if self.directory:
-            os.makedirs(self.directory, exist_ok=True)
-            self._file = open(os.path.join(self.directory, f"rank{rank}.jsonl"), "a", buffering=1)
+            path = os.path.join(self.directory, f"rank{self.rank}.jsonl")
+            try:
+                os.makedirs(self.directory, exist_ok=True)
+                self._file = open(path, "a", buffering=1)
+            except OSError as e:
+                raise ValueError(f"{name} must be a directory that can be created and written to; "
+                                 f"{path!r}: {e.strerror or e}") from e
 
     def annotate(self, **fields):
         """Attach fields (e.g. ``loss=``, ``samples=``) to the next step record."""

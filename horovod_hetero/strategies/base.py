@@ -165,7 +165,9 @@ class GroupAverage(Decision):
 
     Attributes:
         group: sorted ranks, this rank among them, at least two.
-        tag: an int >= 0 naming this group average; every member uses the same one.
+        tag: an int >= 0 naming this group average; every member uses the same one. A rank's tags
+            grow, and after a round that every rank joined they continue above every tag any
+            rank used before (WAGMA's ``t``).
     """
 
     group: tuple

@@ -1,4 +1,6 @@
 """DSSP: bounded-staleness local SGD whose bound the synchronisation controller picks every round."""
+import numpy as np
+
 from horovod_hetero.rules.dssp import round_plan
 from horovod_hetero.strategies.planned import RoundPlanned
 from horovod_hetero.validation import check_float, check_int
@@ -6,9 +8,11 @@ from horovod_hetero.validation import check_float, check_int
 
 def check_staleness(staleness):
     """``(s_lower, s_upper)``: two ints with 0 <= s_lower <= s_upper, else a TypeError/ValueError naming it."""
-    if isinstance(staleness, (str, bytes)) or not hasattr(staleness, "__len__") or len(staleness) != 2:
+    if isinstance(staleness, np.ndarray) and staleness.ndim == 1:
+        staleness = staleness.tolist()
+    if not isinstance(staleness, (tuple, list)) or len(staleness) != 2:
         raise TypeError(f"staleness must be a pair of ints (s_lower, s_upper) with 0 <= s_lower <= s_upper, "
-                        f"got {staleness!r}")
+                        f"got {staleness!r} ({type(staleness).__name__})")
     low = check_int("staleness[0] (s_lower)", staleness[0], 0)
     high = check_int("staleness[1] (s_upper)", staleness[1], 0)
     if high < low:

@@ -3,7 +3,7 @@ import logging
 
 from horovod_hetero.errors import StateServerError, StateServerTimeout
 from horovod_hetero.strategies.base import AVERAGE, CONTINUE, Strategy
-from horovod_hetero.validation import check_float, check_int, parse_address
+from horovod_hetero.validation import check_bool, check_float, check_int, parse_address
 
 log = logging.getLogger("horovod_hetero")
 
@@ -30,7 +30,7 @@ class ESync(Strategy):
         timeout: seconds to wait for the state server before falling back.
         fallback_period: when the server cannot be reached or stops answering, aggregate every
             this many local steps (a warning is logged once).
-        server_address: ``tcp://host:port`` of a state server started elsewhere (tests).
+        server_address: ``tcp://host:port`` of a state server started elsewhere (tests), or ``None``.
         warmup_step: the first local step is a warm-up (tf.function tracing, allocation): its time
             is not reported as capability, and no worker is ready before every worker reported a
             real step. ``False`` reports it (steps that cost the same from the first on).
@@ -47,8 +47,9 @@ class ESync(Strategy):
                  fallback_period=8, server_address=None, warmup_step=True):
         super().__init__()
         self.global_lr = check_float("global_lr", global_lr, 0.0, min_exclusive=True)
-        if mode not in self.MODES:
-            raise ValueError(f"mode must be one of {', '.join(map(repr, self.MODES))}, got {mode!r}")
+        if not isinstance(mode, str) or mode not in self.MODES:
+            error = ValueError if isinstance(mode, str) else TypeError
+            raise error(f"mode must be one of {', '.join(map(repr, self.MODES))}, got {mode!r}")
         self.mode = mode
         self.epsilon = check_float("epsilon", epsilon, 0.0)
         self.overshoot = check_float("overshoot", overshoot, 0.0, 1.0)
@@ -57,9 +58,7 @@ class ESync(Strategy):
         if server_address is not None:
             parse_address(server_address)               # a malformed address fails here, not at start
         self.server_address = server_address
-        if not isinstance(warmup_step, bool):
-            raise TypeError(f"warmup_step must be True or False, got {warmup_step!r}")
-        self.warmup_step = warmup_step
+        self.warmup_step = check_bool("warmup_step", warmup_step)
         self.round = 0
         self.local_steps = 0
         self.capability = None

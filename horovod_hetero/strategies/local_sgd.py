@@ -34,7 +34,10 @@ class LocalSGD(Strategy):
         self._next = None
 
     def decide(self, report):
-        step = self.step
+        return self._scheduled(self.step)
+
+    def _scheduled(self, step):
+        """``AVERAGE`` if ``step`` averages, else ``CONTINUE``; called for every step, in order."""
         if step <= self.warmup_steps:
             return AVERAGE
         if self._next is None:
@@ -43,6 +46,13 @@ class LocalSGD(Strategy):
             return CONTINUE
         self._next = step + self.period(step)
         return AVERAGE
+
+    def _skip_to(self, step):
+        """Continue the schedule after ``step`` as if every step up to it had been decided."""
+        if self._next is None:
+            self._next = self.warmup_steps + self.period(self.warmup_steps)
+        while self._next <= step:
+            self._next += self.period(self._next)
 
     @property
     def label(self):

@@ -4,3 +4,5 @@ from horovod_hetero.errors import CollectiveTimeoutError, HeteroError, RoundMism
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S  # noqa: F401
 from horovod_hetero.strategies import DSSP, ESync, ElasticBSP, LocalSGD, Strategy, Synchronous, WAGMA  # noqa: F401
 from horovod_hetero.torch.optimizer import DistributedOptimizer  # noqa: F401
+from horovod_hetero.torch.sampler import DistributedSampler  # noqa: F401
+from horovod_hetero.torch.slowdown import slow_down  # noqa: F401

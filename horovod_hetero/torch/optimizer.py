@@ -11,13 +11,15 @@ import torch
 
 import horovod.torch as hvd
 from horovod.torch.compression import Compression
-from horovod.torch.optimizer import _DistributedOptimizer
+from horovod.torch.optimizer import _DistributedAdasumOptimizer, _DistributedOptimizer
 
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, call_with_timeout
-from horovod_hetero.runtime.controller import HeteroController, ring_bytes
+from horovod_hetero.runtime.controller import HeteroController, OutsideController, ring_bytes
 from horovod_hetero.strategies.base import check_strategy
 from horovod_hetero.torch.collectives import TorchCollectives, TorchModel, wait
-from horovod_hetero.validation import check_int
+from horovod_hetero.torch.sampler import DistributedSampler
+from horovod_hetero._horovod import check_run_options
+from horovod_hetero.validation import check_bool, check_float, check_int
 
 _STATE_KEY = "horovod_hetero"
 
@@ -30,7 +32,7 @@ def _named(named, what, fallback):
         named = list(named)
     except TypeError:
         named = None
-    if named is None or any(not (isinstance(p, tuple) and len(p) == 2) for p in named):
+    if named is None or any(not (isinstance(p, tuple) and len(p) == 2 and torch.is_tensor(p[1])) for p in named):
         raise ValueError(f"{what} must be a sequence of (name, tensor) tuples, "
                          f"usually produced by model.{what}()")
     names = [n for n, _ in named]
@@ -40,24 +42,60 @@ def _named(named, what, fallback):
     return sorted(named, key=lambda item: item[0])
 
 
-class _HeteroMethods:
-    """Methods shared by both optimizer kinds; copied into the dynamic class."""
+def _named_tensors(optimizer, named_parameters, named_buffers):
+    """The optimizer's parameters and the model's floating-point buffers, as sorted (name, tensor)."""
+    unnamed = [(f"param.{i}.{j}", p) for i, g in enumerate(optimizer.param_groups)
+               for j, p in enumerate(g["params"])]
+    params = _named(named_parameters, "named_parameters", unnamed)
+    known = {id(p) for _, p in params}
+    if any(id(p) not in known for _, p in unnamed):
+        raise ValueError("named_parameters was given, but one or more optimizer parameters are "
+                         "not in it; pass model.named_parameters() of the optimized model")
+    buffers = [(n, b) for n, b in _named(named_buffers, "named_buffers", []) if b.is_floating_point()]
+    return params, buffers
 
-    def _hh_setup(self, strategy, named_parameters, named_buffers, telemetry, slowdown, collectives):
-        unnamed = [(f"param.{i}.{j}", p) for i, g in enumerate(self.param_groups)
-                   for j, p in enumerate(g["params"])]
-        params = _named(named_parameters, "named_parameters", unnamed)
-        known = {id(p) for _, p in params}
-        if any(id(p) not in known for _, p in unnamed):
-            raise ValueError("named_parameters was given, but one or more optimizer parameters are "
-                             "not in it; pass model.named_parameters() of the optimized model")
-        buffers = [(n, b) for n, b in _named(named_buffers, "named_buffers", []) if b.is_floating_point()]
-        self._hh_collectives = collectives
-        grads = sum(p.numel() * p.element_size() for _, p in params if p.requires_grad)
-        self._hh_grad_bytes = ring_bytes(grads, collectives.size)     # Synchronous: one gradient allreduce
-        model = TorchModel([p.data for _, p in params] + [b.data for _, b in buffers])
-        self._hh = HeteroController(strategy, collectives, model, telemetry, slowdown)
-        self._hh.start()
+
+class _Counters:
+    """What ``param_groups[0]["horovod_hetero"]`` holds while the wrapper's own counters are current.
+
+    The strategy's counters and the round number live in the first param group, so they travel
+    wherever Horovod and torch move an optimizer's state: ``hvd.broadcast_optimizer_state`` (its
+    options are broadcast with ``broadcast_object``), ``hvd.elastic.TorchState`` (deep copies of
+    ``state_dict()``), checkpoints and ``load_state_dict``. Copied or pickled it becomes a snapshot
+    of the counters (a plain dict); finding a dict there instead of this object, the wrapper adopts
+    it before its next step. Any rank may so take rank 0's counters: ranks count rounds, and all then
+    count from the same one.
+    """
+
+    def __init__(self, controller):
+        self._controller = controller
+
+    def __reduce__(self):
+        return dict, (self._controller.state_dict(),)
+
+    def __repr__(self):
+        return f"<horovod_hetero counters {self._controller.state_dict()}>"
+
+
+class _HeteroMethods:
+    """Methods shared by every optimizer kind; copied into the dynamic class."""
+
+    def _hh_setup(self, controller):
+        self._hh = controller
+        self._hh_comm = 0.0
+        self._hh_counters = _Counters(controller)
+        self.param_groups[0][_STATE_KEY] = self._hh_counters
+        controller.start()
+
+    def _hh_adopt(self):
+        """Take counters that arrived in the param group (broadcast, checkpoint, elastic restore)."""
+        group = self.param_groups[0]
+        state = group.get(_STATE_KEY)
+        if state is self._hh_counters:
+            return
+        if state is not None:
+            self._hh.load_state_dict(state)
+        group[_STATE_KEY] = self._hh_counters
 
     @property
     def strategy(self):
@@ -68,53 +106,54 @@ class _HeteroMethods:
         """This rank's ``Telemetry``; ``opt.telemetry.annotate(loss=..., samples=...)`` adds fields."""
         return self._hh.telemetry
 
+    def step(self, closure=None):
+        self._hh_adopt()
+        loss = self._hh_local_step(closure)
+        comm, self._hh_comm = self._hh_comm, 0.0
+        self._hh.after_step(comm_s=comm, bytes_sent=self._hh_grad_bytes)
+        return loss
+
     def sync_model(self):
         """Average the model across the process set now; every rank must call it.
 
         A rank that calls it early (it ran out of data) keeps joining the other ranks'
         averaging rounds until they call it too. On return every rank holds bit-identical
         parameters and floating-point buffers, and what the strategy opened (servers, threads,
-        sockets) is closed; the next ``step()`` opens it again.
+        sockets) is closed; the next ``step()`` opens it again. Call it before collectives of your
+        own (a metric ``hvd.allreduce``, ``hvd.broadcast_*``): it brings every rank to the same round.
         """
+        self._hh_adopt()
         self._hh.finish()
 
     def state_dict(self):
+        self._hh_adopt()
         state = super(self.__class__, self).state_dict()
-        state[_STATE_KEY] = self._hh.state_dict()
+        state["param_groups"][0][_STATE_KEY] = self._hh.state_dict()      # a snapshot, not the live object
         return state
-
-    def load_state_dict(self, state_dict):
-        state_dict = dict(state_dict)
-        hetero = state_dict.pop(_STATE_KEY, None)
-        self._hh_load_base(state_dict)
-        if hetero is not None:
-            self._hh.load_state_dict(hetero)
 
 
 class _LocalOptimizer(_HeteroMethods):
     """Local steps with the user's optimizer; the model is averaged when the strategy says so."""
 
-    def step(self, closure=None):
-        loss = super(self.__class__, self).step(closure)
-        self._hh.after_step()
-        return loss
+    _hh_grad_bytes = 0
 
-    def _hh_load_base(self, state_dict):
-        super(self.__class__, self).load_state_dict(state_dict)
+    def _hh_local_step(self, closure):
+        return super(self.__class__, self).step(closure)
 
 
 class _SynchronousOptimizer(_HeteroMethods):
-    """``hvd.DistributedOptimizer`` itself, plus telemetry, slowdown and sync_model()."""
+    """Horovod's own optimizer (``_hh_base``: gradient averaging, or Adasum), plus telemetry,
+    slowdown and ``sync_model()``; every method it does not name is Horovod's."""
 
-    def step(self, closure=None):
+    def synchronize(self):
         t0 = time.perf_counter()
-        if self._should_synchronize:
-            self.synchronize()
-        comm = time.perf_counter() - t0
-        with self.skip_synchronize():
-            loss = _DistributedOptimizer.step(self, closure)
-        self._hh.after_step(comm_s=comm, bytes_sent=self._hh_grad_bytes)
-        return loss
+        try:
+            return self._hh_base.synchronize(self)
+        finally:
+            self._hh_comm += time.perf_counter() - t0
+
+    def _hh_local_step(self, closure):
+        return self._hh_base.step(self, closure)
 
     def sync_model(self):
         """Wait for every rank (``hvd.join``), then make every rank's model bit-identical.
@@ -125,8 +164,9 @@ class _SynchronousOptimizer(_HeteroMethods):
         global) every rank must call it at the same step, and the model is averaged.
         """
         collectives = self._hh_collectives
-        if collectives.process_set != hvd.global_process_set:
-            return self._hh.finish()
+        if collectives is None or collectives.process_set != hvd.global_process_set:
+            return _HeteroMethods.sync_model(self)
+        self._hh_adopt()
         t0 = time.perf_counter()
         last = call_with_timeout(hvd.join, collectives.timeout, "hvd.join in sync_model")
         handles = [hvd.broadcast_async_(t, root_rank=last, name=f"horovod_hetero.sync.{i}")
@@ -136,14 +176,15 @@ class _SynchronousOptimizer(_HeteroMethods):
         self._hh.add_comm(time.perf_counter() - t0)
         self._hh.close()
 
-    def _hh_load_base(self, state_dict):
-        _DistributedOptimizer.load_state_dict(self, state_dict)
-
 
 def _methods(*classes):
     out = {}
     for cls in classes:
         out.update({k: v for k, v in cls.__dict__.items() if k not in ("__dict__", "__weakref__")})
+    # Horovod's own optimizer classes live in horovod.torch.optimizer; Horovod's functions treat
+    # only those as wrappers (broadcast_optimizer_state creates missing state with the *wrapped*
+    # class's step: no collective, no counted step), so the wrapper is one of them too
+    out["__module__"] = _DistributedOptimizer.__module__
     return out
 
 
@@ -151,15 +192,23 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
                          compression=Compression.none, backward_passes_per_step=1, op=hvd.Average,
                          gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
                          process_set=hvd.global_process_set, named_buffers=None, telemetry=None,
-                         slowdown=None, timeout=DEFAULT_TIMEOUT_S):
+                         slowdown=None, timeout=DEFAULT_TIMEOUT_S, num_groups=0, sampler=None):
     """Wrap a torch optimizer so that training follows a heterogeneity-aware strategy.
 
     With ``strategy=Synchronous()`` (the default) this *is* ``hvd.DistributedOptimizer``
     (same hooks, same results bit for bit). With a model-averaging strategy such as
     ``LocalSGD`` each rank steps its own replica with the user's optimizer and the model is
     averaged (one fused ``grouped_allreduce``) when the strategy says so. The argument names
-    are Horovod's; ``compression``, ``backward_passes_per_step``, ``gradient_predivide_factor``,
-    ``groups`` and ``sparse_as_dense`` apply to gradient averaging (``Synchronous``) only.
+    are Horovod's; ``compression``, ``backward_passes_per_step``, ``op`` (``hvd.Adasum`` too),
+    ``gradient_predivide_factor``, ``groups`` and ``sparse_as_dense`` apply to gradient averaging
+    (``Synchronous``) only.
+
+    Horovod's optimizer contract holds for every strategy: the class is one of Horovod's own
+    (``hvd.broadcast_optimizer_state`` creates missing state with the wrapped class's ``step``,
+    which is neither a collective nor a counted step), the strategy's counters and round number
+    travel in ``param_groups[0]["horovod_hetero"]`` (broadcast by ``hvd.broadcast_optimizer_state``,
+    kept by ``hvd.elastic.TorchState`` and checkpoints; a rank adopts counters that arrive there
+    before its next step), and a rank outside ``process_set`` wraps and steps locally.
 
     Args:
         optimizer: the ``torch.optim.Optimizer`` to wrap.
@@ -174,6 +223,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
         slowdown: per-rank slowdown factors, e.g. ``"1,1,1,4"`` (default
             ``$HOROVOD_HETERO_SLOWDOWN``) to simulate a heterogeneous cluster.
         timeout: seconds any collective may take before ``CollectiveTimeoutError``.
+        num_groups: deprecated in Horovod (``groups``); accepted with its ``DeprecationWarning``.
+        sampler: an ``hh.DistributedSampler`` to bind: its epochs are split by the speeds this
+            optimizer's rounds measure.
 
     Example::
 
@@ -191,22 +243,57 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     strategy = check_strategy(strategy)
+    # the arguments first, as Horovod checks them: a bad one is a ValueError/TypeError even before hvd.init()
+    if check_int("num_groups", num_groups, 0) != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
+                      DeprecationWarning)
+        groups = num_groups if groups is None else groups
     backward_passes_per_step = check_int("backward_passes_per_step", backward_passes_per_step, 1)
-    collectives = TorchCollectives(process_set, timeout, owner="horovod_hetero.torch.DistributedOptimizer")
-    named_parameters = None if named_parameters is None else list(named_parameters)
+    check_bool("sparse_as_dense", sparse_as_dense)
+    check_float("gradient_predivide_factor", gradient_predivide_factor, 0.0, min_exclusive=True)
+    if op not in (hvd.Average, hvd.Sum, hvd.Adasum):
+        raise ValueError(f"op must be hvd.Average, hvd.Sum or hvd.Adasum, got {op!r}")
+    check_run_options(telemetry, slowdown)
+    if gradient_predivide_factor != 1.0 and op != hvd.Average:
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if not strategy.averages_gradients and op != hvd.Average:
+        raise ValueError(f"op must be hvd.Average with {type(strategy).__name__} (models are averaged); "
+                         f"op=hvd.Adasum or hvd.Sum apply to gradients, with strategy=hh.Synchronous()")
+    params, buffers = _named_tensors(optimizer, named_parameters, named_buffers)
+    adasum = strategy.averages_gradients and op == hvd.Adasum
+    if adasum and process_set is not None and process_set != hvd.global_process_set:
+        raise NotImplementedError("Adasum does not support non-global process sets yet.")
+    if sampler is not None and not isinstance(sampler, DistributedSampler):
+        raise TypeError(f"sampler must be a horovod_hetero.torch.DistributedSampler, got {type(sampler).__name__}")
+    collectives = TorchCollectives(process_set, timeout, owner="horovod_hetero.torch.DistributedOptimizer",
+                                   members_only=False)
+    named_parameters = None if named_parameters is None else params
     name = optimizer.__class__.__name__
     if strategy.averages_gradients:
-        cls = type(name, (optimizer.__class__,),
-                   _methods(_DistributedOptimizer, _HeteroMethods, _SynchronousOptimizer))
-        opt = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-                  gradient_predivide_factor, groups, sparse_as_dense, collectives.process_set)
+        adasum = adasum and hvd.size() > 1
+        base = _DistributedAdasumOptimizer if adasum else _DistributedOptimizer
+        cls = type(name, (optimizer.__class__,), _methods(base, _HeteroMethods, _SynchronousOptimizer))
+        cls._hh_base = base
+        if adasum:
+            opt = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step)
+        else:
+            opt = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
+                      gradient_predivide_factor, groups, sparse_as_dense, collectives.process_set)
+        opt._hh_grad_bytes = ring_bytes(sum(p.numel() * p.element_size() for _, p in params if p.requires_grad),
+                                        collectives.size or 1)
     else:
-        if op != hvd.Average:
-            raise ValueError(f"op must be hvd.Average with {type(strategy).__name__} (models are averaged)")
         if backward_passes_per_step != 1:
             warnings.warn("backward_passes_per_step has no effect with model averaging: "
                           "call step() after the backward passes you want to accumulate")
         cls = type(name, (optimizer.__class__,), _methods(_HeteroMethods, _LocalOptimizer))
         opt = cls(optimizer.param_groups)
-    opt._hh_setup(strategy, named_parameters, named_buffers, telemetry, slowdown, collectives)
+    opt._hh_collectives = collectives if collectives.included else None
+    if collectives.included:
+        model = TorchModel([p.data for _, p in params] + [b.data for _, b in buffers])
+        controller = HeteroController(strategy, collectives, model, telemetry, slowdown)
+    else:                               # as Horovod: a non-member wraps, and steps locally
+        controller = OutsideController(strategy, hvd.rank(), telemetry)
+    opt._hh_setup(controller)
+    if sampler is not None:
+        sampler.optimizer = opt
     return opt

@@ -11,6 +11,15 @@ and the runtime takes 1/(S+1) (W_sum + W') (line 13).
 
 Nothing here knows a strategy: the runtime asks for ``average(tag, group, model)`` when a strategy
 answers ``GroupAverage(group, tag)``, and publishes the model the next step starts from.
+
+Whatever the responder serves for a tag this rank's main thread may still reach is recorded, and the
+main thread takes that result instead of running the tag again (its peers finished it: a second
+allreduce of the same tag would wait for them forever). That includes weight 0: after a join that
+every rank reached (``sync_model()``) a rank serves weight 0 until it steps again
+(``publish(model, 0.0, collects=True)``), and a peer that steps first gets its group average served
+from it. Only a rank that left is never recorded (``publish(model, 0.0)``: it waits in a join that
+not every rank has reached, takes no step before all have, and the strategy's tags then continue
+above every tag used meanwhile).
 """
 import threading
 import time
@@ -32,7 +41,8 @@ class GroupResult:
     group: tuple
     summed: object         # sum of the members' weighted models (framework tensors)
     total_weight: float
-    stale: bool            # this rank's fresh model was not in it (served from its published one)
+    stale: bool            # this rank's fresh model was not in it (served from its published one,
+                           # with the weight published: 0 after a join until it steps again)
 
 
 class GroupExchange:
@@ -60,7 +70,7 @@ class GroupExchange:
         self.patience = patience
         self.timeout = timeout
         self._lock = threading.Condition()
-        self._snapshot = None          # (model, weight) that the responder contributes
+        self._snapshot = None          # (model, weight, collects) that the responder contributes
         self._main_tag = 0             # last tag the main thread reached
         self._served = {}              # tag -> Future of the allreduce the responder ran
         self.served_stale = 0
@@ -85,18 +95,27 @@ class GroupExchange:
                                      f"same strategy")
         return summed, float(ctl[0])
 
-    def publish(self, model, weight=1.0):
-        """The model this rank's responder contributes while its next step runs (weight 0: left)."""
+    def publish(self, model, weight=1.0, collects=None):
+        """The model this rank's responder contributes while its next step runs (weight 0: left).
+
+        ``collects``: this rank's main thread may still reach the group averages served from it (and
+        takes their results then); default ``weight > 0``. False: served at once and never recorded
+        (a rank that waits in a join not every rank has reached); weight 0 and True: a rank between a
+        join every rank reached and its next step."""
         with self._lock:
-            self._snapshot = (model, weight)
+            self._snapshot = (model, weight, weight > 0 if collects is None else collects)
+            self._lock.notify_all()
 
     def average(self, tag, group, fresh):
         """Average ``fresh`` (this rank's model) within ``group``; a ``GroupResult``."""
         with self._lock:
             future = self._served.pop(tag, None)
-            if future is None:
-                self._main_tag = tag
-                self._lock.notify_all()
+            # tags only grow: what was served for an earlier tag is never collected (served just
+            # before this rank joined, or skipped by the strategy after a join)
+            for old in [t for t in self._served if t < tag]:
+                del self._served[old]
+            self._main_tag = tag
+            self._lock.notify_all()
         if future is not None:
             summed, total = future.result(self.timeout)
             return GroupResult(tag, group, summed, total, stale=True)
@@ -119,14 +138,23 @@ class GroupExchange:
 
     def _serve(self, tag, group):
         with self._lock:
-            if self.patience > 0:
-                deadline = time.monotonic() + self.patience
-                self._lock.wait_for(lambda: self._main_tag >= tag, max(0.0, deadline - time.monotonic()))
-            if self._main_tag >= tag or tag in self._served or self._snapshot is None:
-                return          # the main thread does (or did) it fresh; before the first publish it must
-            model, weight = self._snapshot
+            begun = time.monotonic()
+            while not (self._closed or self._main_tag >= tag or tag in self._served):
+                if self._snapshot is None:      # nothing published yet: wait for this rank's step or join
+                    limit = self.timeout
+                elif self._snapshot[2]:         # its own step may come: wait ``patience`` for it
+                    limit = self.patience
+                else:                           # it waits in a join: it will not reach this tag
+                    break
+                remaining = limit - (time.monotonic() - begun)
+                if remaining <= 0:
+                    break
+                self._lock.wait(remaining)
+            if self._closed or self._main_tag >= tag or tag in self._served or self._snapshot is None:
+                return          # the main thread does (or did) it fresh, or it is served already
+            model, weight, collects = self._snapshot
             future = Future()
-            if weight > 0:      # a rank that left never collects its results
+            if collects:        # weight 0 too: the main thread must not run this tag again (module doc)
                 self._served[tag] = future
                 self.served_stale += 1
         try:
@@ -139,7 +167,9 @@ class GroupExchange:
 
         The sockets are closed once the responder has stopped polling them (ZeroMQ sockets are not
         thread-safe); a responder that does not stop within ``CLOSE_WAIT_S`` leaves them to exit."""
-        self._closed = True
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()     # responders waiting for a snapshot or this rank's step
         if self._thread is not None:
             deadline = time.monotonic() + min(self.timeout, CLOSE_WAIT_S)
             for thread in [self._thread] + self._serving:

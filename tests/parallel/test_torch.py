@@ -131,7 +131,7 @@ def test_resume_from_state_dict_keeps_the_averaging_phase():
     for got, want in zip(seen, expected):
         np.testing.assert_array_equal(got, want)
     assert [len(set(g)) == 1 for g in seen] == [False, False, True, False]
-    assert state["horovod_hetero"]["strategy"]["step"] == 5
+    assert state["param_groups"][0]["horovod_hetero"]["strategy"]["step"] == 5
 
 
 def test_one_fused_collective_per_averaging_step(monkeypatch):

@@ -105,6 +105,82 @@ def test_uneven_steps_with_wait_avoidance_end_identical():
     assert all(f == finals[0] for f in finals)
 
 
+def reference_epochs(counts, period):
+    """Every rank's model after each of its steps, and after each sync_model(), when rank r takes
+    ``counts[e][r]`` steps in epoch e and no group average is stale. Shared steps t continue at the
+    furthest rank's after each sync; two ranks that step at t average; a rank that stopped gives its
+    peers weight 0 and keeps its model; a round (every ``period``-th t, and the sync) weighs 1 each
+    rank that stepped since the previous round."""
+    w = np.arange(SIZE, dtype=np.float64)
+    stepped = np.zeros(SIZE, dtype=bool)
+    after, synced, t = [[] for _ in range(SIZE)], [], 0
+
+    def average_round():
+        if stepped.any():
+            w[:] = w[stepped].sum() / stepped.sum()
+        stepped[:] = False
+
+    for n in counts:
+        for k in range(1, max(n) + 1):
+            t += 1
+            active = np.array([k <= n[r] for r in range(SIZE)])
+            w[active] += (np.arange(SIZE) + 1.0)[active]
+            stepped |= active
+            if t % period == 0:
+                average_round()
+            else:
+                for g in butterfly_groups(SIZE, 2, t - 1):
+                    members = [r for r in g if active[r]]
+                    w[members] = w[members].sum() / max(1, len(members))
+            for r in np.flatnonzero(active):
+                after[r].append(w[r])
+        average_round()
+        synced.append(w[0])
+    return after, synced
+
+
+@pytest.mark.parametrize("uneven", [False, True], ids=["equal_steps", "rank_r_takes_3_plus_r"])
+@pytest.mark.parametrize("patience", [0.0, 30.0])
+def test_sync_model_every_epoch_and_training_goes_on(monkeypatch, patience, uneven):
+    """The README's loop with WAGMA: sync_model() after every epoch, three epochs. Rank 1 is 4x
+    slower; its padding sleeps between the restart after a sync and its first step's publish, when a
+    peer's next group average used to be served with weight 0 unrecorded, and rank 1 then ran that
+    group average again alone (hang). After every sync all ranks hold the same model and the same
+    shared step t (the furthest rank's), and the groups follow t. With patience 30 s every pair that
+    steps at t averages fresh (a stopped rank answers at once), so every value is the reference's."""
+    monkeypatch.setenv("HOROVOD_HETERO_BASE_STEP_S", "0.05")
+    counts = [[3 + r if uneven else 5 for r in range(SIZE)] for _ in range(3)]
+    p = torch.nn.Parameter(torch.full((3,), float(RANK), dtype=torch.float64))
+    opt = hh.DistributedOptimizer(torch.optim.SGD([p], lr=1.0), named_parameters=[("p", p)], slowdown=[1, 4, 1, 1],
+                                  timeout=60, strategy=hh.WAGMA(group_size=2, sync_period=4, patience=patience,
+                                                                timeout=60))
+    after, ts, groups, stale, synced = [], [], [], [], []
+    for epoch in counts:
+        for _ in range(epoch[RANK]):
+            step(opt, p)
+            after.append(p[0].item())
+            ts.append(opt.strategy.t)
+            groups.append(opt.telemetry.records[-1].get("group"))
+            stale.append(opt.telemetry.records[-1].get("stale"))
+        opt.sync_model()
+        synced.append((p.tolist(), opt.strategy.t))
+    everyone = hvd.allgather_object((after, ts, groups, stale, synced), name=f"wagma.epochs.{patience}.{uneven}")
+    bases = np.cumsum([0] + [max(n) for n in counts]).tolist()
+    for r, (_, ts_r, groups_r, _, synced_r) in enumerate(everyone):
+        assert ts_r == [bases[e] + k for e, n in enumerate(counts) for k in range(1, n[r] + 1)]
+        for t, g in zip(ts_r, groups_r):
+            assert g == (None if t % 4 == 0 else [list(x) for x in butterfly_groups(SIZE, 2, t - 1) if r in x][0])
+        assert [s[1] for s in synced_r] == bases[1:]
+    for e in range(len(counts)):                                     # bit-identical after every sync
+        assert all(everyone[r][4][e][0] == everyone[0][4][e][0] for r in range(SIZE)), e
+    if patience:
+        ref_after, ref_synced = reference_epochs(counts, period=4)
+        for r in range(SIZE):
+            assert everyone[r][0] == pytest.approx(ref_after[r], rel=1e-12, abs=0.0)
+            assert not any(everyone[r][3])
+        assert [s[0][0] for s in everyone[0][4]] == pytest.approx(ref_synced, rel=1e-12, abs=0.0)
+
+
 def test_missing_process_sets_name_the_init_call():
     ops = TorchCollectives(hvd.global_process_set, 5.0)
     with pytest.raises(ValueError, match=r"missing \[\[0, 3\]\].*hvd.init\(process_sets=hh.wagma_process_sets"):

@@ -23,6 +23,17 @@ def test_use_before_hvd_init_names_the_fix():
     ({"timeout": -1.0}, ValueError, "timeout"),
     ({"timeout": float("inf")}, ValueError, "timeout must be a finite number"),
     ({"process_set": 0}, TypeError, "process_set"),
+    # as Horovod: argument problems are ValueError/TypeError even before hvd.init()
+    ({"named_parameters": 5}, ValueError, "named_parameters must be a sequence of"),
+    ({"named_buffers": [("b", 5)]}, ValueError, "named_buffers must be a sequence of"),
+    ({"op": "sum"}, ValueError, "op must be hvd.Average, hvd.Sum or hvd.Adasum"),
+    ({"sparse_as_dense": "no"}, TypeError, "sparse_as_dense"),
+    ({"gradient_predivide_factor": float("inf")}, ValueError, "gradient_predivide_factor"),
+    ({"num_groups": -1}, ValueError, "num_groups"),
+    ({"slowdown": 5}, TypeError, "slowdown"),
+    ({"telemetry": 5}, TypeError, "telemetry"),
+    ({"sampler": [0, 1]}, TypeError, "sampler must be a horovod_hetero.torch.DistributedSampler"),
+    ({"strategy": hh.LocalSGD(2), "op": hvd.Adasum}, ValueError, "op must be hvd.Average with LocalSGD"),
 ])
 def test_bad_arguments_are_refused_before_init(kwargs, error, match):
     with pytest.raises(error, match=match):

@@ -191,3 +191,66 @@ def test_group_of_follows_the_butterfly_at_every_step_for_p8():
         s.start(context(rank, 8)[0])
         for step in range(1, 13):
             assert s.group_of(step) == [g for g in butterfly_groups(8, 4, step - 1) if rank in g][0]
+
+
+def test_after_a_join_every_rank_reached_a_weight_zero_serve_is_collected_not_run_again():
+    """Between a completed sync_model() and its next step a rank serves weight 0; its step then takes
+    the served result ((W_peer + W') / 2) instead of running the group allreduce again alone."""
+    (a, b), allreduce = exchanges()
+    a.publish([1.0]), b.publish([5.0], weight=0.0, collects=True)
+    result = a.average(7, (0, 1), [2.0])
+    assert (result.total_weight, result.summed.tolist(), result.stale) == (1.0, [2.0], False)
+    mine = b.average(7, (0, 1), [6.0])
+    assert (mine.total_weight, mine.summed.tolist(), mine.stale) == (1.0, [2.0], True)
+    assert sorted(allreduce.calls) == [("horovod_hetero.group.7", 0.0), ("horovod_hetero.group.7", 1.0)]
+    for e in (a, b):
+        e.close()
+
+
+def test_a_rank_in_a_join_answers_at_once_and_a_rank_yet_to_publish_is_waited_for():
+    (a, b), _ = exchanges(patience=5.0)
+    a.publish([1.0]), b.publish([5.0], weight=0.0)                   # b left: its step will not come
+    t0 = time.perf_counter()
+    assert a.average(1, (0, 1), [2.0]).total_weight == 1.0
+    assert time.perf_counter() - t0 < 2.0                            # not b's 5 s patience
+    for e in (a, b):
+        e.close()
+    (a, b), _ = exchanges()
+    a.publish([1.0])                                                 # b has published nothing yet
+    late = threading.Thread(target=lambda: (time.sleep(0.3), b.publish([5.0], weight=0.0)))
+    late.start()                                                     # ... then joins without a step
+    result = a.average(1, (0, 1), [2.0])
+    late.join()
+    assert (result.total_weight, result.summed.tolist()) == (1.0, [2.0])
+    for e in (a, b):
+        e.close()
+
+
+def test_after_a_join_of_every_rank_all_continue_at_the_furthest_ranks_step():
+    """Ranks stop after 3, 4, 5, 6 steps (sync_period 4): one round at t = 4 (rank 0 is in it as
+    joined) and one when the last rank joins. From then on all continue at t = 6: the same groups,
+    tags and global averages; ``step`` still counts this rank's own steps."""
+    from horovod_hetero.strategies.base import AVERAGE, GroupAverage, RoundResult, RoundStats
+
+    def result(number, steps, done):
+        n = len(steps)
+        stats = RoundStats(local_steps=np.array(steps), step_s=np.zeros(n), loss=np.full(n, np.nan),
+                           samples=np.zeros(n, dtype=np.int64), done=np.arange(n) < done)
+        return RoundResult(number, 1.0, 4.0, done, stats)
+
+    rounds = [result(1, [3, 4, 4, 4], 1), result(2, [0, 0, 1, 2], 4)]
+    for rank, steps in enumerate([3, 4, 5, 6]):
+        s = WAGMA(group_size=2, sync_period=4, wait_avoiding=False)
+        s.start(context(rank, 4)[0])
+        first = [s.after_step() for _ in range(min(steps, 4))]
+        s.after_round(rounds[0])
+        first += [s.after_step() for _ in range(steps - 4)]
+        s.after_round(rounds[1])
+        assert first[3:4] in ([], [AVERAGE]) and s.t == 6
+        later = [s.after_step() for _ in range(5)]
+        assert later == [AVERAGE if t == 8 else GroupAverage(s.group_of(t), t) for t in range(7, 12)]
+        assert s.group_of(7) == [g for g in butterfly_groups(4, 2, 6) if rank in g][0]
+        assert s.step == steps + 5
+        restored = WAGMA(group_size=2, sync_period=4)
+        restored.load_state_dict(s.state_dict())
+        assert (restored.t, restored._next) == (11, 12)

@@ -1,0 +1,59 @@
+"""Epochs that fast workers can outrun: every sample once per epoch, each rank's share proportional
+to its speed.
+
+Every round carries every rank's mean step time (``RoundStats.step_s``), identical on every rank,
+so ranks that have gone through the same rounds (after ``sync_model()``, at an epoch's end) hold the
+same speeds and compute the same partition without a message. Pure: the samplers of the adapters
+(``horovod_hetero.torch.DistributedSampler``, the Keras callback's ``epoch_indices``) call these.
+"""
+import numpy as np
+
+
+def latest_step_times(previous, step_s):
+    """Each rank's latest measured seconds per step: ``step_s`` where it is finite and > 0 (the rank
+    stepped since the previous round), else the previous value (NaN: never measured).
+
+    Example:
+        >>> latest_step_times([0.1, 0.4], [float("nan"), 0.2]).tolist()
+        [0.1, 0.2]
+    """
+    step_s = np.asarray(step_s, dtype=np.float64)
+    previous = np.full(step_s.shape, np.nan) if previous is None else np.asarray(previous, dtype=np.float64)
+    measured = np.isfinite(step_s) & (step_s > 0)
+    return np.where(measured, step_s, previous)
+
+
+def proportional_counts(n, step_s):
+    """Split ``n`` samples into per-rank counts proportional to speed (1 / seconds per step).
+
+    Largest remainders, ties to the lower rank, so the counts sum to ``n`` exactly and every rank
+    computes the same ones. Ranks without a measurement (NaN) count as the mean speed of those with
+    one; with none measured the split is even.
+
+    Example:
+        >>> proportional_counts(13, [0.1, 0.1, 0.1, 0.4]).tolist()
+        [4, 4, 4, 1]
+    """
+    step_s = np.asarray(step_s, dtype=np.float64)
+    rates = np.where(np.isfinite(step_s) & (step_s > 0), 1.0 / np.where(step_s > 0, step_s, 1.0), np.nan)
+    known = np.isfinite(rates)
+    rates = np.where(known, rates, rates[known].mean() if known.any() else 1.0)
+    exact = n * rates / rates.sum()
+    counts = np.floor(exact).astype(np.int64)
+    order = np.argsort(-(exact - counts), kind="stable")
+    counts[order[:n - counts.sum()]] += 1
+    return counts
+
+
+def epoch_indices(n, step_s, rank, epoch=0, seed=0, shuffle=True):
+    """This rank's sample indices for ``epoch``: a contiguous share, proportional to its speed, of
+    the epoch's permutation (the same permutation on every rank: ``seed`` and ``epoch``).
+
+    Example:
+        >>> shares = [epoch_indices(10, [0.1, 0.4], r, epoch=3) for r in (0, 1)]
+        >>> [len(s) for s in shares], sorted(shares[0] + shares[1]) == list(range(10))
+        ([8, 2], True)
+    """
+    order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
+    bounds = np.concatenate([[0], np.cumsum(proportional_counts(n, step_s))])
+    return order[bounds[rank]:bounds[rank + 1]].tolist()

@@ -1,0 +1,39 @@
+"""``hh.slow_down(optimizer)``: simulated heterogeneity for a plain ``hvd.DistributedOptimizer``."""
+import horovod.torch as hvd
+
+from horovod_hetero._horovod import check_run_options
+from horovod_hetero.runtime.straggler import Pacer, Slowdown
+
+
+def slow_down(optimizer, slowdown=None):
+    """Make this rank's steps of ``optimizer`` slower as ``HOROVOD_HETERO_SLOWDOWN`` says.
+
+    ``hh.DistributedOptimizer`` applies the slowdown itself; this gives a plain
+    ``hvd.DistributedOptimizer`` (or any torch optimizer) the same, so a Synchronous baseline is
+    measured under the same simulated cluster. The step's own work is timed from the end of the
+    previous step to the start of ``step()`` (before Horovod waits for the gradient allreduce), and
+    the sleep comes after ``step()``, so the next step's allreduces start late, as on a slower worker.
+
+    Args:
+        optimizer: a ``torch.optim.Optimizer`` (``hvd.DistributedOptimizer`` included).
+        slowdown: factors as for ``hh.DistributedOptimizer`` (``"1,1,1,4"``); ``None`` reads
+            ``HOROVOD_HETERO_SLOWDOWN`` (and ``HOROVOD_HETERO_BASE_STEP_S``, ``..._RANDOM_DELAY``).
+
+    Returns:
+        the ``Pacer``; ``pacer.hooks`` are the torch hook handles (``.remove()`` them to stop).
+
+    Example::
+
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                       named_parameters=model.named_parameters())
+        hh.slow_down(opt)            # HOROVOD_HETERO_SLOWDOWN=1,1,1,4 applies to this baseline too
+    """
+    import torch
+
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    check_run_options(None, slowdown)
+    pacer = Pacer(Slowdown(hvd.rank(), slowdown, size=hvd.size()))
+    pacer.hooks = (optimizer.register_step_pre_hook(lambda *_: pacer.stop()),
+                   optimizer.register_step_post_hook(lambda *_: pacer.pad()))
+    return pacer
