@@ -114,7 +114,7 @@ class HorovodCollectives(Collectives):
         timeout: seconds any collective may take before ``CollectiveTimeoutError``.
         owner: what the user built (names it in the errors raised here).
         members_only: refuse a rank outside ``process_set`` (else ``included`` is False and the
-            adapter steps locally, as Horovod's optimizer does on non-members).
+            adapter steps locally, as Horovod's optimizer does on non-members; ``rank``/``size`` None).
     """
 
     hvd = None          # horovod.torch or horovod.tensorflow, set by the subclass
@@ -122,12 +122,12 @@ class HorovodCollectives(Collectives):
     def __init__(self, process_set=None, timeout=DEFAULT_TIMEOUT_S, owner="horovod_hetero", members_only=True):
         hvd = self.hvd
         self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
-        if process_set is not None and not isinstance(process_set, ProcessSet):
-            raise TypeError(f"process_set must be a horovod ProcessSet, got {type(process_set).__name__}")
+        check_process_set(process_set)
         if not hvd.is_initialized():
             raise RuntimeError(f"{owner}: Horovod is not initialized; call hvd.init() first")
         self.process_set = ps = process_set or hvd.global_process_set
         self.included = ps.included()
+        self.rank = self.size = None
         if not self.included:
             if members_only:
                 raise ValueError(f"this rank is not in process_set; build the {owner} only on its members")

@@ -40,18 +40,20 @@ class LocalSGD(Strategy):
         """``AVERAGE`` if ``step`` averages, else ``CONTINUE``; called for every step, in order."""
         if step <= self.warmup_steps:
             return AVERAGE
-        if self._next is None:
-            self._next = self.warmup_steps + self.period(self.warmup_steps)
-        if step < self._next:
+        if step < self._upcoming():
             return CONTINUE
         self._next = step + self.period(step)
         return AVERAGE
 
-    def _skip_to(self, step):
-        """Continue the schedule after ``step`` as if every step up to it had been decided."""
+    def _upcoming(self):
+        """The next averaging step after the warm-up."""
         if self._next is None:
             self._next = self.warmup_steps + self.period(self.warmup_steps)
-        while self._next <= step:
+        return self._next
+
+    def _skip_to(self, step):
+        """Continue the schedule after ``step`` as if every step up to it had been decided."""
+        while self._upcoming() <= step:
             self._next += self.period(self._next)
 
     @property

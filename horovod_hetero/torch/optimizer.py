@@ -13,12 +13,12 @@ import horovod.torch as hvd
 from horovod.torch.compression import Compression
 from horovod.torch.optimizer import _DistributedAdasumOptimizer, _DistributedOptimizer
 
+from horovod_hetero._horovod import check_run_options
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, call_with_timeout
 from horovod_hetero.runtime.controller import HeteroController, OutsideController, ring_bytes
 from horovod_hetero.strategies.base import check_strategy
 from horovod_hetero.torch.collectives import TorchCollectives, TorchModel, wait
 from horovod_hetero.torch.sampler import DistributedSampler
-from horovod_hetero._horovod import check_run_options
 from horovod_hetero.validation import check_bool, check_float, check_int
 
 _STATE_KEY = "horovod_hetero"
@@ -71,7 +71,8 @@ class _Counters:
         self._controller = controller
 
     def __reduce__(self):
-        return dict, (self._controller.state_dict(),)
+        state = self._controller.state_dict()          # None on a rank outside the process set
+        return (dict, (state,)) if state is not None else (type(None), ())
 
     def __repr__(self):
         return f"<horovod_hetero counters {self._controller.state_dict()}>"

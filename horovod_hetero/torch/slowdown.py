@@ -1,4 +1,6 @@
 """``hh.slow_down(optimizer)``: simulated heterogeneity for a plain ``hvd.DistributedOptimizer``."""
+import torch
+
 import horovod.torch as hvd
 
 from horovod_hetero._horovod import check_run_options
@@ -28,8 +30,6 @@ def slow_down(optimizer, slowdown=None):
                                        named_parameters=model.named_parameters())
         hh.slow_down(opt)            # HOROVOD_HETERO_SLOWDOWN=1,1,1,4 applies to this baseline too
     """
-    import torch
-
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     check_run_options(None, slowdown)

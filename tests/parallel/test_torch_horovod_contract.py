@@ -2,6 +2,7 @@
 Horovod users call on an optimizer (``broadcast_optimizer_state``, ``broadcast_object``,
 ``hvd.elastic.TorchState``) behave as with ``hvd.DistributedOptimizer``; non-members of the process set
 wrap and step locally; Adasum, warnings and errors as Horovod's."""
+import copy
 import warnings
 
 import pytest
@@ -100,23 +101,26 @@ def test_counters_travel_with_broadcast_object_and_elastic_state():
     opt.sync_model()
 
 
-def test_non_members_of_the_process_set_wrap_and_step_locally():
-    model, opt = build_on(PAIR)
+@pytest.mark.parametrize("strategy", ["Synchronous", "LocalSGD"])
+def test_non_members_of_the_process_set_wrap_and_step_locally(strategy):
+    model, opt = build_on(PAIR, STRATEGIES[strategy]())
     w0 = [p.detach().clone() for p in model.parameters()]
     train(model, opt, 4)
     opt.sync_model()
-    params = hvd.allgather_object([p.tolist() for p in model.parameters()], name="pair")
+    copied = copy.deepcopy(opt.param_groups)[0]["horovod_hetero"]      # the live counters, copied
+    assert copied == (None if RANK >= 2 else counters(opt))              # outside the set: none
+    params = hvd.allgather_object([p.tolist() for p in model.parameters()], name=f"pair.{strategy}")
     assert params[0] == params[1]                            # members averaged
     if RANK >= 2:
         assert not all(torch.equal(a, b) for a, b in zip(w0, model.parameters()))   # stepped locally
         assert params[2] != params[3]
 
 
-def build_on(process_set):
+def build_on(process_set, strategy):
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 2)
     opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), process_set=process_set,
-                                  named_parameters=model.named_parameters(), strategy=hh.LocalSGD(period=2))
+                                  named_parameters=model.named_parameters(), strategy=strategy)
     return model, opt
 
 
