@@ -18,7 +18,7 @@ PLANNED = {"test-only": lambda **kw: hh.callbacks.HeteroSyncCallback(SpeedPropor
 def test_every_rank_plans_the_same_identical_after_rounds_uneven_data_ends(name):
     model, recorder = make_model(RANK), Recorder()
     x, y = rank_data(RANK, 8 * (40 if RANK < 3 else 10))            # fast ranks get more batches
-    callback = PLANNED[name](slowdown=Slowdown(RANK, "1,1,1,4", base_step_s=0.02))
+    callback = PLANNED[name](slowdown=Slowdown(RANK, "1,1,1,4", base_step_s=0.05))
     model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[callback, recorder])
     synced = [i for i, r in enumerate(callback.telemetry.records) if r["synced"]]
     plans = [tuple(callback.telemetry.records[i]["plan"]) for i in synced]
