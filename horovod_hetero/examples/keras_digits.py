@@ -83,7 +83,9 @@ def main():
     if args.strategy == "sync":
         optimizer = hh.DistributedOptimizer(optimizer)
     else:
-        callbacks.append(hh.callbacks.HeteroSyncCallback(build_strategy(args), batch_size=args.batch_size))
+        # ranks stop on their own clock (--time-budget), at any batch: rounds run on across epochs
+        callbacks.append(hh.callbacks.HeteroSyncCallback(build_strategy(args), batch_size=args.batch_size,
+                                                         epoch_sync=False))
     model.compile(optimizer=optimizer, metrics=["accuracy"],
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs,

@@ -45,7 +45,13 @@ class HeteroSyncCallback(HeteroSyncCallbackImpl, Callback):
         batch_size: samples per batch, an int >= 1, for the telemetry's samples/s (optional).
         timeout: seconds (finite, > 0) any collective may take before ``CollectiveTimeoutError``
             (a ``TimeoutError``).
-        epoch_sync: ``True`` or ``False``: ``sync_model()`` at every epoch's end.
+        epoch_sync: ``True`` or ``False``: ``sync_model()`` at every epoch's end, so the callbacks
+            after this one (``MetricAverageCallback``, checkpoints) see identical weights and meet in
+            their collectives. Every rank must then end every epoch (the same ``epochs``, no rank
+            stopping on its own): a rank that stops early (``stop_training`` on its own clock) is
+            gone when the others' next epoch averages, which ends in ``CollectiveTimeoutError``.
+            ``False``: rounds run on across epochs and ranks may stop at any batch (average the
+            metrics after ``fit``).
 
     Example::
 
