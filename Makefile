@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 READY := $(VENV)/.horovod-hetero-ready
 NP ?= 4
 
-.PHONY: demo test test-single test-parallel bench bench-wagma bench-planned bench-epochs env clean
+.PHONY: demo test test-single test-parallel test-elastic bench bench-wagma bench-planned bench-epochs env clean
 
 $(READY): tools/bootstrap.sh tools/requirements.txt pyproject.toml
 	VENV=$(VENV) bash tools/bootstrap.sh
@@ -14,7 +14,7 @@ env: $(READY)
 demo: $(READY)
 	$(PY) -m horovod_hetero.cli demo
 
-test: test-single test-parallel
+test: test-single test-parallel test-elastic
 
 test-single: $(READY)
 	$(PY) -m pytest -q -p no:cacheprovider tests/single
@@ -30,6 +30,10 @@ test-parallel: $(READY)
 	  VENV=$(VENV) tools/run_parallel.sh $(NP) $$f || exit 1; done
 	for stack in $(KERAS_STACKS); do for f in tests/parallel/test_*keras*.py; do \
 	  echo "[$$stack] $$f"; env $$stack VENV=$(VENV) tools/run_parallel.sh $(NP) $$f || exit 1; done; done
+
+#: Horovod elastic (each case runs its own horovodrun with a host-discovery script)
+test-elastic: $(READY)
+	$(PY) -m pytest -q -p no:cacheprovider --timeout 300 tests/elastic
 
 bench: $(READY)
 	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) benchmarks/averaging_cost.py

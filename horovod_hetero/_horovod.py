@@ -74,7 +74,8 @@ def registered_ids(table, rank_lists, init_call):
     missing = [list(ranks) for ranks in rank_lists if tuple(ranks) not in ids]
     if missing:
         raise ValueError(f"the process sets of the strategy's groups are not registered (missing {missing}); "
-                         f"initialise Horovod with {init_call}")
+                         f"initialise Horovod with {init_call}, or with hvd.init(process_sets=\"dynamic\") "
+                         f"(needed with hvd.elastic: its reset keeps only the global process set)")
     return {tuple(ranks): ids[tuple(ranks)] for ranks in rank_lists}
 
 
@@ -151,6 +152,16 @@ class HorovodCollectives(Collectives):
             raise ValueError("group averaging spans all ranks: leave process_set at its default, "
                              "hvd.global_process_set")
         table = self.hvd.mpi_ops._basics._get_process_set_ids_and_ranks()
+        if os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") == "1":
+            # hvd.init(process_sets="dynamic"): add what is missing, in the same order on every rank
+            # (so the groups follow an elastic resize: Horovod's reset drops every set but the global one)
+            known = {tuple(ranks) for ranks in table.values()}
+            for ranks in rank_lists:
+                if tuple(ranks) not in known:
+                    added = call_with_timeout(lambda r=list(ranks): self.hvd.add_process_set(r), self.timeout,
+                                              f"adding the process set {list(ranks)}")
+                    table[added.process_set_id] = list(ranks)
+                    known.add(tuple(ranks))
         for ranks, set_id in registered_ids(table, rank_lists, init_call).items():
             self._sets[ranks] = ps = ProcessSet(list(ranks))
             ps.process_set_id = set_id

@@ -6,6 +6,7 @@ goes wrong while training is a ``HeteroError``::
     HeteroError (RuntimeError)
     ├── CollectiveTimeoutError (also a TimeoutError)   a collective did not complete in time
     ├── RoundMismatchError                             ranks entered different rounds / group steps
+    ├── ElasticResetError                              the strategy cannot go on after hvd.elastic's reset
     └── TransportError                                 a transport outside Horovod failed, as its user sees it
         └── StateServerError                           ESync's state server unreachable or closed
             └── StateServerTimeout                     ... or silent for longer than its timeout
@@ -40,3 +41,8 @@ class StateServerError(TransportError):
 
 class StateServerTimeout(StateServerError):
     """ESync's state server did not answer within its timeout (ESync falls back)."""
+
+
+class ElasticResetError(HeteroError):
+    """Horovod was initialised again (``hvd.elastic.run`` after a worker was added, removed or
+    failed) and the strategy cannot go on with the new ranks as configured."""

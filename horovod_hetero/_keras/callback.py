@@ -6,12 +6,15 @@ or torch: weights are read and written through the Keras variable API (``value``
 Python operators, and the collectives are the backend's (``_keras.collectives_class``).
 """
 import numpy as np
+from horovod.common.exceptions import HorovodInternalError
 
 from horovod_hetero._horovod import check_process_set, check_run_options
 from horovod_hetero._keras import collectives_class, value, weights
 from horovod_hetero._keras.horovod_layer import check_optimizer
+from horovod_hetero.rules.partition import epoch_indices, step_times_of
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, Model
 from horovod_hetero.runtime.controller import HeteroController
+from horovod_hetero.runtime.membership import Membership
 from horovod_hetero.runtime.straggler import Pacer, Slowdown
 from horovod_hetero.strategies.base import check_strategy
 from horovod_hetero.validation import check_bool, check_float, check_int
@@ -63,7 +66,8 @@ class HeteroSyncCallbackImpl:
     weights are averaged across the process set (or within a group); batches are counted across
     epochs. At the end of training every rank keeps joining the other ranks' rounds until all have
     finished, so all replicas end with identical weights even when ranks saw different numbers of
-    batches; then what the strategy opened is closed.
+    batches; then what the strategy opened is closed. Under ``hvd.elastic.run`` the next ``fit``
+    after a reset goes on with the new ranks (``runtime.membership``).
     """
 
     def __init__(self, strategy, process_set=None, telemetry=None, slowdown=None, batch_size=None,
@@ -81,18 +85,29 @@ class HeteroSyncCallbackImpl:
         self.epoch_sync = check_bool("epoch_sync", epoch_sync)
         check_run_options(telemetry, slowdown)                   # built at fit (they need the rank)
         self._telemetry, self._slowdown = telemetry, slowdown
-        self._hh = None
+        self._membership = None                # built at fit: it needs hvd.init() and the model
         self._pending_state = None
 
+    @property
+    def _hh(self):
+        """The controller, or None before the first fit."""
+        return None if self._membership is None else self._membership.controller
+
+    def _build(self, previous):
+        """The controller for Horovod's current ranks (``previous``: the one ``hvd.elastic``'s reset ended)."""
+        collectives = collectives_class()(self.process_set, self.timeout, owner=type(self).__name__)
+        telemetry = previous.telemetry if previous is not None else self._telemetry
+        controller = HeteroController(self.strategy, collectives, KerasModel(self.model), telemetry, self._slowdown)
+        if self._pending_state is not None:
+            controller.load_state_dict(self._pending_state)
+            self._pending_state = None
+        return controller
+
     def _hh_controller(self):
-        if self._hh is None:
-            collectives = collectives_class()(self.process_set, self.timeout, owner=type(self).__name__)
-            self._hh = HeteroController(self.strategy, collectives, KerasModel(self.model), self._telemetry,
-                                        self._slowdown)
-            if self._pending_state is not None:
-                self._hh.load_state_dict(self._pending_state)
-                self._pending_state = None
-        return self._hh
+        if self._membership is None:
+            hvd = collectives_class().hvd
+            self._membership = Membership(self._build, lambda: (hvd.rank(), hvd.size()), HorovodInternalError)
+        return self._membership.current()
 
     @property
     def telemetry(self):
@@ -108,7 +123,8 @@ class HeteroSyncCallbackImpl:
             hh.telemetry.annotate(loss=float(logs["loss"]))
         if self.batch_size:
             hh.telemetry.annotate(samples=self.batch_size)
-        hh.after_step()
+        with self._membership.guard():
+            hh.after_step()
 
     def on_epoch_end(self, epoch, logs=None):
         if self.epoch_sync:
@@ -123,7 +139,31 @@ class HeteroSyncCallbackImpl:
     def sync_model(self):
         """Join averaging rounds until every rank has called it; then all weights are identical and
         what the strategy opened is closed."""
-        self._hh_controller().finish()
+        self._hh_controller()
+        with self._membership.guard() as hh:
+            hh.finish()
+
+    def epoch_indices(self, n, epoch, seed=0, shuffle=True):
+        """This rank's sample indices for ``epoch`` of ``n`` samples: every sample once per epoch over
+        the ranks, each rank's share proportional to the speed the rounds measured (an even split
+        before the first round), the same split on every rank (``rules.partition``, as
+        ``hh.DistributedSampler`` in torch). Keras fixes an epoch's number of batches within one
+        ``fit()``, so train one ``fit()`` per epoch on the share (its ``on_train_end`` syncs)::
+
+            for epoch in range(epochs):
+                idx = callback.epoch_indices(len(x), epoch)
+                model.fit(x[idx], y[idx], batch_size=32, initial_epoch=epoch, epochs=epoch + 1,
+                          callbacks=[callback])
+        """
+        n, epoch = check_int("n", n, 0), check_int("epoch", epoch, 0)
+        if self._hh is not None:
+            rank, size, times = self._hh.rank, self._hh.size, self._hh.step_times
+        else:                                    # before the first fit: no round yet, an even split
+            hvd = collectives_class().hvd
+            ps = self.process_set or hvd.global_process_set
+            rank, size, times = ps.rank(), ps.size(), None
+        return epoch_indices(n, step_times_of(times, size), rank, epoch, check_int("seed", seed),
+                             check_bool("shuffle", shuffle))
 
     def state_dict(self):
         """The strategy's counters and the round number, to resume on the same averaging steps."""

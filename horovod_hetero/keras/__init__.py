@@ -7,7 +7,8 @@ Next to ``import horovod.tensorflow as hvd`` (TensorFlow backend, Keras 2 or 3) 
 from horovod_hetero._horovod import check_process_set, wagma_process_sets  # noqa: F401
 from horovod_hetero._keras import collectives_class, keras_major, keras_module  # noqa: F401
 from horovod_hetero._keras.horovod_layer import averaging_optimizer, check_keras_optimizer
-from horovod_hetero.errors import CollectiveTimeoutError, HeteroError, RoundMismatchError  # noqa: F401
+from horovod_hetero.errors import (  # noqa: F401
+    CollectiveTimeoutError, ElasticResetError, HeteroError, RoundMismatchError)
 from horovod_hetero.keras import callbacks  # noqa: F401
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S
 from horovod_hetero.strategies import DSSP, ESync, ElasticBSP, LocalSGD, Strategy, Synchronous, WAGMA  # noqa: F401
@@ -15,7 +16,7 @@ from horovod_hetero.validation import check_float
 
 __all__ = ["DistributedOptimizer", "callbacks", "wagma_process_sets", "keras_module", "keras_major",
            "Strategy", "Synchronous", "LocalSGD", "ESync", "WAGMA", "ElasticBSP", "DSSP",
-           "HeteroError", "CollectiveTimeoutError", "RoundMismatchError"]
+           "HeteroError", "CollectiveTimeoutError", "RoundMismatchError", "ElasticResetError"]
 
 
 def DistributedOptimizer(optimizer, process_set=None, timeout=DEFAULT_TIMEOUT_S, **horovod_options):

@@ -45,6 +45,23 @@ def proportional_counts(n, step_s):
     return counts
 
 
+def step_times_of(step_times, size):
+    """Every rank's latest seconds per step for a split among ``size`` ranks: ``step_times`` (from
+    the rounds), or NaN for each rank before any round (an even split); a ``ValueError`` when the
+    rounds measured another number of ranks.
+
+    Example:
+        >>> step_times_of(None, 2).tolist(), step_times_of([0.1, 0.4], 2).tolist()
+        ([nan, nan], [0.1, 0.4])
+    """
+    if step_times is None:
+        return np.full(size, np.nan)
+    if len(step_times) != size:
+        raise ValueError(f"the split is for {size} ranks, but the rounds measured {len(step_times)}: "
+                         f"pass the size of the process set that synchronises")
+    return np.asarray(step_times, dtype=np.float64)
+
+
 def epoch_indices(n, step_s, rank, epoch=0, seed=0, shuffle=True):
     """This rank's sample indices for ``epoch``: a contiguous share, proportional to its speed, of
     the epoch's permutation (the same permutation on every rank: ``seed`` and ``epoch``).

@@ -125,5 +125,7 @@ def timeout_error(what, timeout_s):
     """The error every stuck collective raises, torch and Keras alike."""
     return CollectiveTimeoutError(
         f"{what} did not complete in {timeout_s:g} s: a rank may have died, or ranks stopped entering the "
-        f"same rounds (every rank must end with sync_model(), which Keras calls in on_train_end). "
+        f"same rounds (every rank must end with sync_model(), which Keras calls in on_train_end), or a rank "
+        f"is in a collective of its own (a metric hvd.allreduce, MetricAverageCallback, hvd.elastic's "
+        f"state.commit()) while others are in a round: call sync_model() before it (Keras: epoch_sync=True). "
         f"Raise the limit with timeout=...")

@@ -42,6 +42,7 @@ class HeteroController:
         self.strategy = strategy
         self.collectives, self.model = collectives, model
         self.size, self.rank = collectives.size, collectives.rank
+        strategy.check_size(self.size)
         self.protocol = RoundProtocol(self._average, self.size, self.rank)
         self.telemetry = telemetry if isinstance(telemetry, Telemetry) else Telemetry(self.rank, telemetry)
         self.slowdown = slowdown if isinstance(slowdown, Slowdown) else Slowdown(self.rank, slowdown, size=self.size)
@@ -53,14 +54,23 @@ class HeteroController:
         self._plan_s = 0.0             # the strategy's bookkeeping after the latest round (telemetry)
         self.step_times = None         # every rank's latest seconds per step, from the rounds (samplers)
         self._t_last = clock()
+        self._started = False          # the first start() takes the set's first rank's counters
 
     # -- lifecycle --
 
     def start(self):
-        """Open the strategy's transports (a collective on every rank); a no-op once started."""
+        """Open the strategy's transports (a collective on every rank); a no-op once started.
+
+        The first start also gives every rank the counters of the set's first rank (one object
+        broadcast): ranks that resumed from different checkpoints, or joined an elastic job with
+        fresh counters, then count rounds and steps alike."""
         if self.transports is not None:
             return
         t0 = self._clock()
+        if not self._started:
+            counters = self.collectives.broadcast_object(self.state_dict(), what="the broadcast of the strategy's counters")
+            self.load_state_dict(counters)
+            self._started = True
         transports = Transports(self.rank, self.size, self.collectives)
         try:
             self.strategy.start(Context(self.rank, self.size, transports, self.collectives, self._clock))
@@ -232,7 +242,7 @@ class OutsideController:
         telemetry: as ``HeteroController``'s.
     """
 
-    model = step_times = None
+    model = step_times = collectives = None
 
     def __init__(self, strategy, rank, telemetry=None):
         self.strategy = strategy

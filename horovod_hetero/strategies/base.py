@@ -17,7 +17,7 @@ transports, timing, telemetry. The runtime
 4. calls ``leave()`` when this rank stops stepping (it only joins other ranks' rounds from then on).
 
 A strategy writes its schedule by overriding the hooks ``on_start(ctx)``, ``decide(report)``,
-``on_round(result)``, ``on_leave()``; the template methods above do the common bookkeeping (the step
+``on_round(result)``, ``on_leave()`` (and ``check_size(size)`` to refuse a size when it is built); the template methods above do the common bookkeeping (the step
 counter, plans). Counters go into ``state_dict()`` so a resumed run keeps its phase. Nothing here
 touches tensors, sockets or threads: the same objects run under ``horovodrun`` and in the simulator.
 """
@@ -229,6 +229,8 @@ class Strategy:
     def start(self, ctx):
         """Start (or, after ``sync_model()``, restart) on this rank with a ``Context``."""
         self.rank, self.size, self.clock = ctx.rank, ctx.size, ctx.clock
+        if self.plan is not None and len(self.plan.steps) != ctx.size:
+            self.plan = self._plan_left = None    # planned for other ranks (an elastic resize, another job's checkpoint)
         self._set_plan(self.on_start(ctx))
 
     def after_step(self, report=StepReport()):
@@ -259,6 +261,10 @@ class Strategy:
         self.plan, self._plan_left = plan, plan.steps[self.rank]
 
     # -- the hooks a strategy overrides --
+
+    def check_size(self, size):
+        """Raise ``ValueError`` if the strategy cannot run on ``size`` ranks (called when an adapter
+        is built, before anything opens: the torch wrapper opens at the first step)."""
 
     def on_start(self, ctx):
         """Open what the strategy needs through ``ctx.transports``; may return a first ``Plan``."""

@@ -68,6 +68,9 @@ class WAGMA(LocalSGD):
         self.t = 0                      # the step every rank shares (== step until ranks join unevenly)
         self._since_sync = None         # every rank's steps since the latest round all ranks joined
 
+    def check_size(self, size):
+        resolve_group_size(self.group_size, size)
+
     def on_start(self, ctx):
         self.S = resolve_group_size(self.group_size, ctx.size)
         if self._since_sync is None or len(self._since_sync) != ctx.size:

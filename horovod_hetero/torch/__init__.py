@@ -1,6 +1,7 @@
 """PyTorch adapter: ``import horovod_hetero.torch as hh`` next to ``import horovod.torch as hvd``."""
 from horovod_hetero._horovod import wagma_process_sets  # noqa: F401
-from horovod_hetero.errors import CollectiveTimeoutError, HeteroError, RoundMismatchError  # noqa: F401
+from horovod_hetero.errors import (  # noqa: F401
+    CollectiveTimeoutError, ElasticResetError, HeteroError, RoundMismatchError)
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S  # noqa: F401
 from horovod_hetero.strategies import DSSP, ESync, ElasticBSP, LocalSGD, Strategy, Synchronous, WAGMA  # noqa: F401
 from horovod_hetero.torch.optimizer import DistributedOptimizer  # noqa: F401

@@ -10,12 +10,15 @@ import warnings
 import torch
 
 import horovod.torch as hvd
+from horovod.common.exceptions import HorovodInternalError
 from horovod.torch.compression import Compression
 from horovod.torch.optimizer import _DistributedAdasumOptimizer, _DistributedOptimizer
 
 from horovod_hetero._horovod import check_run_options
+from horovod_hetero.errors import ElasticResetError
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, call_with_timeout
 from horovod_hetero.runtime.controller import HeteroController, OutsideController, ring_bytes
+from horovod_hetero.runtime.membership import Membership
 from horovod_hetero.strategies.base import check_strategy
 from horovod_hetero.torch.collectives import TorchCollectives, TorchModel, wait
 from horovod_hetero.torch.sampler import DistributedSampler
@@ -67,26 +70,32 @@ class _Counters:
     count from the same one.
     """
 
-    def __init__(self, controller):
-        self._controller = controller
+    def __init__(self, optimizer):
+        self._optimizer = optimizer
 
     def __reduce__(self):
-        state = self._controller.state_dict()          # None on a rank outside the process set
+        state = self._optimizer._hh.state_dict()          # None on a rank outside the process set
         return (dict, (state,)) if state is not None else (type(None), ())
 
     def __repr__(self):
-        return f"<horovod_hetero counters {self._controller.state_dict()}>"
+        return f"<horovod_hetero counters {self._optimizer._hh.state_dict()}>"
 
 
 class _HeteroMethods:
     """Methods shared by every optimizer kind; copied into the dynamic class."""
 
-    def _hh_setup(self, controller):
-        self._hh = controller
+    def _hh_setup(self, build):
+        """``build(previous)``: the controller for Horovod's current ranks (``previous``: the one it replaces)."""
+        self._hh_membership = Membership(build, lambda: (hvd.rank(), hvd.size()), HorovodInternalError)
         self._hh_comm = 0.0
-        self._hh_counters = _Counters(controller)
+        self._hh_counters = _Counters(self)
         self.param_groups[0][_STATE_KEY] = self._hh_counters
-        controller.start()
+        self._hh_membership.current()          # built now: a size the strategy refuses fails here
+
+    @property
+    def _hh(self):
+        """The controller for Horovod's current ranks (a new one after ``hvd.elastic``'s reset)."""
+        return self._hh_membership.current()
 
     def _hh_adopt(self):
         """Take counters that arrived in the param group (broadcast, checkpoint, elastic restore)."""
@@ -99,6 +108,11 @@ class _HeteroMethods:
         group[_STATE_KEY] = self._hh_counters
 
     @property
+    def _hh_grad_bytes(self):
+        """Bytes a gradient allreduce sends from this rank (telemetry)."""
+        return ring_bytes(self._hh_grad_payload, getattr(self._hh, "size", None) or 1)
+
+    @property
     def strategy(self):
         return self._hh.strategy
 
@@ -108,10 +122,12 @@ class _HeteroMethods:
         return self._hh.telemetry
 
     def step(self, closure=None):
-        self._hh_adopt()
-        loss = self._hh_local_step(closure)
-        comm, self._hh_comm = self._hh_comm, 0.0
-        self._hh.after_step(comm_s=comm, bytes_sent=self._hh_grad_bytes)
+        with self._hh_membership.guard():
+            self._hh_adopt()
+            self._hh.start()            # opens at the first step (no collective when built: hvd.elastic's rule)
+            loss = self._hh_local_step(closure)
+            comm, self._hh_comm = self._hh_comm, 0.0
+            self._hh.after_step(comm_s=comm, bytes_sent=self._hh_grad_bytes)
         return loss
 
     def sync_model(self):
@@ -123,8 +139,9 @@ class _HeteroMethods:
         sockets) is closed; the next ``step()`` opens it again. Call it before collectives of your
         own (a metric ``hvd.allreduce``, ``hvd.broadcast_*``): it brings every rank to the same round.
         """
-        self._hh_adopt()
-        self._hh.finish()
+        with self._hh_membership.guard():
+            self._hh_adopt()
+            self._hh.finish()
 
     def state_dict(self):
         self._hh_adopt()
@@ -136,7 +153,7 @@ class _HeteroMethods:
 class _LocalOptimizer(_HeteroMethods):
     """Local steps with the user's optimizer; the model is averaged when the strategy says so."""
 
-    _hh_grad_bytes = 0
+    _hh_grad_payload = 0
 
     def _hh_local_step(self, closure):
         return super(self.__class__, self).step(closure)
@@ -164,18 +181,19 @@ class _SynchronousOptimizer(_HeteroMethods):
         rank that joined last is then broadcast. On a non-global process set (``hvd.join`` is
         global) every rank must call it at the same step, and the model is averaged.
         """
-        collectives = self._hh_collectives
+        collectives = self._hh.collectives
         if collectives is None or collectives.process_set != hvd.global_process_set:
             return _HeteroMethods.sync_model(self)
-        self._hh_adopt()
-        t0 = time.perf_counter()
-        last = call_with_timeout(hvd.join, collectives.timeout, "hvd.join in sync_model")
-        handles = [hvd.broadcast_async_(t, root_rank=last, name=f"horovod_hetero.sync.{i}")
-                   for i, t in enumerate(self._hh.model.tensors())]
-        for h in handles:
-            wait(h, collectives.timeout, "sync_model broadcast")
-        self._hh.add_comm(time.perf_counter() - t0)
-        self._hh.close()
+        with self._hh_membership.guard():
+            self._hh_adopt()
+            t0 = time.perf_counter()
+            last = call_with_timeout(hvd.join, collectives.timeout, "hvd.join in sync_model")
+            handles = [hvd.broadcast_async_(t, root_rank=last, name=f"horovod_hetero.sync.{i}")
+                       for i, t in enumerate(self._hh.model.tensors())]
+            for h in handles:
+                wait(h, collectives.timeout, "sync_model broadcast")
+            self._hh.add_comm(time.perf_counter() - t0)
+            self._hh.close()
 
 
 def _methods(*classes):
@@ -209,7 +227,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
     which is neither a collective nor a counted step), the strategy's counters and round number
     travel in ``param_groups[0]["horovod_hetero"]`` (broadcast by ``hvd.broadcast_optimizer_state``,
     kept by ``hvd.elastic.TorchState`` and checkpoints; a rank adopts counters that arrive there
-    before its next step), and a rank outside ``process_set`` wraps and steps locally.
+    before its next step), and a rank outside ``process_set`` wraps and steps locally. Building it
+    runs no collective (the strategy opens at the first step), and after ``hvd.elastic.run``'s reset
+    the strategy goes on with the new ranks (``runtime.membership``).
 
     Args:
         optimizer: the ``torch.optim.Optimizer`` to wrap.
@@ -266,8 +286,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
         raise NotImplementedError("Adasum does not support non-global process sets yet.")
     if sampler is not None and not isinstance(sampler, DistributedSampler):
         raise TypeError(f"sampler must be a horovod_hetero.torch.DistributedSampler, got {type(sampler).__name__}")
-    collectives = TorchCollectives(process_set, timeout, owner="horovod_hetero.torch.DistributedOptimizer",
-                                   members_only=False)
+    owner = "horovod_hetero.torch.DistributedOptimizer"
+    collectives = TorchCollectives(process_set, timeout, owner=owner, members_only=False)
     named_parameters = None if named_parameters is None else params
     name = optimizer.__class__.__name__
     if strategy.averages_gradients:
@@ -280,21 +300,31 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
         else:
             opt = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                       gradient_predivide_factor, groups, sparse_as_dense, collectives.process_set)
-        opt._hh_grad_bytes = ring_bytes(sum(p.numel() * p.element_size() for _, p in params if p.requires_grad),
-                                        collectives.size or 1)
+        opt._hh_grad_payload = sum(p.numel() * p.element_size() for _, p in params if p.requires_grad)
     else:
         if backward_passes_per_step != 1:
             warnings.warn("backward_passes_per_step has no effect with model averaging: "
                           "call step() after the backward passes you want to accumulate")
         cls = type(name, (optimizer.__class__,), _methods(_HeteroMethods, _LocalOptimizer))
         opt = cls(optimizer.param_groups)
-    opt._hh_collectives = collectives if collectives.included else None
-    if collectives.included:
-        model = TorchModel([p.data for _, p in params] + [b.data for _, b in buffers])
-        controller = HeteroController(strategy, collectives, model, telemetry, slowdown)
-    else:                               # as Horovod: a non-member wraps, and steps locally
-        controller = OutsideController(strategy, hvd.rank(), telemetry)
-    opt._hh_setup(controller)
+    model = TorchModel([p.data for _, p in params] + [b.data for _, b in buffers])
+
+    def build(previous):
+        """The controller for Horovod's current ranks; ``previous``: the one an elastic reset ended."""
+        current = collectives
+        if previous is not None:
+            if process_set not in (None, hvd.global_process_set):
+                raise ElasticResetError(
+                    f"Horovod was initialised again (an elastic reset) and process_set={process_set!r} did not "
+                    f"survive it: with hvd.elastic, train over the global process set (the default)")
+            current = TorchCollectives(process_set, timeout, owner=owner, members_only=False)
+        kept = previous is not None and getattr(previous.telemetry, "rank", None) == hvd.rank()
+        records = previous.telemetry if kept else telemetry
+        if not current.included:        # as Horovod: a non-member wraps, and steps locally
+            return OutsideController(strategy, hvd.rank(), records)
+        return HeteroController(strategy, current, model, records, slowdown)
+
+    opt._hh_setup(build)
     if sampler is not None:
         sampler.optimizer = opt
     return opt

@@ -4,7 +4,7 @@ import torch
 
 import horovod.torch as hvd
 
-from horovod_hetero.rules.partition import epoch_indices
+from horovod_hetero.rules.partition import epoch_indices, step_times_of
 from horovod_hetero.validation import check_bool, check_int
 
 
@@ -61,19 +61,17 @@ class DistributedSampler(torch.utils.data.Sampler):
         self._share = None
 
     def step_times(self):
-        """Every rank's latest seconds per step (NaN: not measured yet), or None before any round."""
+        """Every rank's latest seconds per step (NaN: not measured yet, e.g. before any round)."""
         controller = getattr(self.optimizer, "_hh", None)
-        times = None if controller is None else controller.step_times
-        if times is not None and len(times) != self.num_replicas:
-            raise ValueError(f"num_replicas={self.num_replicas}, but the optimizer synchronises {len(times)} "
-                             f"ranks: pass the size of its process_set")
-        return times
+        try:
+            return step_times_of(None if controller is None else controller.step_times, self.num_replicas)
+        except ValueError as e:
+            raise ValueError(f"num_replicas={self.num_replicas} does not match the optimizer's ranks: {e}") from None
 
     def _current(self):
         if self._share is None:
-            times = self.step_times()
-            self._share = epoch_indices(len(self.dataset), [float("nan")] * self.num_replicas if times is None
-                                        else times, self.rank, self.epoch, self.seed, self.shuffle)
+            self._share = epoch_indices(len(self.dataset), self.step_times(), self.rank, self.epoch, self.seed,
+                                        self.shuffle)
         return self._share
 
     def __iter__(self):

@@ -151,3 +151,14 @@ def test_horovods_warnings_fire():
         with opt.skip_synchronize():
             opt.step()
     opt.sync_model()
+
+
+def test_after_an_elastic_reset_a_non_global_process_set_is_a_named_error(monkeypatch):
+    """hvd.elastic's reset keeps only the global process set; the wrapper notices Horovod's new ranks
+    at the next step (here: Horovod's rank and size seen as changed) and names the problem."""
+    model, opt = build_on(PAIR, hh.LocalSGD(period=2))
+    train(model, opt, 2)
+    opt.sync_model()
+    monkeypatch.setattr(hvd, "size", lambda: 8)                  # as if Horovod had been initialised again
+    with pytest.raises(hh.ElasticResetError, match=r"did not survive it: with hvd.elastic, train over the global"):
+        train(model, opt, 1)

@@ -24,6 +24,7 @@ class RecordingHorovod:
         monkeypatch.setattr(hvd, "grouped_allreduce_async", lambda t, **kw: self._enqueue(t, kw, inplace=False))
         monkeypatch.setattr(hvd, "poll", lambda handle: True)
         monkeypatch.setattr(hvd, "synchronize", lambda handle: self._out.pop(handle))
+        monkeypatch.setattr(hvd, "broadcast_object", lambda obj, **kw: obj)     # the first start's counters
 
     def _enqueue(self, tensors, kwargs, inplace):
         self.groups.append((kwargs["name"], [(t.device, t.dtype) for t in tensors]))
@@ -39,6 +40,7 @@ def collectives(sets=None):
     """A TorchCollectives of one rank, built without hvd.init (this tier never initialises Horovod)."""
     c = object.__new__(TorchCollectives)
     c.rank, c.size, c.timeout, c.process_set, c._sets = 0, 1, 5.0, hvd.global_process_set, dict(sets or {})
+    c.root = 0
     return c
 
 

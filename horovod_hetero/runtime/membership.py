@@ -1,0 +1,60 @@
+"""The controller for Horovod's current ranks: rebuilt after an elastic reset, for torch and Keras alike.
+
+``hvd.elastic.run`` shuts Horovod down and initialises it again when a worker is added, removed or
+failed (a collective raised ``HorovodInternalError``); the ranks, the size and rank 0's process may
+all change. The adapters reach their controller through a ``Membership``: when Horovod's (rank,
+size) differ from the ones the controller was built for, or a collective failed, the old controller
+closes what the strategy opened and a new one is built for the new ranks. The strategy object
+carries over (its step counters), and re-plans when the new controller starts.
+"""
+import contextlib
+import logging
+
+log = logging.getLogger(__name__)
+
+
+class Membership:
+    """Follows Horovod's ranks for an adapter.
+
+    Args:
+        build: ``build(previous)``: a controller for the current ranks (``previous``: the one it
+            replaces, or None the first time).
+        world: ``() -> (rank, size)`` of Horovod now (the adapter's ``hvd.rank()``, ``hvd.size()``).
+        failure: the exception type of a failed collective (Horovod's ``HorovodInternalError``).
+
+    Example:
+        >>> world = [(0, 2)]
+        >>> m = Membership(lambda previous: object(), lambda: world[0], RuntimeError)
+        >>> first = m.current(); world[0] = (0, 4)
+        >>> m.current() is first, m.current() is m.current()
+        (False, True)
+    """
+
+    def __init__(self, build, world, failure):
+        self._build, self._world, self._failure = build, world, failure
+        self.controller = None
+        self._seen = None
+        self._failed = False
+
+    def current(self):
+        """The controller for the ranks Horovod has now."""
+        world = self._world()
+        if self.controller is None or world != self._seen or self._failed:
+            previous = self.controller
+            if previous is not None:
+                log.info("Horovod's ranks changed (%s -> %s%s): the strategy goes on under a new controller",
+                         self._seen, world, ", after a failed collective" if self._failed else "")
+                with contextlib.suppress(Exception):      # the old ranks' transports: peers may be gone
+                    previous.close()
+            self.controller = self._build(previous)
+            self._seen, self._failed = world, False
+        return self.controller
+
+    @contextlib.contextmanager
+    def guard(self):
+        """Around a step or a sync: a failed collective means new ranks after ``hvd.elastic``'s reset."""
+        try:
+            yield self.current()
+        except self._failure:
+            self._failed = True
+            raise

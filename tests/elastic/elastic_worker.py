@@ -1,0 +1,71 @@
+"""A Horovod elastic training script (``hvd.elastic.run``, ``TorchState``), its strategy changed by
+one line; run by ``test_elastic_torch.py`` under ``horovodrun --host-discovery-script``.
+
+Rank 0 grows the job from 2 to 4 workers (it rewrites the hosts the discovery script prints),
+then shrinks it back to 2; every process appends what it saw to a JSON-lines log."""
+import argparse
+import time
+
+import torch
+
+import horovod.torch as hvd
+import horovod_hetero.torch as hh
+from elastic_job import log, set_hosts
+
+STRATEGIES = {"sync": hh.Synchronous, "localsgd": lambda: hh.LocalSGD(period=3), "esync": hh.ESync,
+              "wagma": lambda: hh.WAGMA(group_size=2, sync_period=4), "elasticbsp": hh.ElasticBSP,
+              "dssp": hh.DSSP}
+
+
+def main():
+    parser = argparse.ArgumentParser()       # horovodrun reads options after the command too: only a positional
+    parser.add_argument("strategy", choices=STRATEGIES)
+    args = parser.parse_args()
+    hvd.init(process_sets="dynamic")                 # WAGMA adds its groups for each size
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                  named_parameters=model.named_parameters(), strategy=STRATEGIES[args.strategy]())
+    state = hvd.elastic.TorchState(model=model, optimizer=opt, epoch=0, grown=-1, shrunk=-1)
+    sizes = []
+
+    @hvd.elastic.run
+    def train(state):
+        rank, size = hvd.rank(), hvd.size()
+        sizes.append(size)
+        log(event="start", rank=rank, size=size, epoch=state.epoch)
+        deadline, epochs_here = time.monotonic() + 120, 0
+        # done two epochs after the job shrank back to 2 (every survivor saw 2, 4, 2: the same test everywhere;
+        # a reset that only removed workers skips the state's sync, so rank 0's fields may not have arrived)
+        while not (4 in sizes and size == 2 and epochs_here >= 2):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no resize seen: epoch {state.epoch}, size {size}")
+            for _ in range(6):
+                x = torch.full((8, 4), float(rank + 1)) * torch.linspace(-1, 1, 8)[:, None]
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True) * 0.5).backward()
+                opt.step()
+                time.sleep(0.02 * (1 + rank % 2))                        # odd ranks step slower
+            # the epoch ends as in Horovod's elastic examples, with the strategy's sync first: every
+            # rank in the same round, so commit's own collective (it checks for new hosts) meets no round
+            opt.sync_model()
+            state.epoch += 1
+            epochs_here += 1
+            plan = opt.strategy.plan
+            log(event="epoch", rank=rank, size=size, plan=None if plan is None else list(plan.steps))
+            if rank == 0 and size == 2 and state.grown < 0:
+                state.grown = state.epoch
+                set_hosts("localhost:2\n127.0.0.1:2\n")                     # grow to 4
+            if rank == 0 and size == 4 and state.shrunk < 0 and state.epoch >= state.grown + 2:
+                state.shrunk = state.epoch
+                set_hosts("localhost:2\n")                                  # shrink back to 2
+            state.commit()
+        return rank, size
+
+    rank, size = train(state)
+    log(event="end", rank=rank, size=size, epoch=state.epoch, sizes=sizes, step=opt.strategy.step,
+        params=[p.tolist() for p in model.parameters()])
+
+
+if __name__ == "__main__":
+    main()
