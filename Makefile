@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 READY := $(VENV)/.horovod-hetero-ready
 NP ?= 4
 
-.PHONY: demo test test-single test-parallel test-elastic bench bench-wagma bench-planned bench-epochs env clean
+.PHONY: demo test test-single test-parallel test-elastic bench bench-peers bench-wagma bench-planned bench-epochs env clean
 
 $(READY): tools/bootstrap.sh tools/requirements.txt pyproject.toml
 	VENV=$(VENV) bash tools/bootstrap.sh
@@ -37,6 +37,11 @@ test-elastic: $(READY)
 
 bench: $(READY)
 	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) benchmarks/averaging_cost.py
+
+#: hh's averaging beside torch's PeriodicModelAverager and DDP (1.32 M parameters, then 25 M)
+bench-peers: $(READY)
+	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) benchmarks/peers.py --width 1024
+	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) benchmarks/peers.py --width 4864 --reps 7
 
 bench-wagma: $(READY)
 	PYTHONPATH=. $(VENV)/bin/horovodrun -np 4 -H localhost:4 --gloo $(PY) benchmarks/wagma.py
