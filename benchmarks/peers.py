@@ -85,9 +85,14 @@ def round_costs(runs, reps):
     controller = runs[f"hh.LocalSGD({PERIOD})"].opt._hh
     torch_params = list(runs[f"torch PeriodicModelAverager({PERIOD})"].model.parameters())
     flat = torch.cat([q.detach().reshape(-1) for q in torch_params])
+    control = torch.zeros(3 + 5 * hvd.size(), dtype=torch.float64)      # a round's control vector
     kinds = {"hh round (grouped allreduce + control)": lambda: controller.protocol.run_round(),
              "torch average_parameters (Gloo)": lambda: average_parameters(torch_params, dist.group.WORLD),
-             "hvd.allreduce_ of one flat tensor": lambda: hvd.allreduce_(flat, op=hvd.Average, name="peers.flat")}
+             "hvd.allreduce_ of one flat tensor": lambda: hvd.allreduce_(flat, op=hvd.Average, name="peers.flat"),
+             "one flat tensor + control, grouped": lambda: hvd.grouped_allreduce_(
+                 [flat, control], op=hvd.Sum, name="peers.flat_control"),
+             "one flat tensor, then control": lambda: (hvd.allreduce_(flat, op=hvd.Sum, name="peers.flat_sum"),
+                                                       hvd.allreduce_(control, op=hvd.Sum, name="peers.control"))}
     names, times = list(kinds), {name: [] for name in kinds}
     for rep in range(reps):
         for name in names[rep % len(names):] + names[:rep % len(names)]:
