@@ -36,6 +36,8 @@ from horovod_hetero.validation import parse_address
 
 #: Interpreter switch interval while a state server runs in this process (seconds).
 SWITCH_INTERVAL_S = 2e-4
+#: The longest line the server reads (a worker's message is about 100 bytes); a longer one ends the connection.
+MAX_LINE_BYTES = 4096
 
 
 class _Connection(socketserver.StreamRequestHandler):
@@ -47,9 +49,16 @@ class _Connection(socketserver.StreamRequestHandler):
         self.server.owner._connections.add(self.connection)
 
     def handle(self):
+        owner = self.server.owner
         try:
-            for line in self.rfile:
-                reply = self.server.owner.answer(line)
+            while True:
+                line = self.rfile.readline(MAX_LINE_BYTES + 1)
+                if not line:
+                    return
+                if len(line) > MAX_LINE_BYTES:              # no message is this long: not a worker, hang up
+                    owner.rejected += 1
+                    return
+                reply = owner.answer(line)
                 if reply is not None:
                     self.wfile.write(reply)
         except OSError:                                     # the worker went away mid-message
@@ -99,6 +108,7 @@ class StateServer:
         self._server.owner = self
         self.address = f"tcp://{host}:{self._server.server_address[1]}"
         self.handled = 0
+        self.rejected = 0             # lines that were not a worker's message (answered with an error, or cut off)
         self._closed = False
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
                                         name="horovod_hetero-state-server", daemon=True)
@@ -113,8 +123,9 @@ class StateServer:
             with self._lock:
                 reply = self._handle(msg)
                 self.handled += 1
-        except (ValueError, KeyError, TypeError, AttributeError) as e:   # a bad message must not kill the server
-            reply = {"error": f"{type(e).__name__}: {e}"}
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:   # never kills the server
+            self.rejected += 1
+            reply = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
         return None if reply is None else json.dumps(reply).encode() + b"\n"
 
     def _handle(self, msg):

@@ -179,3 +179,25 @@ def test_two_workers_through_the_real_server_fast_runs_several_steps_slow_one():
         transports.close()
     assert slow[1:] == [1] * 4                           # round 1 also holds the unreported warm-up step
     assert min(fast[1:]) >= 3                            # ~5 fit in one slow step
+
+
+def test_deep_nesting_oversized_lines_and_bad_numbers_are_rejected_and_counted(server):
+    with socket.create_connection(parse_address(server.address), timeout=2) as raw:
+        raw.sendall(b"[" * 4000 + b"\n")                                       # RecursionError in json
+        raw.sendall(b'{"op": "query", "rank": 7, "k": 1, "c": 0.1, "round": 0, "seq": 1}\n')   # rank out of range
+        raw.sendall(b'{"op": "query", "rank": 0, "k": 1, "c": Infinity, "round": 0, "seq": 2}\n')
+        lines = raw.makefile("rb")
+        answers = [json.loads(lines.readline()) for _ in range(3)]
+    assert [a["error"].split(":")[0] for a in answers] == ["RecursionError", "ValueError", "ValueError"]
+    assert server.rejected == 3
+    with socket.create_connection(parse_address(server.address), timeout=2) as big:
+        try:
+            big.sendall(b"x" * 100_000)                                        # no newline for 100 kB: cut off
+            hung_up = big.recv(1) == b""                                       # the server closed ...
+        except ConnectionResetError:                                           # ... with our bytes unread
+            hung_up = True
+        assert hung_up
+    assert server.rejected == 4
+    alive = StateClient(server.address, 0)                                     # and still serves workers
+    assert alive.query(1, 0.01, 0) is False and server.handled >= 1
+    alive.close()
