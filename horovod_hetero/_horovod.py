@@ -7,10 +7,13 @@ and ``horovod.tensorflow``, so one base class serves both; a framework's ``Colle
 import os
 import socket
 
+from horovod.common.exceptions import HorovodInternalError
 from horovod.common.process_sets import ProcessSet
 
+from horovod_hetero.errors import ElasticResetError
 from horovod_hetero.rules.grouping import process_set_ranks
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, Collectives, call_with_timeout
+from horovod_hetero.runtime.membership import Membership
 from horovod_hetero.runtime.straggler import Slowdown, check_base_step, check_random_delay, check_slowdown
 from horovod_hetero.runtime.telemetry import Telemetry, telemetry_directory
 from horovod_hetero.validation import check_float, check_host, check_int
@@ -87,6 +90,31 @@ def server_host(all_local):
     return server_host_setting() or socket.gethostbyname(socket.gethostname())
 
 
+def follow_ranks(hvd, process_set, telemetry, build):
+    """The ``Membership`` an adapter reaches its controller through: rebuilt when Horovod's ranks
+    change (``hvd.elastic``'s reset) or a collective raised ``HorovodInternalError``.
+
+    Args:
+        hvd: ``horovod.torch`` or ``horovod.tensorflow``.
+        process_set: the adapter's ``process_set`` (a non-global one does not survive a reset:
+            ``ElasticResetError``).
+        telemetry: the adapter's ``telemetry`` argument; after a reset the previous controller's
+            ``Telemetry`` goes on if this rank kept its number (else a new one: another rank's file).
+        build: ``build(telemetry) -> controller`` for the current ranks.
+    """
+    def rebuild(previous):
+        if previous is None:
+            return build(telemetry)
+        if process_set not in (None, hvd.global_process_set):
+            raise ElasticResetError(
+                f"Horovod was initialised again (an elastic reset) and process_set={process_set!r} did not "
+                f"survive it: with hvd.elastic, train over the global process set (the default)")
+        kept = getattr(previous.telemetry, "rank", None) == hvd.rank()
+        return build(previous.telemetry if kept else telemetry)
+
+    return Membership(rebuild, lambda: (hvd.rank(), hvd.size()), HorovodInternalError)
+
+
 def check_run_options(telemetry, slowdown):
     """Check an adapter's ``telemetry`` and ``slowdown`` and the variables that fill in for them
     (``HOROVOD_HETERO_*``) when the adapter is built, before ``hvd.init()`` is needed; the
@@ -151,18 +179,15 @@ class HorovodCollectives(Collectives):
         if self.process_set != self.hvd.global_process_set:
             raise ValueError("group averaging spans all ranks: leave process_set at its default, "
                              "hvd.global_process_set")
-        table = self.hvd.mpi_ops._basics._get_process_set_ids_and_ranks()
+        table = self.hvd.mpi_ops._basics._get_process_set_ids_and_ranks
         if os.environ.get("HOROVOD_DYNAMIC_PROCESS_SETS") == "1":
             # hvd.init(process_sets="dynamic"): add what is missing, in the same order on every rank
             # (so the groups follow an elastic resize: Horovod's reset drops every set but the global one)
-            known = {tuple(ranks) for ranks in table.values()}
-            for ranks in rank_lists:
-                if tuple(ranks) not in known:
-                    added = call_with_timeout(lambda r=list(ranks): self.hvd.add_process_set(r), self.timeout,
-                                              f"adding the process set {list(ranks)}")
-                    table[added.process_set_id] = list(ranks)
-                    known.add(tuple(ranks))
-        for ranks, set_id in registered_ids(table, rank_lists, init_call).items():
+            registered = list(table().values())
+            for ranks in (list(r) for r in rank_lists if list(r) not in registered):
+                call_with_timeout(lambda: self.hvd.add_process_set(ranks), self.timeout,
+                                  f"adding the process set {ranks}")
+        for ranks, set_id in registered_ids(table(), rank_lists, init_call).items():
             self._sets[ranks] = ps = ProcessSet(list(ranks))
             ps.process_set_id = set_id
 

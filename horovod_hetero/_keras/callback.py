@@ -6,15 +6,13 @@ or torch: weights are read and written through the Keras variable API (``value``
 Python operators, and the collectives are the backend's (``_keras.collectives_class``).
 """
 import numpy as np
-from horovod.common.exceptions import HorovodInternalError
 
-from horovod_hetero._horovod import check_process_set, check_run_options
+from horovod_hetero._horovod import check_process_set, check_run_options, follow_ranks
 from horovod_hetero._keras import collectives_class, value, weights
 from horovod_hetero._keras.horovod_layer import check_optimizer
 from horovod_hetero.rules.partition import epoch_indices, step_times_of
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, Model
 from horovod_hetero.runtime.controller import HeteroController
-from horovod_hetero.runtime.membership import Membership
 from horovod_hetero.runtime.straggler import Pacer, Slowdown
 from horovod_hetero.strategies.base import check_strategy
 from horovod_hetero.validation import check_bool, check_float, check_int
@@ -93,21 +91,23 @@ class HeteroSyncCallbackImpl:
         """The controller, or None before the first fit."""
         return None if self._membership is None else self._membership.controller
 
-    def _build(self, previous):
-        """The controller for Horovod's current ranks (``previous``: the one ``hvd.elastic``'s reset ended)."""
+    def _build(self, telemetry):
+        """The controller for Horovod's current ranks (a new one after ``hvd.elastic``'s reset)."""
         collectives = collectives_class()(self.process_set, self.timeout, owner=type(self).__name__)
-        telemetry = previous.telemetry if previous is not None else self._telemetry
         controller = HeteroController(self.strategy, collectives, KerasModel(self.model), telemetry, self._slowdown)
         if self._pending_state is not None:
             controller.load_state_dict(self._pending_state)
             self._pending_state = None
         return controller
 
-    def _hh_controller(self):
+    def _follow(self):
+        """The ``Membership`` that gives the controller (made at the first fit: it needs ``hvd.init()``)."""
         if self._membership is None:
-            hvd = collectives_class().hvd
-            self._membership = Membership(self._build, lambda: (hvd.rank(), hvd.size()), HorovodInternalError)
-        return self._membership.current()
+            self._membership = follow_ranks(collectives_class().hvd, self.process_set, self._telemetry, self._build)
+        return self._membership
+
+    def _hh_controller(self):
+        return self._follow().current()
 
     @property
     def telemetry(self):
@@ -118,12 +118,11 @@ class HeteroSyncCallbackImpl:
         self._hh_controller().start()
 
     def on_train_batch_end(self, batch, logs=None):
-        hh = self._hh_controller()
-        if logs and "loss" in logs:
-            hh.telemetry.annotate(loss=float(logs["loss"]))
-        if self.batch_size:
-            hh.telemetry.annotate(samples=self.batch_size)
-        with self._membership.guard():
+        with self._follow().guard() as hh:
+            if logs and "loss" in logs:
+                hh.telemetry.annotate(loss=float(logs["loss"]))
+            if self.batch_size:
+                hh.telemetry.annotate(samples=self.batch_size)
             hh.after_step()
 
     def on_epoch_end(self, epoch, logs=None):
@@ -139,8 +138,7 @@ class HeteroSyncCallbackImpl:
     def sync_model(self):
         """Join averaging rounds until every rank has called it; then all weights are identical and
         what the strategy opened is closed."""
-        self._hh_controller()
-        with self._membership.guard() as hh:
+        with self._follow().guard() as hh:
             hh.finish()
 
     def epoch_indices(self, n, epoch, seed=0, shuffle=True):

@@ -242,7 +242,7 @@ class OutsideController:
         telemetry: as ``HeteroController``'s.
     """
 
-    model = step_times = collectives = None
+    model = step_times = collectives = rank = size = None
 
     def __init__(self, strategy, rank, telemetry=None):
         self.strategy = strategy

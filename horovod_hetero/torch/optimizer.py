@@ -10,15 +10,12 @@ import warnings
 import torch
 
 import horovod.torch as hvd
-from horovod.common.exceptions import HorovodInternalError
 from horovod.torch.compression import Compression
 from horovod.torch.optimizer import _DistributedAdasumOptimizer, _DistributedOptimizer
 
-from horovod_hetero._horovod import check_run_options
-from horovod_hetero.errors import ElasticResetError
+from horovod_hetero._horovod import check_run_options, follow_ranks
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, call_with_timeout
 from horovod_hetero.runtime.controller import HeteroController, OutsideController, ring_bytes
-from horovod_hetero.runtime.membership import Membership
 from horovod_hetero.strategies.base import check_strategy
 from horovod_hetero.torch.collectives import TorchCollectives, TorchModel, wait
 from horovod_hetero.torch.sampler import DistributedSampler
@@ -84,9 +81,9 @@ class _Counters:
 class _HeteroMethods:
     """Methods shared by every optimizer kind; copied into the dynamic class."""
 
-    def _hh_setup(self, build):
-        """``build(previous)``: the controller for Horovod's current ranks (``previous``: the one it replaces)."""
-        self._hh_membership = Membership(build, lambda: (hvd.rank(), hvd.size()), HorovodInternalError)
+    def _hh_setup(self, membership):
+        """``membership``: the ``Membership`` that gives the controller for Horovod's current ranks."""
+        self._hh_membership = membership
         self._hh_comm = 0.0
         self._hh_counters = _Counters(self)
         self.param_groups[0][_STATE_KEY] = self._hh_counters
@@ -108,11 +105,6 @@ class _HeteroMethods:
         group[_STATE_KEY] = self._hh_counters
 
     @property
-    def _hh_grad_bytes(self):
-        """Bytes a gradient allreduce sends from this rank (telemetry)."""
-        return ring_bytes(self._hh_grad_payload, getattr(self._hh, "size", None) or 1)
-
-    @property
     def strategy(self):
         return self._hh.strategy
 
@@ -122,12 +114,13 @@ class _HeteroMethods:
         return self._hh.telemetry
 
     def step(self, closure=None):
-        with self._hh_membership.guard():
+        with self._hh_membership.guard() as hh:
             self._hh_adopt()
-            self._hh.start()            # opens at the first step (no collective when built: hvd.elastic's rule)
+            hh.start()                  # opens at the first step (no collective when built: hvd.elastic's rule)
             loss = self._hh_local_step(closure)
             comm, self._hh_comm = self._hh_comm, 0.0
-            self._hh.after_step(comm_s=comm, bytes_sent=self._hh_grad_bytes)
+            # a gradient allreduce's bytes from this rank (telemetry)
+            hh.after_step(comm_s=comm, bytes_sent=ring_bytes(self._hh_grad_payload, hh.size or 1))
         return loss
 
     def sync_model(self):
@@ -139,9 +132,9 @@ class _HeteroMethods:
         sockets) is closed; the next ``step()`` opens it again. Call it before collectives of your
         own (a metric ``hvd.allreduce``, ``hvd.broadcast_*``): it brings every rank to the same round.
         """
-        with self._hh_membership.guard():
+        with self._hh_membership.guard() as hh:
             self._hh_adopt()
-            self._hh.finish()
+            hh.finish()
 
     def state_dict(self):
         self._hh_adopt()
@@ -184,16 +177,16 @@ class _SynchronousOptimizer(_HeteroMethods):
         collectives = self._hh.collectives
         if collectives is None or collectives.process_set != hvd.global_process_set:
             return _HeteroMethods.sync_model(self)
-        with self._hh_membership.guard():
+        with self._hh_membership.guard() as hh:
             self._hh_adopt()
             t0 = time.perf_counter()
             last = call_with_timeout(hvd.join, collectives.timeout, "hvd.join in sync_model")
             handles = [hvd.broadcast_async_(t, root_rank=last, name=f"horovod_hetero.sync.{i}")
-                       for i, t in enumerate(self._hh.model.tensors())]
+                       for i, t in enumerate(hh.model.tensors())]
             for h in handles:
                 wait(h, collectives.timeout, "sync_model broadcast")
-            self._hh.add_comm(time.perf_counter() - t0)
-            self._hh.close()
+            hh.add_comm(time.perf_counter() - t0)
+            hh.close()
 
 
 def _methods(*classes):
@@ -309,22 +302,15 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
         opt = cls(optimizer.param_groups)
     model = TorchModel([p.data for _, p in params] + [b.data for _, b in buffers])
 
-    def build(previous):
-        """The controller for Horovod's current ranks; ``previous``: the one an elastic reset ended."""
-        current = collectives
-        if previous is not None:
-            if process_set not in (None, hvd.global_process_set):
-                raise ElasticResetError(
-                    f"Horovod was initialised again (an elastic reset) and process_set={process_set!r} did not "
-                    f"survive it: with hvd.elastic, train over the global process set (the default)")
-            current = TorchCollectives(process_set, timeout, owner=owner, members_only=False)
-        kept = previous is not None and getattr(previous.telemetry, "rank", None) == hvd.rank()
-        records = previous.telemetry if kept else telemetry
+    first = [collectives]               # the first controller's; after an elastic reset, new ones
+
+    def build(records):
+        current = first.pop() if first else TorchCollectives(process_set, timeout, owner=owner, members_only=False)
         if not current.included:        # as Horovod: a non-member wraps, and steps locally
             return OutsideController(strategy, hvd.rank(), records)
         return HeteroController(strategy, current, model, records, slowdown)
 
-    opt._hh_setup(build)
+    opt._hh_setup(follow_ranks(hvd, process_set, telemetry, build))
     if sampler is not None:
         sampler.optimizer = opt
     return opt
