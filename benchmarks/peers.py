@@ -5,7 +5,8 @@
 Variants, each on its own copy of the same MLP (width 1024: 1.32 M parameters; 4864: 25 M):
 no communication (the floor), torch ``PeriodicModelAverager(8)`` and ``DistributedDataParallel``
 over a ``torch.distributed`` Gloo group beside Horovod's, ``hvd.DistributedOptimizer``,
-``hh.Synchronous()`` and ``hh.LocalSGD(8)``. Every repetition times each variant once, back to back,
+``hh.Synchronous()``, ``hh.LocalSGD(8)`` and Horovod's optimizer with one explicit group (its
+gradients allreduced after the backward pass, nothing overlapped). Every repetition times each variant once, back to back,
 in a rotating order; ratios are taken within a repetition (paired), and the table gives their median
 and interquartile range, so the drifts of a shared machine cancel.
 """
@@ -32,23 +33,34 @@ def make(width):
 
 
 class Variant:
-    """A model, its optimizer and what runs after ``step()`` (torch's averager)."""
+    """A model, its optimizer and what runs after ``step()`` (torch's averager).
 
-    def __init__(self, width, wrap, after=None, model_wrap=None):
+    ``phase``: for a periodic averager, the averaging steps are those with ``(i + phase) % PERIOD == 0``
+    (0-based, counted from the first timed step; the warm-up is one period, so the phase holds)."""
+
+    def __init__(self, width, wrap, after=None, model_wrap=None, phase=None):
         self.model = make(width)
         self.forward = model_wrap(self.model) if model_wrap else self.model
         self.opt = wrap(torch.optim.SGD(self.model.parameters(), lr=0.01), self.model)
         self.after = after(self) if after else None
+        self.phase = phase
+        self.by_position = [[] for _ in range(PERIOD)]     # seconds per step, by steps since the averaging
 
-    def steps(self, x, y, n):
-        t0 = time.perf_counter()
-        for _ in range(n):
+    def steps(self, x, y, n, record=True):
+        times = np.empty(n)
+        t0 = start = time.perf_counter()
+        for i in range(n):
             self.opt.zero_grad()
             torch.nn.functional.cross_entropy(self.forward(x), y).backward()
             self.opt.step()
             if self.after:
                 self.after()
-        return (time.perf_counter() - t0) / n
+            t1 = time.perf_counter()
+            times[i], t0 = t1 - t0, t1
+        if record and self.phase is not None:     # position 0: the averaging step; 1..7: the local steps after it
+            for position in range(PERIOD):
+                self.by_position[position].append(np.median(times[(np.arange(n) + self.phase) % PERIOD == position]))
+        return (t0 - start) / n
 
 
 def periodic_averager(variant):
@@ -58,15 +70,20 @@ def periodic_averager(variant):
 
 VARIANTS = {
     "no communication": lambda w: Variant(w, lambda o, m: o),
-    f"torch PeriodicModelAverager({PERIOD})": lambda w: Variant(w, lambda o, m: o, after=periodic_averager),
+    # torch's averager (warmup_steps=0) averages at its calls 0, 8, ...; hh.LocalSGD(8) after steps 8, 16, ...
+    f"torch PeriodicModelAverager({PERIOD})": lambda w: Variant(w, lambda o, m: o, after=periodic_averager, phase=0),
     f"hh.LocalSGD({PERIOD})": lambda w: Variant(w, lambda o, m: hh.DistributedOptimizer(
-        o, named_parameters=m.named_parameters(), strategy=hh.LocalSGD(PERIOD))),
+        o, named_parameters=m.named_parameters(), strategy=hh.LocalSGD(PERIOD)), phase=1),
     "torch DistributedDataParallel": lambda w: Variant(
         w, lambda o, m: o, model_wrap=lambda m: torch.nn.parallel.DistributedDataParallel(m)),
     "hvd.DistributedOptimizer": lambda w: Variant(w, lambda o, m: hvd.DistributedOptimizer(
         o, named_parameters=m.named_parameters())),
     "hh.Synchronous()": lambda w: Variant(w, lambda o, m: hh.DistributedOptimizer(
         o, named_parameters=m.named_parameters(), strategy=hh.Synchronous())),
+    # Horovod's explicit grouping with one group: one allreduce, enqueued when the last gradient is
+    # ready (after the backward pass), so nothing overlaps; the default overlaps tensor by tensor
+    "hvd.DistributedOptimizer(groups=1)": lambda w: Variant(w, lambda o, m: hvd.DistributedOptimizer(
+        o, named_parameters=m.named_parameters(), groups=1)),
 }
 #: (numerator, denominator) pairs printed as paired ratios
 RATIOS = [(f"hh.LocalSGD({PERIOD})", f"torch PeriodicModelAverager({PERIOD})"),
@@ -74,19 +91,21 @@ RATIOS = [(f"hh.LocalSGD({PERIOD})", f"torch PeriodicModelAverager({PERIOD})"),
           (f"hh.LocalSGD({PERIOD})", "no communication"),
           ("hh.Synchronous()", "hvd.DistributedOptimizer"),
           ("hh.Synchronous()", "torch DistributedDataParallel"),
-          ("hvd.DistributedOptimizer", "torch DistributedDataParallel")]
+          ("hvd.DistributedOptimizer", "torch DistributedDataParallel"),
+          ("hvd.DistributedOptimizer", "hvd.DistributedOptimizer(groups=1)")]
 
 
 def round_costs(runs, reps):
-    """Seconds per averaging of the same parameters: hh's round (one grouped allreduce of the
-    tensors and the round's control vector), torch's ``average_parameters`` (one flat Gloo
-    allreduce), and Horovod's allreduce of one flat copy (the floor of Horovod's own collective)."""
+    """Seconds per averaging of the same parameters: hh's round (its flat parameter tensor and the
+    round's control vector in one grouped allreduce, then the division), torch's
+    ``average_parameters`` (flatten, one Gloo allreduce, copy back), and Horovod's allreduce of one
+    flat copy alone and with a control vector (the floors of Horovod's own collective)."""
     from torch.distributed.algorithms.model_averaging.utils import average_parameters
     controller = runs[f"hh.LocalSGD({PERIOD})"].opt._hh
     torch_params = list(runs[f"torch PeriodicModelAverager({PERIOD})"].model.parameters())
     flat = torch.cat([q.detach().reshape(-1) for q in torch_params])
     control = torch.zeros(3 + 5 * hvd.size(), dtype=torch.float64)      # a round's control vector
-    kinds = {"hh round (grouped allreduce + control)": lambda: controller.protocol.run_round(),
+    kinds = {"hh round (flat tensor + control)": lambda: controller.protocol.run_round(),
              "torch average_parameters (Gloo)": lambda: average_parameters(torch_params, dist.group.WORLD),
              "hvd.allreduce_ of one flat tensor": lambda: hvd.allreduce_(flat, op=hvd.Average, name="peers.flat"),
              "one flat tensor + control, grouped": lambda: hvd.grouped_allreduce_(
@@ -130,7 +149,7 @@ def main():
     x, y = torch.randn(args.batch, 256), torch.randint(0, 10, (args.batch,))
     runs = {name: build(args.width) for name, build in VARIANTS.items()}
     for variant in runs.values():
-        variant.steps(x, y, PERIOD)                                       # warm-up
+        variant.steps(x, y, PERIOD, record=False)                         # warm-up
     names = list(VARIANTS)
     times = {name: [] for name in names}
     for rep in range(args.reps):
@@ -148,6 +167,18 @@ def main():
         for a, b in RATIOS:
             q1, med, q3 = np.percentile(np.array(times[a]) / np.array(times[b]), [25, 50, 75])
             print(f"{a + ' / ' + b:<72} {med:>7.3f} {q1:>7.3f}-{q3:<7.3f}")
+        floor = np.array(times["no communication"])
+        print(f"\nsteps by position after the averaging step (0), ms (median of the repetitions' medians), "
+              f"and the local steps' mean over positions 1-{PERIOD - 1} / no communication (paired)")
+        print(f"{'variant':<40} " + " ".join(f"{p:>6}" for p in range(PERIOD)) + f" {'local/floor':>12} {'IQR':>13}")
+        for name in names:
+            if runs[name].phase is None:
+                continue
+            by = np.array(runs[name].by_position)                          # (position, repetition)
+            ratio = by[1:].mean(axis=0) / floor
+            q1, med, q3 = np.percentile(ratio, [25, 50, 75])
+            print(f"{name:<40} " + " ".join(f"{v:>6.2f}" for v in np.median(by, axis=1) * 1000)
+                  + f" {med:>12.3f} {q1:>6.3f}-{q3:<6.3f}")
     rounds = round_costs(runs, args.reps)
     if hvd.rank() == 0:
         torch_round = np.array(rounds["torch average_parameters (Gloo)"])

@@ -300,7 +300,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
                           "call step() after the backward passes you want to accumulate")
         cls = type(name, (optimizer.__class__,), _methods(_HeteroMethods, _LocalOptimizer))
         opt = cls(optimizer.param_groups)
-    model = TorchModel([p.data for _, p in params] + [b.data for _, b in buffers])
+    model = TorchModel([p for _, p in params] + [b for _, b in buffers])
 
     first = [collectives]               # the first controller's; after an elastic reset, new ones
 

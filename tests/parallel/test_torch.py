@@ -148,8 +148,17 @@ def test_one_fused_collective_per_averaging_step(monkeypatch):
                                   named_parameters=model.named_parameters(),
                                   named_buffers=model.named_buffers(), strategy=hh.LocalSGD(period=2))
     train(model, opt, [(torch.randn(6, 4), torch.randint(0, 4, (6,))) for _ in range(4)])
-    # 4 parameters + 2 float buffers + the control vector, once per averaging step (2 and 4)
-    assert calls == [(7, "horovod_hetero.average")] * 2
+    # one flat tensor (4 parameters + 2 float buffers, in name order) + the control vector, once per
+    # averaging step (2 and 4)
+    assert calls == [(2, "horovod_hetero.average")] * 2
+    names = sorted(dict(model.named_parameters())) + ["1.running_mean", "1.running_var"]
+    flat = opt._hh.model.tensors()[0]
+    offset = 0
+    for name in names:                   # every tensor at its offset in the name order, no copy
+        tensor = dict(model.named_parameters(), **dict(model.named_buffers()))[name]
+        assert tensor.data_ptr() == flat.data_ptr() + offset * flat.element_size(), name
+        offset += tensor.numel()
+    assert offset == flat.numel()
 
 
 def test_telemetry_counts_local_steps_and_syncs():

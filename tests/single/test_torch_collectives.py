@@ -48,14 +48,14 @@ def collectives(sets=None):
 def test_every_tensor_of_every_round_is_on_the_models_device_control_in_float64(monkeypatch, device):
     fake = RecordingHorovod(monkeypatch)
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4)).to(device)
-    tensors = [p.data for p in model.parameters()] + [b.data for b in model.buffers() if b.is_floating_point()]
+    tensors = list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()]
     ctl = HeteroController(LocalSGD(period=2), collectives(), TorchModel(tensors))
     for _ in range(4):
         ctl.after_step()
     assert [name for name, _ in fake.groups] == ["horovod_hetero.average"] * 2
     for _, group in fake.groups:
         assert {d for d, _ in group} == {tensors[0].device}
-        assert [t for _, t in group] == [torch.float32] * len(tensors) + [torch.float64]
+        assert [t for _, t in group] == [torch.float32, torch.float64]      # one flat tensor, the control
 
 
 def test_the_control_vector_follows_the_model_to_another_device_rounds_and_groups(monkeypatch):
@@ -75,3 +75,71 @@ def test_a_group_of_every_rank_is_averaged_over_the_whole_set():
     c = collectives()
     c.size = 2
     assert c.process_set_of((0, 1)) is c.process_set and c.process_set_of(None) is c.process_set
+
+
+# --- the flat layout: parameters as views into one tensor per (dtype, device) ---------------------
+
+def _net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
+
+
+def _floating(net):
+    return list(net.parameters()) + [b for b in net.buffers() if b.is_floating_point()]
+
+
+def test_the_flat_tensor_holds_the_fusion_buffers_bytes_and_the_parameters_are_views_into_it():
+    net = _net()
+    tensors = _floating(net)
+    before = torch.cat([t.detach().reshape(-1).clone() for t in tensors])   # what Horovod's fusion buffer held
+    ids = [id(t) for t in tensors]
+    model = TorchModel(tensors)
+    (flat,) = model.tensors()
+    assert torch.equal(flat, before)
+    assert [id(t) for t in _floating(net)] == ids                           # the same Parameter objects
+    assert all(isinstance(p, torch.nn.Parameter) and p.requires_grad for p in net.parameters())
+    offset = 0
+    for t in tensors:                                                      # each at its offset, no copy
+        assert t.data_ptr() == flat.data_ptr() + offset * flat.element_size()
+        offset += t.numel()
+    opt = torch.optim.SGD(net.parameters(), lr=0.5, momentum=0.9)
+    net(torch.randn(5, 3)).sum().backward()
+    grads = [p.grad.clone() for p in net.parameters()]
+    old = [p.detach().clone() for p in net.parameters()]
+    opt.step()                                                             # the optimizer writes into the flat
+    assert all(torch.equal(p.detach(), o - 0.5 * g) for p, o, g in zip(net.parameters(), old, grads))
+    assert torch.equal(model.tensors()[0], torch.cat([t.detach().reshape(-1) for t in tensors]))
+    model.assign([torch.full_like(flat, 6.0)], divisor=3.0)                 # a round's result lands in the model
+    assert all(bool((t == 2.0).all()) for t in tensors)
+
+
+def test_rebinding_after_wrapping_packs_again_with_the_values_kept():
+    """Parameters rebound by ``module.to()``/``double()`` are followed (buffers are replaced by new
+    tensor objects there, which no wrapper sees: move the model before wrapping, as Horovod says)."""
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    model = TorchModel(list(net.parameters()))
+    net.double()                                                           # rebinds every .data (module._apply)
+    (flat,) = model.tensors()
+    assert flat.dtype == torch.float64 and torch.equal(flat, torch.cat([t.detach().reshape(-1) for t in net.parameters()]))
+    weight = net[0].weight
+    weight.data = torch.full((4, 3), 7.0, dtype=torch.float64)             # one tensor rebound by the user
+    (flat,) = model.tensors()
+    assert torch.equal(flat[:12], torch.full((12,), 7.0, dtype=torch.float64))
+    assert weight.data_ptr() == flat.data_ptr()
+    assert model.tensors() is model.tensors()                              # no repacking while bound
+
+
+def test_dtypes_get_a_flat_tensor_each_and_tensors_that_do_not_own_their_memory_stay_separate():
+    shared = torch.zeros(10)
+    half = torch.nn.Parameter(torch.ones(3, dtype=torch.float16))
+    full = torch.nn.Parameter(torch.full((2,), 2.0))
+    transposed = torch.nn.Parameter(torch.arange(6.0).reshape(2, 3).t())    # not contiguous
+    view = torch.nn.Parameter(shared[2:5])                                  # lives in someone else's buffer
+    model = TorchModel([half, full, transposed, view])
+    out = model.tensors()
+    assert [(t.dtype, t.numel()) for t in out] == [(torch.float16, 3), (torch.float32, 2),
+                                                   (torch.float32, 6), (torch.float32, 3)]
+    assert out[2].data_ptr() == transposed.data_ptr() and not out[2].is_contiguous()
+    assert out[3].data_ptr() == shared.data_ptr() + 2 * 4                  # still a view of the user's buffer
+    model.assign([t * 0 + 3 for t in out])
+    assert float(shared[3]) == 3.0 and float(transposed.detach().sum()) == 18.0 and float(half.detach().sum()) == 9.0
