@@ -38,20 +38,24 @@ class Steps:
 
 def as_period(name, value):
     """Seconds (a finite number > 0) or ``Steps``; a string ``"200steps"`` (or ``"200 steps"``) is
-    ``Steps(200)``. Anything else raises a ``TypeError``/``ValueError`` naming ``name``.
+    ``Steps(200)``, ``"60s"`` is 60 seconds. Anything else raises a ``TypeError``/``ValueError``
+    naming ``name``.
 
     Example:
-        >>> as_period("check_period", "8steps"), as_period("check_period", 60)
-        (Steps(count=8), 60.0)
+        >>> as_period("check_period", "8steps"), as_period("check_period", 60), as_period("check_period", "2.5s")
+        (Steps(count=8), 60.0, 2.5)
     """
-    accepted = "seconds (a number > 0), a step count such as '200steps', or hh.Steps(200)"
+    accepted = "seconds (a number > 0, or a string such as '60s'), a step count such as '200steps', or hh.Steps(200)"
     if isinstance(value, Steps):
         return value
     if isinstance(value, str):
-        match = re.fullmatch(r"\s*(\d+)\s*steps?\s*", value)
-        if not match or int(match.group(1)) < 1:
-            raise ValueError(f"{name} must be {accepted}, got {value!r}")
-        return Steps(int(match.group(1)))
+        steps = re.fullmatch(r"\s*(\d+)\s*steps?\s*", value)
+        seconds = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*s\s*", value)
+        if steps and int(steps.group(1)) >= 1:
+            return Steps(int(steps.group(1)))
+        if seconds and float(seconds.group(1)) > 0:
+            return float(seconds.group(1))
+        raise ValueError(f"{name} must be {accepted}, got {value!r}")
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be {accepted}, got {value!r} ({type(value).__name__})")
     return check_float(name, value, 0.0, min_exclusive=True)

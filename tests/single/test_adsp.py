@@ -292,6 +292,8 @@ def test_state_dict_round_trip():
     ({"check_period": math.inf}, ValueError, "check_period"),
     ({"check_period": "60"}, ValueError, "check_period must be seconds"),
     ({"check_period": "0steps"}, ValueError, "check_period"),
+    ({"check_period": "0s"}, ValueError, "check_period"),
+    ({"check_period": "-1s"}, ValueError, "check_period"),
     ({"check_period": None}, TypeError, "check_period"),
     ({"check_period": True}, TypeError, "check_period"),
     ({"check_period": [60]}, TypeError, "check_period"),
@@ -318,3 +320,4 @@ def test_simulated_cluster_fast_workers_step_more_per_commit_and_wait_little():
     assert check_strategy(ADSP()).label == "ADSP(60s)" and repr(ADSP("8steps", None)) == \
         "ADSP(check_period='8steps', search_every=None)"
     assert ADSP("8steps").search_every == Steps(160) and ADSP(60.0).search_every == 1200.0
+    assert ADSP("1.5s", "30s").check_period == 1.5 and ADSP("1.5s", "30s").search_every == 30.0
