@@ -222,9 +222,7 @@ class ADSP(Strategy):
         losses = stats.loss[np.isfinite(stats.loss)]
         loss = float(losses.mean()) if losses.size else math.nan
         self._fields["global_loss"] = None if math.isnan(loss) else loss
-        gamma = self.check_period_s()
-        limit = max(1, int(gamma / self.slow_step_s)) if gamma and self.slow_step_s else None
-        trial = self.search.add(self.elapsed, loss, max_rate=limit)
+        trial = self.search.add(self.elapsed, loss, max_rate=self.max_rate())
         if trial is not None:
             self._fields["search"] = trial
             if trial.get("stalled") and self.rank == 0:
@@ -241,6 +239,14 @@ class ADSP(Strategy):
             self._period_left -= 1
             if self._period_left <= 0:
                 self._checkpoint()
+
+    def max_rate(self):
+        """The highest rate whose commit interval holds one step of the slowest rank (None: unmeasured)."""
+        if isinstance(self.check_period, Steps):
+            return self.check_period.count
+        if not self.slow_step_s:
+            return None
+        return max(1, math.floor(self.check_period / self.slow_step_s + 1e-9))
 
     def _checkpoint(self):
         """A checkpoint: C_target = c_i + ΔC_target commits by the next one, ΔC_target rounds away."""

@@ -186,6 +186,10 @@ def test_a_step_count_period_is_steps_of_the_slowest_rank():
     warm_up(s, clock, SPEEDS, exit_at=5.5)
     assert s.check_period_s() == 4.0 and s.deadline == 9.5
     assert steps_until_average(s, clock, 0.125) == 32
+    assert s.max_rate() == 8 and started(0, check_period=2.0)[0].max_rate() is None
+    s, clock = started(0, check_period=2.0)
+    warm_up(s, clock, SPEEDS, exit_at=5.5)
+    assert s.max_rate() == 4                                      # 2 s holds four of the slowest rank's steps
     assert Steps(8) == ADSP(check_period=Steps(8)).check_period == ADSP(check_period=" 8 steps").check_period
 
 
