@@ -1,4 +1,4 @@
-"""ElasticBSP and DSSP beside Synchronous and ESync, same run: the figures of their issue.
+"""ElasticBSP, DSSP and ADSP beside Synchronous and ESync, same run: the figures of their issues.
 
     PYTHONPATH=. .venv/bin/python benchmarks/planned.py [--slowdown 1,1,1,4] [--strategies ...]
     (make bench-planned)
@@ -8,7 +8,8 @@ each strategy's telemetry:
 
 - wait per round: in every round each rank's time in it minus the least of any rank's (the last to
   arrive waits for nobody), averaged over rounds and the fastest ranks, and as a share of the
-  slowest rank's mean step;
+  slowest rank's mean step; "all" averages over every rank;
+- ADSP's search: every finished trial rank 0's telemetry recorded (``--plans``);
 - planning: the strategy's bookkeeping after rounds (ZipLine or the controller; ``plan_s``) as a
   share of the wall time;
 - plans: each distinct plan, from which round and second it holds, and the speeds that round
@@ -34,7 +35,8 @@ from horovod_hetero.runtime.telemetry import load
 from horovod_hetero.simulate import Cluster, simulate
 
 SIMULATED = {"sync": lib.Synchronous, "esync": lib.ESync, "localsgd": lambda: lib.LocalSGD(8),
-             "elasticbsp": lambda: lib.ElasticBSP(15), "dssp": lambda: lib.DSSP((3, 15))}
+             "elasticbsp": lambda: lib.ElasticBSP(15), "dssp": lambda: lib.DSSP((3, 15)),
+             "adsp": lambda: lib.ADSP("10steps")}
 
 
 def folder(label):
@@ -49,17 +51,20 @@ def analyse(key, out, batch):
     mean_step = np.array([statistics.fmean(r["compute_s"] for r in by_rank[k][1:]) for k in ranks])
     fast = [i for i, s in enumerate(mean_step) if s <= mean_step.min() * 1.2]
     rounds = {}                                       # round -> {rank: seconds in it}
-    plans, plan_s = [], 0.0
+    plans, plan_s, searches = [], 0.0, []
     start = min(r["time"] for k in ranks for r in by_rank[k])
     for i, k in enumerate(ranks):
         for r in by_rank[k]:
             if "round" in r:
                 rounds.setdefault(r["round"], {})[i] = r["comm_s"]
                 plan_s += r.get("plan_s", 0.0) if i == 0 else 0.0
+                if i == 0 and "search" in r:
+                    searches.append((r["round"], r["time"] - start, r["search"]))
                 if i == 0 and "plan" in r and (not plans or plans[-1][2] != r["plan"]):
                     plans.append((r["round"], r["time"] - start, r["plan"], r["ranks"]["step_s"]))
     full = [v for v in rounds.values() if len(v) == len(ranks)][1:]      # the first: start-up
     waits = [v[i] - min(v.values()) for v in full for i in fast]
+    waits_all = [v[i] - min(v.values()) for v in full for i in v]
     if full:
         cost = statistics.median(min(v.values()) for v in full)
     else:                                           # Synchronous: the gradient allreduce of every step
@@ -73,6 +78,7 @@ def analyse(key, out, batch):
         if key in SIMULATED else float("nan")
     return {"samples_per_s": result["samples_per_s"], "accuracy": result["accuracy"],
             "wall_s": result["wall_s"], "wait_s": statistics.fmean(waits) if waits else float("nan"),
+            "wait_all_s": statistics.fmean(waits_all) if waits_all else float("nan"), "searches": searches,
             "slowest_step_s": float(mean_step.max()), "plan_share": plan_s / result["wall_s"],
             "steady": steady, "predicted": predicted, "plans": plans, "rounds": len(rounds)}
 
@@ -97,13 +103,21 @@ def main():
     esync = rows.get("esync", {}).get("samples_per_s")
     print(f"\nslowdown {args.slowdown}" + (f", random delay {args.random_delay}" if args.random_delay else ""))
     print(f"{'strategy':<16} {'samples/s':>9} {'vs first':>8} {'vs ESync':>8} {'acc':>6} {'rounds':>6} "
-          f"{'wait/round':>10} {'of slowest step':>15} {'planning':>9} {'steady':>7} {'simulated':>9} {'sim/steady':>10}")
+          f"{'wait/round':>10} {'of slowest step':>15} {'all ranks':>9} {'planning':>9} {'steady':>7} {'simulated':>9} "
+          f"{'sim/steady':>10}")
     for k in keys:
         r = rows[k]
         print(f"{DEMO_STRATEGIES[k][0]:<16} {r['samples_per_s']:>9.0f} {r['samples_per_s'] / base:>7.2f}x "
               f"{(r['samples_per_s'] / esync if esync else float('nan')):>7.2f}x {r['accuracy']:>6.3f} "
               f"{r['rounds']:>6} {r['wait_s'] * 1000:>8.1f}ms {r['wait_s'] / r['slowest_step_s']:>15.1%} "
+              f"{r['wait_all_s'] * 1000:>7.1f}ms "
               f"{r['plan_share']:>9.3%} {r['steady']:>7.0f} {r['predicted']:>9.0f} {r['predicted'] / r['steady']:>9.2f}x")
+    for k in keys:
+        for rnd, t, s in rows[k]["searches"]:
+            fitted = (f"a1 {s['a1']:.4g} a2 {s['a2']:.4g} a3 {s['a3']:.4g} reward {s['reward']:.4g}"
+                      + (f" (best {s['best_reward']:.4g})" if "best_reward" in s else "")) if "reward" in s else "too few losses"
+            print(f"{DEMO_STRATEGIES[k][0]} search, round {rnd:>4} at {t:6.1f} s: rate {s['candidate']} {fitted} "
+                  f"-> rate {s['rate']}{'' if s['searching'] else ' (settled)'}")
     for k in keys:
         if rows[k]["plans"] and (args.plans or len(rows[k]["plans"]) <= 12):
             print(f"\n{DEMO_STRATEGIES[k][0]}: plan changes (round, second, plan, speeds the round carried)")

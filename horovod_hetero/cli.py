@@ -26,6 +26,7 @@ DEMO_STRATEGIES = {"sync": ("Synchronous", TORCH, ["--strategy", "sync"]),
                    "wagma": ("WAGMA(S=2,8)", TORCH, ["--strategy", "wagma", "--period", "8"]),
                    "elasticbsp": ("ElasticBSP(15)", TORCH, ["--strategy", "elasticbsp", "--lookahead", "15"]),
                    "dssp": ("DSSP(3,15)", TORCH, ["--strategy", "dssp", "--staleness", "3", "15"]),
+                   "adsp": ("ADSP(10steps)", TORCH, ["--strategy", "adsp", "--check-period", "10steps"]),
                    "keras-esync": ("ESync, Keras 3", KERAS, ["--strategy", "esync"])}
 
 
@@ -146,7 +147,7 @@ def parse_floats(text, name):
 @click.option("--speeds", required=True,
               help="seconds per step of each worker: 1,1,1,4 or 1.0x4,3.2x4 (value x count)")
 @click.option("--strategy", "strategies", default="all", show_default=True,
-              help="all, or a comma list of sync, localsgd, esync, elasticbsp, dssp, wagma")
+              help="all, or a comma list of sync, localsgd, esync, elasticbsp, dssp, wagma, adsp")
 @click.option("--duration", default=300.0, show_default=True, help="simulated seconds")
 @click.option("--jitter", default=0.0, show_default=True, help="relative std of each step's time")
 @click.option("--change-at", type=float, default=None, help="time at which step times change")
@@ -161,11 +162,13 @@ def parse_floats(text, name):
 @click.option("--s-upper", default=15, show_default=True, help="DSSP upper staleness bound")
 @click.option("--group-size", type=int, default=None, help="WAGMA group size (default: nearest sqrt(P))")
 @click.option("--wagma-period", default=10, show_default=True, help="WAGMA global averaging period")
+@click.option("--check-period", default="10steps", show_default=True,
+              help="ADSP check period: steps of the slowest worker (10steps) or seconds (4s)")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--per-worker", is_flag=True, help="also print every worker's steps and compute ratio")
 @click.option("--png", type=click.Path(dir_okay=False), default=None, help="write a bar chart here")
 def simulate(speeds, strategies, duration, jitter, change_at, change_factors, model_mb, bandwidth_gbps,
-             latency_us, batch, period, lookahead, s_lower, s_upper, group_size, wagma_period, seed,
+             latency_us, batch, period, lookahead, s_lower, s_upper, group_size, wagma_period, check_period, seed,
              per_worker, png):
     """Simulate the strategies on a cluster of workers with the given speeds.
 
@@ -177,7 +180,7 @@ def simulate(speeds, strategies, duration, jitter, change_at, change_factors, mo
     makers = {"sync": lambda: lib.Synchronous(), "localsgd": lambda: lib.LocalSGD(period),
               "esync": lambda: lib.ESync(), "elasticbsp": lambda: lib.ElasticBSP(lookahead),
               "dssp": lambda: lib.DSSP((s_lower, s_upper)),
-              "wagma": lambda: lib.WAGMA(group_size, wagma_period)}
+              "wagma": lambda: lib.WAGMA(group_size, wagma_period), "adsp": lambda: lib.ADSP(check_period)}
     names = list(makers) if strategies == "all" else [n.strip() for n in strategies.split(",")]
     unknown = [n for n in names if n not in makers]
     if unknown:
@@ -196,7 +199,7 @@ def simulate(speeds, strategies, duration, jitter, change_at, change_factors, mo
     for name in names:
         try:
             strategy = makers[name]()
-        except ValueError as e:
+        except (TypeError, ValueError) as e:
             raise click.BadParameter(str(e), param_hint=f"the {name} options") from None
         try:
             results += sim.compare(cluster, [strategy], duration)

@@ -26,7 +26,6 @@ Example:
 """
 import copy
 import heapq
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,6 +49,10 @@ class Cluster:
         bandwidth: bytes per second per link.
         samples_per_step: mini-batch size, for samples/s.
         seed: random seed of the jitter.
+        staleness: the synthetic training loss every step reports (what ``ADSP`` searches on):
+            ``1 / (1 + progress / 1000) + 0.05``, where every step adds ``1 / (1 + k / staleness)``
+            to the cluster's progress, k being the worker's local steps since its last round (a
+            stale replica's step helps less), a number > 0.
     """
 
     step_times: list
@@ -61,6 +64,7 @@ class Cluster:
     bandwidth: float = 1.25e9
     samples_per_step: int = 32
     seed: int = 0
+    staleness: float = 16.0
     rng: np.random.Generator = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -77,6 +81,7 @@ class Cluster:
         check_float("bandwidth", self.bandwidth, 0.0, min_exclusive=True)
         check_float("latency_s", self.latency_s, 0.0)
         check_float("model_bytes", self.model_bytes, 0.0)
+        check_float("staleness", self.staleness, 0.0, min_exclusive=True)
         self.rng = np.random.default_rng(self.seed)
         self._normals = []
 
@@ -105,6 +110,10 @@ class Cluster:
         if not self._normals:
             self._normals = self.rng.standard_normal(65536).tolist()
         return mean * max(0.05, 1.0 + self.jitter * self._normals.pop())
+
+    def loss(self, progress):
+        """The synthetic training loss after ``progress`` (see ``staleness``)."""
+        return 1.0 / (1.0 + progress / 1000.0) + 0.05
 
     def allreduce_s(self, k):
         """Seconds of a ring allreduce of the model over k workers."""
@@ -227,6 +236,7 @@ def simulate(cluster, strategy, duration):
         worker.start(Context(rank, n, _SimTransports(world, rank), None, world.clock))
     steps, compute, wait, comm, syncs, sent = (np.zeros(n) for _ in range(6))
     since, since_s = np.zeros(n, dtype=np.int64), np.zeros(n)      # this round's steps and compute
+    since_loss, progress = np.zeros(n), 0.0                         # the synthetic loss (Cluster.staleness)
     running = np.zeros(n)                                           # duration of each worker's step
     barrier, past, events, rounds, end, round_steps = {}, set(), [], 0, 0.0, []
 
@@ -243,7 +253,10 @@ def simulate(cluster, strategy, duration):
         compute[q] += running[q]
         since[q] += 1
         since_s[q] += running[q]
-        decision = workers[q].after_step(StepReport(float(running[q]), samples=cluster.samples_per_step))
+        progress += 1.0 / (1.0 + since[q] / cluster.staleness)
+        loss = cluster.loss(progress)
+        since_loss[q] += loss
+        decision = workers[q].after_step(StepReport(float(running[q]), loss, cluster.samples_per_step))
         if strategy.averages_gradients:            # a gradient allreduce after every step
             decision = AVERAGE
         if t >= duration:
@@ -261,13 +274,13 @@ def simulate(cluster, strategy, duration):
             sent += cluster.ring_bytes(n)
             rounds += 1
             with np.errstate(invalid="ignore", divide="ignore"):
-                stats = RoundStats(local_steps=since.copy(), step_s=since_s / since, loss=np.full(n, math.nan),
+                stats = RoundStats(local_steps=since.copy(), step_s=since_s / since, loss=since_loss / since,
                                    samples=since * cluster.samples_per_step, done=np.zeros(n, dtype=bool))
             result = RoundResult(rounds, 1.0, float(n), 0, stats)
             round_steps.append(stats.local_steps)
             for worker in workers:
                 worker.after_round(result)
-            since[:], since_s[:] = 0, 0.0
+            since[:], since_s[:], since_loss[:] = 0, 0.0, 0.0
             barrier.clear()
             if end >= duration:
                 break

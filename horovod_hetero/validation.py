@@ -60,6 +60,29 @@ def _check_range(name, value, minimum, maximum, kind="an int"):
         raise ValueError(f"{name} must be <= {maximum}, got {value!r}")
 
 
+def check_loss(value, name="loss"):
+    """A training loss as a float: a real number, or a one-element tensor or array (``.item()``).
+    NaN and infinity pass (strategies skip them); anything else raises a ``TypeError`` naming ``name``.
+
+    Example:
+        >>> check_loss(0.5), check_loss(float("nan"))
+        (0.5, nan)
+        >>> check_loss("0.5")
+        Traceback (most recent call last):
+        ...
+        TypeError: loss must be a number or a one-element tensor, got '0.5' (str)
+    """
+    item = getattr(value, "item", None)
+    if callable(item) and not isinstance(value, numbers.Real):
+        try:
+            value = item()                      # a tensor of several elements raises here
+        except (ValueError, RuntimeError, TypeError):
+            pass
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number or a one-element tensor, got {value!r} ({type(value).__name__})")
+    return float(value)
+
+
 def as_schedule(name, value, minimum=1):
     """Convert an int or a ``step -> int`` callable into a checked ``step -> int`` function.
 

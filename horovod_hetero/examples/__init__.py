@@ -12,7 +12,7 @@ from horovod_hetero import strategies
 
 def add_strategy_arguments(parser):
     """The options that choose and configure a strategy, on an ``argparse`` parser."""
-    parser.add_argument("--strategy", choices=["sync", "localsgd", "esync", "wagma", "elasticbsp", "dssp"],
+    parser.add_argument("--strategy", choices=["sync", "localsgd", "esync", "wagma", "elasticbsp", "dssp", "adsp"],
                         default="localsgd")
     parser.add_argument("--period", type=int, default=8, help="LocalSGD period, WAGMA sync_period")
     parser.add_argument("--warmup-steps", type=int, default=0, help="LocalSGD steps averaged each")
@@ -21,6 +21,8 @@ def add_strategy_arguments(parser):
     parser.add_argument("--group-size", type=int, default=None, help="WAGMA group size (default: nearest sqrt(P))")
     parser.add_argument("--lookahead", type=int, default=15, help="ElasticBSP lookahead R")
     parser.add_argument("--staleness", type=int, nargs=2, default=(3, 15), metavar=("LOW", "HIGH"), help="DSSP bounds")
+    parser.add_argument("--check-period", default="10steps", help="ADSP check period: 10steps (of the slowest worker) or 4s")
+    parser.add_argument("--search-every", default=None, help="ADSP search epoch, in the check period's unit")
 
 
 def build_strategy(args):
@@ -35,4 +37,6 @@ def build_strategy(args):
         return strategies.ElasticBSP(lookahead=args.lookahead)
     if args.strategy == "dssp":
         return strategies.DSSP(staleness=tuple(args.staleness))
+    if args.strategy == "adsp":
+        return strategies.ADSP(check_period=args.check_period, search_every=args.search_every)
     return strategies.LocalSGD(period=args.period, warmup_steps=args.warmup_steps)

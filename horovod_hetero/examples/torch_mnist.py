@@ -104,6 +104,7 @@ def main(argv=None):
             optimizer.zero_grad()
             loss = F.nll_loss(model(data), target)
             loss.backward()
+            optimizer.report_loss(loss)                                       # hh: for ADSP's search (optional)
             optimizer.step()
         optimizer.sync_model()                                                # hh: every rank at the same round
         return batches

@@ -11,7 +11,7 @@ from horovod_hetero._keras import keras_module
 from horovod_hetero._keras.callback import HeteroSyncCallbackImpl, SlowdownCallbackImpl
 from horovod_hetero._keras.horovod_layer import (
     BroadcastGlobalVariablesCallbackImpl, LearningRateWarmupCallbackImpl, MetricAverageCallbackImpl)
-from horovod_hetero.strategies import DSSP, ESync, ElasticBSP, LocalSGD, WAGMA
+from horovod_hetero.strategies import ADSP, DSSP, ESync, ElasticBSP, LocalSGD, WAGMA
 from horovod_hetero.validation import check_options
 
 Callback = keras_module().callbacks.Callback
@@ -124,6 +124,20 @@ class DSSPCallback(HeteroSyncCallback):
 
     def __init__(self, staleness=(3, 15), tolerance=0.05, **options):
         super().__init__(DSSP(staleness, tolerance), **options)
+
+
+class ADSPCallback(HeteroSyncCallback):
+    """``HeteroSyncCallback(ADSP(check_period, search_every, **adsp_options))``: see ``hh.ADSP``
+    (the training losses come from the batch logs).
+
+    Example::
+
+        model.fit(x, y, epochs=5, callbacks=[hh.callbacks.ADSPCallback(check_period=60.0)])
+    """
+
+    def __init__(self, check_period=60.0, search_every=None, adsp_options=None, **options):
+        adsp_options = _strategy_options("adsp_options", adsp_options, ADSP, ("check_period", "search_every"))
+        super().__init__(ADSP(check_period, search_every, **adsp_options), **options)
 
 
 class BroadcastGlobalVariablesCallback(BroadcastGlobalVariablesCallbackImpl, Callback):

@@ -8,6 +8,7 @@
 | ``wagma`` | ``WAGMA``: wait-avoiding butterfly group averaging, global every tau | WAGMA-SGD |
 | ``elastic_bsp`` | ``ElasticBSP``: ZipLine plans each round's local steps (least waiting) | ElasticBSP |
 | ``dssp`` | ``DSSP``: local steps within a staleness bound picked each round | DSSP |
+| ``adsp`` | ``ADSP``: every rank commits at one searched rate, fast ranks step more in between | ADSP |
 
 ``planned`` holds ``RoundPlanned``, the base of the strategies that plan every round from the
 speeds the previous round carried.
@@ -17,6 +18,7 @@ Adding one: see docs/architecture.md ("Adding a strategy").
 from horovod_hetero.strategies.base import (  # noqa: F401
     AVERAGE, CONTINUE, Context, Decision, GroupAverage, Plan, RoundResult, RoundStats, StepReport, Strategy,
     check_strategy)
+from horovod_hetero.strategies.adsp import ADSP, Steps  # noqa: F401
 from horovod_hetero.strategies.dssp import DSSP  # noqa: F401
 from horovod_hetero.strategies.elastic_bsp import ElasticBSP  # noqa: F401
 from horovod_hetero.strategies.esync import ESync  # noqa: F401

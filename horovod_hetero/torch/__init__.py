@@ -3,7 +3,8 @@ from horovod_hetero._horovod import wagma_process_sets  # noqa: F401
 from horovod_hetero.errors import (  # noqa: F401
     CollectiveTimeoutError, ElasticResetError, HeteroError, RoundMismatchError)
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S  # noqa: F401
-from horovod_hetero.strategies import DSSP, ESync, ElasticBSP, LocalSGD, Strategy, Synchronous, WAGMA  # noqa: F401
+from horovod_hetero.strategies import (  # noqa: F401
+    ADSP, DSSP, ESync, ElasticBSP, LocalSGD, Steps, Strategy, Synchronous, WAGMA)
 from horovod_hetero.torch.optimizer import DistributedOptimizer  # noqa: F401
 from horovod_hetero.torch.sampler import DistributedSampler  # noqa: F401
 from horovod_hetero.torch.slowdown import slow_down  # noqa: F401

@@ -113,6 +113,13 @@ class _HeteroMethods:
         """This rank's ``Telemetry``; ``opt.telemetry.annotate(loss=..., samples=...)`` adds fields."""
         return self._hh.telemetry
 
+    def report_loss(self, loss):
+        """This step's training loss (a number or a one-element tensor) for the strategy (ADSP's
+        search) and the telemetry: ``opt.telemetry.annotate(loss=...)``. Called before ``step()`` it
+        goes with that step, after it with the next one."""
+        from horovod_hetero.validation import check_loss
+        self.telemetry.annotate(loss=check_loss(loss))
+
     def step(self, closure=None):
         with self._hh_membership.guard() as hh:
             self._hh_adopt()

@@ -20,7 +20,7 @@ def everyone(value, name):
 
 
 @pytest.mark.parametrize("strategy", ["sync", "localsgd", "esync", "wagma --period 4",
-                                      "elasticbsp", "dssp"])
+                                      "elasticbsp", "dssp", "adsp --check-period 4steps"])
 def test_the_script_trains_checkpoints_and_resumes_with_every_strategy(strategy):
     directory = hvd.broadcast_object(tempfile.mkdtemp() if RANK == 0 else None, root_rank=0, name="ckdir")
     argv = ["--strategy", *strategy.split(), "--checkpoint-dir", directory]

@@ -24,7 +24,7 @@ from horovod.common.process_sets import ProcessSet, global_process_set
 
 from horovod_hetero.runtime.straggler import Slowdown
 from horovod_hetero.runtime.telemetry import Telemetry
-from horovod_hetero.strategies import DSSP, ESync, ElasticBSP, LocalSGD, Synchronous, WAGMA
+from horovod_hetero.strategies import ADSP, DSSP, ESync, ElasticBSP, LocalSGD, Steps, Synchronous, WAGMA
 
 VALID = settings(max_examples=25, deadline=None, derandomize=True, database=None)
 INVALID = settings(max_examples=60, deadline=None, derandomize=True, database=None)
@@ -184,6 +184,11 @@ BAD_STALENESS = st.one_of(
 
 TIMEOUT = (floats(0.0, 1e6, exclusive=True), bad_floats(0.0, exclusive=True))
 CALLABLES = st.sampled_from([lambda *a: None, print, float])
+PERIODS = st.one_of(floats(0.0, 1e4, exclusive=True), st.integers(1, 500).map(lambda n: f"{n}steps"),
+                    st.sampled_from(["4s", "0.5 s", " 8 steps", "1step"]), st.integers(1, 50).map(Steps))
+BAD_PERIODS = st.one_of(NOT_FINITE, st.floats(max_value=0.0, allow_nan=False), st.integers(max_value=0), st.booleans(),
+                        st.none(), st.sampled_from(["1.0", "inf", "0steps", "-1s", "0s", "steps", "s", "1 sec", "x"]),
+                        LISTS, DICTS, OBJECTS, st.just(b"1"), st.just(1j))
 BAD_CALLABLES = st.one_of(st.integers(), TEXT, st.none(), st.booleans(), OBJECTS)
 
 
@@ -223,12 +228,14 @@ def strategy_args(include_period=True):
                   Arg("sync_period", SCHEDULE, BAD_SCHEDULE)],
         "ElasticBSP": [Arg("lookahead", ints(1), bad_ints(1))],
         "DSSP": [Arg("staleness", STALENESS, BAD_STALENESS), Arg("tolerance", floats(0.0, 0.5), bad_floats(0.0, 0.5))],
+        "ADSP": [Arg("check_period", PERIODS, BAD_PERIODS)],
     }
 
 
 ESYNC_MORE = [Arg("epsilon", floats(0.0), bad_floats(0.0)), Arg("overshoot", floats(0.0, 1.0), bad_floats(0.0, 1.0)),
               Arg("timeout", *TIMEOUT), Arg("fallback_period", ints(1), bad_ints(1)),
               Arg("server_address", ADDRESSES, BAD_ADDRESSES), Arg("warmup_step", BOOLS, BAD_BOOLS)]
+ADSP_MORE = [Arg("fit_points", ints(3), bad_ints(3)), Arg("window", ints(1), bad_ints(1))]
 WAGMA_MORE = [Arg("wait_avoiding", BOOLS, BAD_BOOLS), Arg("patience", floats(0.0), bad_floats(0.0)),
               Arg("timeout", *TIMEOUT)]
 
@@ -247,6 +254,7 @@ CORE = {
     "WAGMA": Constructor(WAGMA, strategy_args()["WAGMA"] + WAGMA_MORE),
     "ElasticBSP": Constructor(ElasticBSP, strategy_args()["ElasticBSP"]),
     "DSSP": Constructor(DSSP, strategy_args()["DSSP"]),
+    "ADSP": Constructor(ADSP, strategy_args()["ADSP"] + ADSP_MORE),
     "Telemetry": Constructor(Telemetry, [
         Arg("rank", ints(0), bad_ints(0)),
         Arg("directory", TELEMETRY_DIRS, BAD_TELEMETRY_DIRS, expect="telemetry"),
@@ -267,7 +275,7 @@ def keras_constructors():
         Arg("batch_size", st.one_of(st.none(), ints(1)), bad_ints(1, optional=True)),
         Arg("timeout", *TIMEOUT),
         Arg("epoch_sync", BOOLS, BAD_BOOLS)]
-    strategies = st.sampled_from([LocalSGD(2), ESync(), WAGMA(), ElasticBSP(), DSSP()])
+    strategies = st.sampled_from([LocalSGD(2), ESync(), WAGMA(), ElasticBSP(), DSSP(), ADSP()])
     bad_strategies = st.one_of(st.sampled_from([Synchronous(), LocalSGD, "localsgd", None, 5, True]), OBJECTS)
     own = strategy_args()
 
@@ -297,6 +305,8 @@ def keras_constructors():
             options_arg("wagma_options", WAGMA_MORE, ("group_size", "sync_period"))] + options),
         "ElasticBSPCallback": Constructor(cb.ElasticBSPCallback, own["ElasticBSP"] + options),
         "DSSPCallback": Constructor(cb.DSSPCallback, own["DSSP"] + options),
+        "ADSPCallback": Constructor(cb.ADSPCallback, own["ADSP"] + [
+            options_arg("adsp_options", ADSP_MORE, ("check_period", "search_every"))] + options),
         "BroadcastGlobalVariablesCallback": Constructor(cb.BroadcastGlobalVariablesCallback, [
             Arg("root_rank", ints(0), bad_ints(0)), Arg("process_set", PROCESS_SETS, BAD_PROCESS_SETS),
             Arg("timeout", *TIMEOUT)]),
@@ -315,7 +325,7 @@ def keras_constructors():
 
 
 KERAS = ["HeteroSyncCallback", "LocalSGDCallback", "ESyncCallback", "WAGMACallback", "ElasticBSPCallback",
-         "DSSPCallback", "BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateWarmupCallback",
+         "DSSPCallback", "ADSPCallback", "BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateWarmupCallback",
          "DistributedOptimizer"]
 
 

@@ -1,4 +1,4 @@
 """The Keras callbacks under Horovod's module name (``horovod_hetero.keras.callbacks``)."""
 from horovod_hetero.keras.callbacks import (  # noqa: F401
-    BroadcastGlobalVariablesCallback, DSSPCallback, ElasticBSPCallback, ESyncCallback, HeteroSyncCallback, LearningRateWarmupCallback, LocalSGDCallback,
+    ADSPCallback, BroadcastGlobalVariablesCallback, DSSPCallback, ElasticBSPCallback, ESyncCallback, HeteroSyncCallback, LearningRateWarmupCallback, LocalSGDCallback,
     MetricAverageCallback, WAGMACallback)
