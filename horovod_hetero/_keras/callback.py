@@ -29,6 +29,27 @@ def _nbytes(variable):
     return int(np.prod(tuple(variable.shape))) * size
 
 
+def batch_loss(batches, mean, previous):
+    """The mean loss of the batches since the previous call, from Keras' running mean of the epoch.
+
+    Keras logs at each batch's end the loss averaged over the epoch so far (its loss tracker is a
+    ``Mean`` weighted by batch size), not the batch's own: a strategy that reads losses (ADSP's
+    commit-rate search) would fit a lagging curve that restarts every epoch. ``batches`` is the
+    number of batches the epoch has run (``batch + 1``), ``previous`` the ``(batches, mean)`` of
+    the previous call in this epoch, or ``None``. Batches are taken as equally large (an epoch's
+    last, partial batch counts as a full one); with ``steps_per_execution`` a call covers several
+    batches and gets their mean.
+
+    Example:
+        >>> batch_loss(1, 2.0, None), batch_loss(2, 1.5, (1, 2.0)), batch_loss(4, 1.25, (2, 1.5))
+        (2.0, 1.0, 1.0)
+    """
+    if previous is None or previous[0] >= batches:
+        return mean
+    count, before = previous
+    return (batches * mean - count * before) / (batches - count)
+
+
 class KerasModel(Model):
     """A Keras model's floating-point weights (trainable and not, so BatchNorm statistics too),
     looked up when first needed: a model built by its first batch has them by then."""
@@ -85,6 +106,7 @@ class HeteroSyncCallbackImpl:
         self._telemetry, self._slowdown = telemetry, slowdown
         self._membership = None                # built at fit: it needs hvd.init() and the model
         self._pending_state = None
+        self._loss_mean = None                 # (batches, Keras' running mean of the loss) this epoch
 
     @property
     def _hh(self):
@@ -117,10 +139,15 @@ class HeteroSyncCallbackImpl:
         check_optimizer(self.model)
         self._hh_controller().start()
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self._loss_mean = None
+
     def on_train_batch_end(self, batch, logs=None):
         with self._follow().guard() as hh:
             if logs and "loss" in logs:
-                hh.telemetry.annotate(loss=float(logs["loss"]))
+                mean = float(logs["loss"])
+                hh.telemetry.annotate(loss=batch_loss(batch + 1, mean, self._loss_mean))
+                self._loss_mean = (batch + 1, mean)
             if self.batch_size:
                 hh.telemetry.annotate(samples=self.batch_size)
             hh.after_step()
