@@ -94,6 +94,13 @@ def commit_period(gamma, delta_commits, overhead):
     return max(0.0, gamma / delta_commits - overhead)
 
 
+#: A trial must beat the best one's reward by this relative margin. Every rank fits the same points,
+#: but scipy on different hosts (CPUs, BLAS builds) may differ in the last bits, and rewards that
+#: all but tie (fits of a loss at its floor) must not make some ranks climb and others stop: with
+#: the margin a split needs a ratio of rewards within ~1e-12 of 1 + 1e-6 instead of the far likelier 1.
+IMPROVEMENT = 1e-6
+
+
 class CommitRateSearch:
     """ADSP Algorithm 1 (DECIDECOMMITRATE), online, fed one round at a time.
 
@@ -175,7 +182,7 @@ class CommitRateSearch:
         record.update(a1=curve[0], a2=curve[1], a3=curve[2], reward=r, level=level)
         if self.best is not None:
             record["best_reward"] = best = reward(self.best[1], level)
-            better = r > best
+            better = r > best * (1.0 + IMPROVEMENT)
         else:
             better = True
         if better:

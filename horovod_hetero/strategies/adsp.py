@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from horovod_hetero.rules.adsp import CommitRateSearch
+from horovod_hetero.rules.adsp import CommitRateSearch, commit_period
 from horovod_hetero.strategies.base import AVERAGE, CONTINUE, Strategy
 from horovod_hetero.validation import check_float, check_int
 
@@ -254,8 +254,9 @@ class ADSP(Strategy):
         self.c_target = self.commits + self.commit_rate
 
     def _set_deadline(self, now):
-        interval = self.interval_s()
-        self.deadline = None if interval is None else now + interval - self.overhead_s
+        gamma = self.check_period_s()
+        # no deadline (a round after every step) until the slowest rank's step has been measured
+        self.deadline = now + commit_period(gamma, self.commit_rate, self.overhead_s) if gamma else None
 
     def on_leave(self):
         self._left = True

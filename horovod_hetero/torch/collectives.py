@@ -59,26 +59,39 @@ class TorchModel(Model):
     """The optimizer's parameters and floating-point buffers, held as views into one flat tensor per
     (dtype, device), so an averaging round is one in-place allreduce with no gather or scatter copies.
 
-    At construction every tensor that owns its memory outright (contiguous, storage of its own) is
-    copied, in the given (name) order, into the flat tensor of its dtype and device, and rebound to
-    a view of it (``tensor.data = view``): parameters keep their identity, gradients, hooks and
-    optimizer state, and the optimizer's in-place updates write into the flat tensor. The flat
-    tensor holds the same bytes at the same offsets as the fusion buffer Horovod packs for a grouped
-    allreduce of the separate tensors (on the CPU it packs them back to back, ``MemcpyInFusionBuffer``),
-    so a round sums exactly what it summed before, in the same order: results are bit-identical to
-    averaging the tensors one by one in a fused group. Horovod reduces a response of one tensor in
-    place; the control vector (float64) is reduced beside it, fused only with float64 models.
-    Tensors that do not own their memory (views into a buffer of someone else's, such as cuDNN's
-    flattened RNN weights, or non-contiguous tensors) stay separate, after the flat tensors.
+    At construction every contiguous tensor is copied, in the given (name) order, into the flat
+    tensor of its dtype and device, and rebound to a view of it (``tensor.data = view``): parameters
+    keep their identity, gradients, hooks and optimizer state, and the optimizer's in-place updates
+    write into the flat tensor. Which tensors are packed, and where, depends only on what every rank
+    shares (the tensors' order, dtypes, devices, shapes, strides and which of them overlap), never on
+    how memory happens to be laid out on one rank (a rank that loaded a checkpoint into one shared
+    storage packs like the others), so every rank enters a round with the same tensors. A tensor that
+    is the same memory as an earlier one (tied weights listed twice) is bound to the earlier one's
+    view, averaged once and still tied; tensors that partly overlap another, and non-contiguous ones,
+    stay separate, after the flat tensors.
+
+    On the CPU, below ``HOROVOD_FUSION_THRESHOLD`` (128 MiB by default), the flat tensor holds the
+    same bytes at the same offsets as the fusion buffer Horovod packs for a grouped allreduce of the
+    separate tensors (``MemcpyInFusionBuffer``: back to back, no padding), so a round sums exactly what
+    it summed before, in the same order: results are bit-identical to the grouped layout. (On GPUs
+    Horovod pads each fused tensor to 16 bytes, and above the threshold it split the model into
+    several allreduces: there the last bits may differ from the grouped layout, identically on every
+    rank.) Horovod reduces a response of one tensor in place (one pass over it, instead of the copies
+    into and out of the fusion buffer); the float64 control vector is reduced beside it, fused only
+    with float64 models.
 
     A parameter rebound later (``model.to()``, ``model.half()``, ``p.data = ...``) no longer lives in
     the flat tensor; ``tensors()`` notices (a data-pointer check) and packs the model again. Buffers
     are *replaced* by ``model.to()`` (new tensor objects that no wrapper sees), so, as Horovod's
-    recipe has it, move the model before wrapping the optimizer.
+    recipe has it, move the model before wrapping the optimizer. Packing holds the model twice while
+    it runs. ``torch.save`` of one parameter or of a sub-module's ``state_dict()`` writes the whole
+    flat tensor (a view is saved with its storage): save the whole model's, or ``clone()`` the part.
 
     Args:
         tensors: the parameters and buffers themselves (not ``.data``: rebinding a ``.data`` tensor
             would leave the parameter where it was), in the same order on every rank.
+        flat: ``False`` keeps every tensor as it is (a strategy that averages gradients, not models,
+            only broadcasts them in ``sync_model()``).
 
     Example:
         >>> net = torch.nn.Linear(3, 2)
@@ -89,33 +102,64 @@ class TorchModel(Model):
         2.0
     """
 
-    def __init__(self, tensors):
+    def __init__(self, tensors, flat=True):
         self._sources = list(tensors)
-        self._flats = []
+        self._flat = flat
         self._pack()
+
+    def _overlaps(self):
+        """Which tensors share memory: ``({i: j}`` for a tensor that is exactly the earlier tensor j's
+        memory (same bytes, dtype, shape, strides), ``{i, ...}`` for tensors that partly overlap)."""
+        spans, by_storage = [], {}
+        for i, t in enumerate(self._sources):
+            strided = t.layout == torch.strided
+            first = t.storage_offset() * t.element_size() if strided else 0
+            spans.append((first, first + t.numel() * t.element_size(), t.dtype, t.shape, t.stride() if strided else None))
+            ptr = t.untyped_storage().data_ptr() if strided else 0
+            if ptr and t.numel():                              # meta and empty tensors overlap nothing
+                by_storage.setdefault(ptr, []).append(i)
+        alias_of, overlapping = {}, set()
+        for members in by_storage.values():                    # sweep each storage's byte ranges in order
+            members.sort(key=lambda i: (spans[i][0], i))
+            clusters, end = [], None
+            for i in members:
+                if end is None or spans[i][0] >= end:
+                    clusters.append([i])
+                    end = spans[i][1]
+                else:
+                    clusters[-1].append(i)
+                    end = max(end, spans[i][1])
+            for cluster in clusters:
+                first = min(cluster)
+                if all(spans[i] == spans[first] for i in cluster):
+                    alias_of.update((i, first) for i in cluster if i != first)
+                else:
+                    overlapping.update(cluster)
+        return alias_of, overlapping
 
     @torch.no_grad()
     def _pack(self):
-        """Copy the tensors that own their memory into one flat tensor per (dtype, device); rebind them."""
-        ours = {flat.untyped_storage().data_ptr() for flat in self._flats}     # a previous pack's
-        seen, groups, loose = set(), {}, []
-        for t in self._sources:
-            storage = t.untyped_storage()
-            ptr = storage.data_ptr()
-            alone = (t.storage_offset() == 0 and storage.nbytes() == t.numel() * t.element_size()
-                     and (ptr == 0 or ptr not in seen))
-            own = t.layout == torch.strided and t.numel() > 0 and t.is_contiguous() and (alone or ptr in ours)
-            seen.add(ptr)
-            (groups.setdefault((t.dtype, t.device), []) if own else loose).append(t)
-        self._flats = []
+        """Copy the contiguous tensors into one flat tensor per (dtype, device), in order; rebind them."""
+        alias_of, overlapping = self._overlaps()
+        groups, loose = {}, []
+        for i, t in enumerate(self._sources):
+            if i in alias_of:
+                continue
+            packable = (self._flat and i not in overlapping and t.layout == torch.strided and t.numel() > 0
+                        and t.is_contiguous())
+            (groups.setdefault((t.dtype, t.device), []) if packable else loose).append(i)
+        self._tensors = []
         for (dtype, device), members in groups.items():
-            flat = torch.empty(sum(t.numel() for t in members), dtype=dtype, device=device)
-            for t, view in zip(members, flat.split([t.numel() for t in members])):
+            flat = torch.empty(sum(self._sources[i].numel() for i in members), dtype=dtype, device=device)
+            for i, view in zip(members, flat.split([self._sources[i].numel() for i in members])):
+                t = self._sources[i]
                 view = view.view(t.shape)
                 view.copy_(t)
                 t.data = view
-            self._flats.append(flat)
-        self._tensors = self._flats + [t.data for t in loose]
+            self._tensors.append(flat)
+        for i, j in alias_of.items():          # tied: the same view as the tensor it aliases
+            self._sources[i].data = self._sources[j].data
+        self._tensors += [self._sources[i].data for i in loose]
         self._bound = [t.data_ptr() for t in self._sources]
 
     def tensors(self):
@@ -136,4 +180,4 @@ class TorchModel(Model):
 
     @property
     def nbytes(self):
-        return sum(t.numel() * t.element_size() for t in self._sources)
+        return sum(t.numel() * t.element_size() for t in self.tensors())

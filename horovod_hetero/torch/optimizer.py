@@ -307,7 +307,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
                           "call step() after the backward passes you want to accumulate")
         cls = type(name, (optimizer.__class__,), _methods(_HeteroMethods, _LocalOptimizer))
         opt = cls(optimizer.param_groups)
-    model = TorchModel([p for _, p in params] + [b for _, b in buffers])
+    # model averaging packs the model into flat tensors; gradient averaging only broadcasts it in sync_model()
+    model = TorchModel([p for _, p in params] + [b for _, b in buffers], flat=not strategy.averages_gradients)
 
     first = [collectives]               # the first controller's; after an elastic reset, new ones
 

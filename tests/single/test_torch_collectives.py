@@ -129,17 +129,59 @@ def test_rebinding_after_wrapping_packs_again_with_the_values_kept():
     assert model.tensors() is model.tensors()                              # no repacking while bound
 
 
-def test_dtypes_get_a_flat_tensor_each_and_tensors_that_do_not_own_their_memory_stay_separate():
+def test_dtypes_get_a_flat_tensor_each_and_non_contiguous_tensors_stay_separate():
     shared = torch.zeros(10)
     half = torch.nn.Parameter(torch.ones(3, dtype=torch.float16))
     full = torch.nn.Parameter(torch.full((2,), 2.0))
     transposed = torch.nn.Parameter(torch.arange(6.0).reshape(2, 3).t())    # not contiguous
-    view = torch.nn.Parameter(shared[2:5])                                  # lives in someone else's buffer
+    view = torch.nn.Parameter(shared[2:5])                                  # in a buffer nobody else lists
     model = TorchModel([half, full, transposed, view])
     out = model.tensors()
-    assert [(t.dtype, t.numel()) for t in out] == [(torch.float16, 3), (torch.float32, 2),
-                                                   (torch.float32, 6), (torch.float32, 3)]
+    assert [(t.dtype, t.numel()) for t in out] == [(torch.float16, 3), (torch.float32, 5), (torch.float32, 6)]
     assert out[2].data_ptr() == transposed.data_ptr() and not out[2].is_contiguous()
-    assert out[3].data_ptr() == shared.data_ptr() + 2 * 4                  # still a view of the user's buffer
+    assert view.data_ptr() == out[1].data_ptr() + 2 * 4                     # packed after `full`
     model.assign([t * 0 + 3 for t in out])
-    assert float(shared[3]) == 3.0 and float(transposed.detach().sum()) == 18.0 and float(half.detach().sum()) == 9.0
+    assert float(transposed.detach().sum()) == 18.0 and float(half.detach().sum()) == 9.0
+    assert float(view.detach().sum()) == 9.0 and float(shared.sum()) == 0.0  # the user's buffer is left alone
+
+
+def test_the_layout_depends_on_what_every_rank_shares_not_on_one_ranks_memory():
+    """A rank that loaded a checkpoint into one shared storage (torch.load(mmap=True),
+    load_state_dict(assign=True)) packs exactly like a rank whose tensors each own their memory;
+    otherwise the ranks would enter a round with different tensors."""
+    fresh = _net()
+    loaded = _net()
+    storage = torch.cat([t.detach().reshape(-1) for t in _floating(loaded)])   # one storage, as a loaded checkpoint
+    offset = 0
+    for t in _floating(loaded):
+        t.data = storage[offset:offset + t.numel()].view(t.shape)
+        offset += t.numel()
+    shapes = [[(t.dtype, tuple(t.shape)) for t in TorchModel(_floating(net)).tensors()] for net in (fresh, loaded)]
+    assert shapes[0] == shapes[1] == [(torch.float32, (offset,))]
+
+
+def test_tied_tensors_are_averaged_once_and_stay_tied_partial_overlaps_stay_separate():
+    a = torch.nn.Parameter(torch.full((4,), 4.0))
+    b = torch.nn.Parameter(torch.zeros(3))
+    tied = torch.nn.Parameter(torch.empty(0))
+    tied.data = a.data                                   # the same memory under a second name
+    model = TorchModel([a, b, tied, a])                  # and the same object listed twice
+    (flat,) = model.tensors()
+    assert flat.numel() == 7 and tied.data_ptr() == a.data_ptr() == flat.data_ptr()
+    model.assign([flat.clone()], divisor=2.0)            # a round: divided once, not once per name
+    assert a.detach().tolist() == [2.0] * 4 and tied.detach().tolist() == [2.0] * 4
+    with torch.no_grad():
+        a.add_(1.0)
+    assert tied.detach().tolist() == [3.0] * 4           # still tied after packing
+    base = torch.arange(6.0)
+    left, right = torch.nn.Parameter(base[0:4]), torch.nn.Parameter(base[2:6])   # partly overlapping
+    out = TorchModel([left, right, b]).tensors()
+    assert [t.numel() for t in out] == [3, 4, 4]          # b packed; the overlapping pair as they were
+    assert out[1].data_ptr() == base.data_ptr() and out[2].data_ptr() == base.data_ptr() + 2 * 4
+
+
+def test_flat_false_keeps_every_tensor_where_it_is():
+    net = _net()
+    ptrs = [t.data_ptr() for t in _floating(net)]
+    model = TorchModel(_floating(net), flat=False)
+    assert [t.data_ptr() for t in model.tensors()] == ptrs
