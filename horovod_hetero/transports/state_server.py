@@ -31,6 +31,8 @@ Protocol (client -> server, message bodies; the server stamps times with its own
         -> {"seq": n, "ready": bool, "round": t, "slowest": bool}
     {"op": "reset", "rank": r, "round": t}       (no answer)
     {"op": "leave", "rank": r}                   (no answer; the next query rejoins)
+    {"op": "enter", "rank": r, "round": t}       (no answer; r aggregates round t without an answer:
+                                                  every worker in round t is ready at its next query)
 """
 import collections
 import json
@@ -223,6 +225,9 @@ class StateServer:
         if msg["op"] == "leave":
             self.state.leave(rank)
             return None
+        if msg["op"] == "enter":
+            self.state.enter(rank, msg["round"])
+            return None
         ready, slowest = self.state.answer(rank, msg["k"], msg["c"], msg["round"])
         return {"seq": msg["seq"], "ready": ready, "round": msg["round"], "slowest": slowest}
 
@@ -378,6 +383,14 @@ class StateClient:
     def leave(self):
         """This worker stopped training; it is no longer waited for (no answer is awaited)."""
         self._send({"op": "leave", "rank": self.rank})
+
+    def enter(self, round):
+        """This worker aggregates round ``round`` without the server's answer (no answer is awaited).
+
+        Sent over the open connection only: a server that did not answer in time would not greet a
+        new one either, and one that closed the connection has no records to hold anyone back."""
+        if self._sock is not None:
+            self._send({"op": "enter", "rank": self.rank, "round": round})
 
     def close(self):
         if self._sock is not None:

@@ -182,6 +182,45 @@ def test_two_workers_through_the_real_server_fast_runs_several_steps_slow_one():
     assert min(fast[1:]) >= 3                            # ~5 fit in one slow step
 
 
+def test_a_server_stalled_longer_than_the_query_timeout_does_not_split_the_ranks():
+    """Issue 16: in round 2 rank 0's server stalls for 1 s (its lock held, as a SIGSTOP or a long
+    step without the GIL would); ranks 1 and 2 give up after 0.3 s, rank 0 (timeout 5 s) waits.
+    Ranks 1 and 2 fall back for that round only and tell the server they entered it, which makes
+    rank 0 ready: all three reach every round (a barrier stands in for the allreduce), and from
+    round 3 on all ask the server again."""
+    size, stalled = 3, threading.Event()
+    barrier = threading.Barrier(size, timeout=10)
+    strategies = [ESync(overshoot=0.0, timeout=5.0 if rank == 0 else 0.3, fallback_period=3) for rank in range(size)]
+    root, member = shared_broadcast()
+    opened = [context(0, size, broadcast=root)] + [context(rank, size, broadcast=member()) for rank in (1, 2)]
+    for strategy, (ctx, _) in zip(strategies, opened):
+        strategy.start(ctx)
+    server = opened[0][1].server
+
+    def stall():
+        with server._lock:
+            time.sleep(1.0)
+
+    def rank_main(rank):
+        s, fell_back = strategies[rank], []
+        while len(fell_back) < 6:
+            if rank == 0 and s.round == 2 and not stalled.is_set():
+                stalled.set()
+                threading.Thread(target=stall).start()
+            time.sleep(0.01 if rank < 2 else 0.03)
+            if s.after_step(StepReport(step_s=0.01 if rank < 2 else 0.03)) is AVERAGE:
+                fell_back.append(s.fallback)
+                barrier.wait()
+                s.after_round(round_result(s.round + 1, size=size))
+        return fell_back
+
+    fell_back = run_ranks(size, rank_main, timeout=30)
+    for _, transports in reversed(opened):
+        transports.close()
+    assert fell_back == [[False] * 6] + [[False, False, True, False, False, False]] * 2
+    assert server.state.entered_round == 2
+
+
 def raw_connection(server):
     """A foreign client: a plain socket to ``server``, its reader, and the challenge of its greeting."""
     sock = socket.create_connection(parse_address(server.address), timeout=3)
