@@ -68,13 +68,18 @@ class Channel:
     """
 
     def __init__(self, key, sends=None, receives=None):
-        self._key = check_key(key)
-        self._sends, self._receives = sends, receives
+        check_key(key)
+        # HMAC keyed with the context once; each message continues a copy
+        self._sends, self._receives = (None if c is None else hmac.new(key, c + b"|", hashlib.sha256)
+                                       for c in (sends, receives))
         self.sent = 0           # counter of the last message sealed
         self.received = 0       # counter of the last message accepted
 
-    def _mac(self, context, counter, body):
-        return hmac.digest(self._key, b"%s|%d|%s" % (context, counter, body), "sha256").hex().encode()
+    @staticmethod
+    def _mac(keyed, counter, body):
+        mac = keyed.copy()
+        mac.update(b"%d|%s" % (counter, body))
+        return mac.hexdigest().encode()
 
     def seal(self, body):
         """``body`` (bytes) as a sealed message."""
