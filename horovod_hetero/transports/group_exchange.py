@@ -24,8 +24,9 @@ above every tag used meanwhile).
 Bounds: the responder serves at most ``MAX_SERVING`` group averages at once, and only for a group
 this rank belongs to (``groups``) and a tag it has not reached. Any other activation is dropped and
 counted (``dropped``); that is safe, because a tag nobody served is run fresh by this rank's main
-thread when it gets there (its activator waits for it meanwhile). An error while handling one
-activation is logged and counted, and the responder goes on.
+thread when it gets there (its activator waits for it meanwhile; a rank waiting in a join serves
+at once, so its serves never pile up to the bound). An error while handling one activation is
+logged and counted, and the responder goes on.
 """
 import logging
 import threading
