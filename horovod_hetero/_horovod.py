@@ -4,6 +4,8 @@ Horovod's ``ProcessSet`` and its object collectives have the same Python API in 
 and ``horovod.tensorflow``, so one base class serves both; a framework's ``Collectives`` sets
 ``hvd`` and adds the tensor operations (``allreduce_sum``, ``copy``).
 """
+import functools
+import ipaddress
 import os
 import socket
 
@@ -18,8 +20,11 @@ from horovod_hetero.runtime.straggler import Slowdown, check_base_step, check_ra
 from horovod_hetero.runtime.telemetry import Telemetry, telemetry_directory
 from horovod_hetero.validation import check_float, check_host, check_int
 
-#: The address servers bind and advertise when ranks span machines (default: this host's address).
+#: The address servers bind and advertise when ranks span machines (default: see ``server_host``).
 ENV_SERVER_HOST = "HOROVOD_HETERO_STATE_SERVER_HOST"
+#: What horovodrun exports for Gloo: the network interface every host has and routes (its first
+#: common one), and the launcher's rendezvous address.
+ENV_GLOO_IFACE, ENV_RENDEZVOUS = "HOROVOD_GLOO_IFACE", "HOROVOD_GLOO_RENDEZVOUS_ADDR"
 #: Environment variables launchers set to the world size, checked in this order.
 SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
@@ -83,11 +88,69 @@ def registered_ids(table, rank_lists, init_call):
 
 
 def server_host(all_local):
-    """The address servers bind and advertise: loopback when every rank runs on this machine, else
-    ``$HOROVOD_HETERO_STATE_SERVER_HOST`` or this host's address."""
+    """The address servers bind (that interface only) and advertise to the other ranks.
+
+    Loopback when every rank runs on this machine. Otherwise, the first of:
+    ``$HOROVOD_HETERO_STATE_SERVER_HOST``; the IPv4 address of ``$HOROVOD_GLOO_IFACE``, the
+    interface horovodrun found on every host and hands Gloo (so the job's own traffic takes it
+    too); the address this host reaches the launcher's rendezvous server from
+    (``$HOROVOD_GLOO_RENDEZVOUS_ADDR``); this host's name if it resolves to an address that is
+    not loopback; the only interface with an IPv4 address that is not loopback. None of them: a
+    ``ValueError`` that names the variable to set (many hosts resolve their own name to
+    127.0.1.1, which no other host reaches)."""
     if all_local:
         return "127.0.0.1"
-    return server_host_setting() or socket.gethostbyname(socket.gethostname())
+    if server_host_setting():
+        return server_host_setting()
+    candidates = (lambda: interface_address(os.environ.get(ENV_GLOO_IFACE)),
+                  lambda: route_address(os.environ.get(ENV_RENDEZVOUS)), _host_name_address, _only_interface_address)
+    for candidate in candidates:
+        address = candidate()                       # an IPv4 address or None
+        if address and not ipaddress.ip_address(address).is_loopback:
+            return address
+    raise ValueError(f"ranks run on several hosts, but no address other hosts reach this one at was found "
+                     f"({ENV_GLOO_IFACE} unset or without an IPv4 address, this host's name resolves to "
+                     f"loopback, several interfaces): set {ENV_SERVER_HOST} to this host's address on the "
+                     f"network the ranks share, e.g. {ENV_SERVER_HOST}=10.0.0.5")
+
+
+def _interfaces():
+    """``psutil.net_if_addrs()`` (psutil comes with Horovod, which requires it and finds its interfaces with it)."""
+    import psutil
+    return psutil.net_if_addrs()
+
+
+def interface_address(name):
+    """The IPv4 address of network interface ``name``, or None (no such interface, no IPv4 address)."""
+    for address in _interfaces().get(name or "", ()):
+        if address.family == socket.AF_INET:
+            return address.address
+    return None
+
+
+def route_address(host):
+    """The local address packets to ``host`` leave from (a UDP connect: nothing is sent), or None."""
+    if not host:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((host, 9))
+            return probe.getsockname()[0]
+        except OSError:
+            return None
+
+
+def _host_name_address():
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return None
+
+
+def _only_interface_address():
+    addresses = [a.address for addrs in _interfaces().values() for a in addrs
+                 if a.family == socket.AF_INET and not ipaddress.ip_address(a.address).is_loopback]
+    return addresses[0] if len(addresses) == 1 else None
 
 
 def follow_ranks(hvd, process_set, telemetry, build):
@@ -163,8 +226,12 @@ class HorovodCollectives(Collectives):
             return
         self.rank, self.size = ps.rank(), ps.size()
         self.root = 0 if ps == hvd.global_process_set else ps.ranks[0]
-        self.host = server_host(hvd.local_size() == hvd.size())
         self._sets = {}
+
+    @functools.cached_property
+    def host(self):
+        """``server_host``, found when a transport first needs it (a ``ValueError`` names what to set)."""
+        return server_host(self.hvd.local_size() == self.hvd.size())
 
     def broadcast_object(self, obj, *, what):
         return call_with_timeout(lambda: self.hvd.broadcast_object(

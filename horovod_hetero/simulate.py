@@ -188,6 +188,9 @@ class _SimClient:
     def leave(self):
         self._state.leave(self.rank)
 
+    def enter(self, round):
+        self._state.enter(self.rank, round)
+
 
 class _SimTransports:
     """The transports a strategy opens, inside the simulator: no sockets, no threads."""

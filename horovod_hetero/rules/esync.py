@@ -59,6 +59,7 @@ class ESyncState:
         self.overshoot = check_float("overshoot", overshoot, 0.0, 1.0)
         self.clock = clock
         self.records = [Record(rank) for rank in range(self.size)]
+        self.entered_round = -1              # the latest round a worker aggregates without an answer (``enter``)
         self._recount()
 
     def _recount(self):
@@ -116,6 +117,9 @@ class ESyncState:
             self._set_capability(current, capability)
         current.last_finish_time = check_float("last_finish_time", last_finish_time)
         slowest = self.slowest()
+        if current.local_iterations > 0 and current.round == self.entered_round:
+            current.ready = True             # someone waits in this round's aggregation already
+            return True
         if current.local_iterations == 0 or slowest is None or slowest.round < current.round:
             return False
         rest = slowest.capability - self.clock() + slowest.last_finish_time
@@ -131,6 +135,18 @@ class ESyncState:
         current.local_iterations = 0
         current.ready = False
         current.last_finish_time = check_float("finish_time", finish_time)
+
+    def enter(self, rank, round):
+        """``rank`` aggregates round ``round`` without waiting for an answer (it fell back: the server
+        did not answer in time). Every worker in that round is then ready at its next query with a
+        local step, so none waits for records that stay still until the round is done."""
+        round = check_int("round", round, 0)
+        if round < self._record(rank).round:
+            return                           # late: that round is over for this worker
+        if round > self._record(rank).round:
+            self.reset(rank, round, self.clock())
+        self._record(rank).ready = True
+        self.entered_round = max(self.entered_round, round)
 
     def leave(self, rank):
         """``rank`` stopped training (it joins the others' rounds until they stop too)."""

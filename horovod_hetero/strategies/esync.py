@@ -19,6 +19,15 @@ class ESync(Strategy):
     ``AVERAGE`` when it is ready. The aggregation is the runtime's averaging round, one fused
     allreduce of the model deltas: w_{t+1} = w_t + global_lr * mean(w_i - w_t).
 
+    Falling back never splits the ranks (a rank stalled longer than ``timeout``, e.g. rank 0 with
+    the server, makes the others time out while it does not): a rank that falls back tells the
+    server it aggregates the round without an answer (``enter``), which makes every rank still
+    asking ready at its next query, so all of them reach the round's allreduce; the message waits
+    in the connection until a stalled server reads it. Every rank tries the server again when the
+    next round starts, so ranks come back as soon as it answers. A rank that cannot reach the
+    server at all while the others can (a network partition) still leaves them waiting up to the
+    collective timeout.
+
     Args:
         global_lr: the paper's epsilon, > 0 (1.0: plain averaging of the replicas).
         mode: ``"blocking"`` (wait for each answer) or ``"delayed_ack"`` (send the query, keep
@@ -28,9 +37,10 @@ class ESync(Strategy):
         overshoot: fraction of a worker's step by which its last local step may end after the
             slowest's (0 is the paper's rule; see ``ESyncState``).
         timeout: seconds to wait for the state server before falling back.
-        fallback_period: when the server cannot be reached or stops answering, aggregate every
-            this many local steps (a warning is logged once).
-        server_address: ``tcp://host:port`` of a state server started elsewhere (tests), or ``None``.
+        fallback_period: when the server cannot be reached or stops answering, aggregate after
+            this many local steps of the round (a warning is logged once).
+        server_address: ``tcp://host:port`` of a state server started elsewhere (tests: it must hold the
+            job's key, ``Transports.key()``), or ``None``.
         warmup_step: the first local step is a warm-up (tf.function tracing, allocation): its time
             is not reported as capability, and no worker is ready before every worker reported a
             real step. ``False`` reports it (steps that cost the same from the first on).
@@ -62,7 +72,8 @@ class ESync(Strategy):
         self.round = 0
         self.local_steps = 0
         self.capability = None
-        self.fallback = False
+        self.fallback = False           # this round runs without the server
+        self._warned = False
         self.client = None
         self._left = False
         self._last_answer = None
@@ -73,8 +84,10 @@ class ESync(Strategy):
         self._begin_round()
 
     def _fall_back(self, why):
-        if not self.fallback:
-            log.warning("ESync: %s; falling back to averaging every %d local steps", why, self.fallback_period)
+        if not self._warned:
+            log.warning("ESync: %s; falling back to averaging after %d local steps in each round without an "
+                        "answer (the server is tried again at every round)", why, self.fallback_period)
+            self._warned = True
         self.fallback = True
 
     def _guarded(self, call):
@@ -102,7 +115,17 @@ class ESync(Strategy):
         ready = self._guarded(lambda: self._ask(report.step_s))
         if ready is None:
             ready = self.local_steps >= self.fallback_period
+            if ready:
+                self._best_effort(lambda: self.client.enter(self.round))   # nobody waits for this rank's answer
         return AVERAGE if ready else CONTINUE
+
+    def _best_effort(self, call):
+        """``call()`` (state-server traffic) even while falling back; a failure is ignored."""
+        if self.client is not None:
+            try:
+                call()
+            except StateServerError:
+                pass
 
     def _ask(self, step_s):
         """QUERY-STATE for the step just taken; raises ``StateServerError`` when unreachable or unanswered."""
@@ -129,12 +152,13 @@ class ESync(Strategy):
         if self._left:                      # joining others' rounds: no server traffic
             self.local_steps = 0
             return
+        self.fallback = False               # every round asks the server again
         self._guarded(lambda: self.client.reset(self.round))
         self._begin_round()
 
     def on_leave(self):
         if not self._left:
-            self._guarded(lambda: self.client.leave())
+            self._best_effort(lambda: self.client.leave())
         self._left = True
 
     def telemetry_fields(self):

@@ -20,7 +20,15 @@ every rank reached (``sync_model()``) a rank serves weight 0 until it steps agai
 from it. Only a rank that left is never recorded (``publish(model, 0.0)``: it waits in a join that
 not every rank has reached, takes no step before all have, and the strategy's tags then continue
 above every tag used meanwhile).
+
+Bounds: the responder serves at most ``MAX_SERVING`` group averages at once, and only for a group
+this rank belongs to (``groups``) and a tag it has not reached. Any other activation is dropped and
+counted (``dropped``); that is safe, because a tag nobody served is run fresh by this rank's main
+thread when it gets there (its activator waits for it meanwhile; a rank waiting in a join serves
+at once, so its serves never pile up to the bound). An error while handling one activation is
+logged and counted, and the responder goes on.
 """
+import logging
 import threading
 import time
 from concurrent.futures import Future
@@ -31,6 +39,10 @@ from horovod_hetero.runtime.rounds import tag as exact_tag
 
 #: Seconds close() waits for group averages the responder is still serving (daemon threads after that).
 CLOSE_WAIT_S = 5.0
+#: Group averages the responder serves at once (one thread each); activations beyond are dropped.
+MAX_SERVING = 16
+
+log = logging.getLogger("horovod_hetero")
 
 
 @dataclass(frozen=True)
@@ -57,14 +69,20 @@ class GroupExchange:
         patience: seconds the responder waits for this rank's own step before it contributes
             the stale model (0: at once, as the paper).
         timeout: seconds to wait for a group result.
+        groups: the groups activations may name (rank lists; ``None``: any group with this rank).
+
+    Attributes:
+        served_stale: group averages served from the published model.
+        dropped: activations dropped (over ``MAX_SERVING``, a group not in ``groups``, a failure).
 
     The main thread calls ``publish(model)`` after every group average and round (the model the
     next step starts from; weight 0 once the rank stopped stepping) and ``average(tag, group, fresh)``
     for every group average.
     """
 
-    def __init__(self, rank, allreduce, activations=None, patience=0.0, timeout=300.0):
+    def __init__(self, rank, allreduce, activations=None, patience=0.0, timeout=300.0, groups=None):
         self.rank = rank
+        self._groups = None if groups is None else {tuple(g) for g in groups if rank in g}
         self._allreduce = allreduce
         self._activations = activations
         self.patience = patience
@@ -74,6 +92,8 @@ class GroupExchange:
         self._main_tag = 0             # last tag the main thread reached
         self._served = {}              # tag -> Future of the allreduce the responder ran
         self.served_stale = 0
+        self.dropped = 0
+        self._failures = 0
         self._closed = False
         self._thread = None
         self._serving = []             # responder threads that enqueued a group allreduce
@@ -128,13 +148,34 @@ class GroupExchange:
 
     def _respond(self):
         while not self._closed:
-            activation = self._activations.receive(0.1)
-            if activation is not None and self.rank in activation[1]:
-                # one thread each: a blocking allreduce never delays the next activation
-                thread = threading.Thread(target=self._serve, args=activation, name="horovod_hetero-group-serve",
-                                          daemon=True)
-                thread.start()
-                self._serving = [t for t in self._serving if t.is_alive()] + [thread]
+            try:
+                activation = self._activations.receive(0.1)
+                if activation is not None:
+                    self._start_serving(*activation)
+            except Exception:                           # noqa: BLE001 - one bad activation never ends the responder
+                self.dropped += 1
+                self._failures += 1
+                if self._failures == 1:                 # once: a flood must not flood the log
+                    log.exception("group responder: an activation could not be handled; dropped (and "
+                                  "any later ones, counted in GroupExchange.dropped)")
+
+    def _start_serving(self, tag, group):
+        """Serve ``tag`` in a thread of its own (a blocking allreduce never delays the next
+        activation), unless it is not this rank's to serve or ``MAX_SERVING`` are running."""
+        if self.rank not in group or (self._groups is not None and group not in self._groups):
+            self.dropped += 1
+            return
+        with self._lock:
+            if self._main_tag >= tag or tag in self._served:
+                return                                  # run fresh by this rank, or served already
+        self._serving = [t for t in self._serving if t.is_alive()]
+        if len(self._serving) >= MAX_SERVING:
+            self.dropped += 1
+            return
+        thread = threading.Thread(target=self._serve, args=(tag, group), name="horovod_hetero-group-serve",
+                                  daemon=True)
+        thread.start()
+        self._serving.append(thread)
 
     def _serve(self, tag, group):
         with self._lock:

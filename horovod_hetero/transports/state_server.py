@@ -1,4 +1,4 @@
-"""ESync's state server and its client: JSON Lines over TCP, from the standard library.
+"""ESync's state server and its client: authenticated JSON Lines over TCP, from the standard library.
 
 The server is a ``socketserver.ThreadingTCPServer`` started on rank 0 (daemon threads, one per
 connected worker); it keeps a ``rules.esync.ESyncState`` and answers every worker's QUERY-STATE.
@@ -14,14 +14,29 @@ thread hand-offs more than a plain socket. Measured on loopback (2 cores, server
 process): median 0.54 ms with pyzmq, 0.10 ms with this server; under a 4-rank training job the
 hand-offs wait for a core, which is what made the ESync round trip exceed 1 ms.
 
-Protocol (client -> server; the server stamps times with its own clock on arrival):
+Authentication (``transports.auth``, the job's key): on connecting, the server sends a greeting
+with a fresh random challenge (``GREETING``); every line after it, both ways, is a message sealed
+by a ``Channel`` bound to that challenge and to who speaks, so a line without the key, altered,
+replayed, or copied from another connection is refused. The server hangs up on the first line
+that is not authentic (or over ``MAX_LINE_BYTES``, or cut off) and counts it (``rejected``); it
+is never parsed. A connection must send its first authentic line within ``AUTH_TIMEOUT_S``; at
+most ``MAX_PENDING`` connections wait for that (a newer one ends the oldest) and at most
+``max_workers`` authenticated ones are served; every connection it ends this way is counted
+(``refused``). A client drops (and counts, ``StateClient.rejected``) an answer that is not
+authentic. JSON that does not parse, ``NaN``/``Infinity``, a rank out of range or a missing field
+in an authentic message is answered with ``{"error": "..."}`` and counted (``rejected``).
+
+Protocol (client -> server, message bodies; the server stamps times with its own clock on arrival):
     {"op": "query", "rank": r, "k": k, "c": seconds, "round": t, "seq": n}
         -> {"seq": n, "ready": bool, "round": t, "slowest": bool}
     {"op": "reset", "rank": r, "round": t}       (no answer)
     {"op": "leave", "rank": r}                   (no answer; the next query rejoins)
-A line that is not such a message is answered with {"error": "..."}.
+    {"op": "enter", "rank": r, "round": t}       (no answer; r aggregates round t without an answer:
+                                                  every worker in round t is ready at its next query)
 """
+import collections
 import json
+import secrets
 import select
 import socket
 import socketserver
@@ -31,41 +46,73 @@ import time
 
 from horovod_hetero.errors import StateServerError, StateServerTimeout
 from horovod_hetero.rules.esync import ESyncState
+from horovod_hetero.transports.auth import Channel, check_key, new_key
 from horovod_hetero.validation import parse_address
 
 
 #: Interpreter switch interval while a state server runs in this process (seconds).
 SWITCH_INTERVAL_S = 2e-4
-#: The longest line the server reads (a worker's message is about 100 bytes); a longer one ends the connection.
+#: The longest line either side reads (a worker's message is about 200 bytes sealed); a longer one ends the connection.
 MAX_LINE_BYTES = 4096
+#: Seconds a new connection has to send its first authentic line.
+AUTH_TIMEOUT_S = 5.0
+#: Connections waiting to authenticate; one more ends the oldest.
+MAX_PENDING = 64
+#: The server's first line on every connection, followed by a 32-digit hex challenge and a newline.
+GREETING = b"horovod_hetero-state-server 1 "
+_CHALLENGE_BYTES = 16
+_GREETING_LEN = len(GREETING) + 2 * _CHALLENGE_BYTES + 1
+
+
+def _channel(key, challenge, me, peer):
+    """The ``Channel`` of one connection: ``me`` seals, ``peer``'s lines are opened (both bound to ``challenge``)."""
+    return Channel(key, sends=b"%s|%s" % (me, challenge), receives=b"%s|%s" % (peer, challenge))
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not a finite number")
+
+
+def _loads(body):
+    """A JSON message (``NaN``/``Infinity`` refused: ``ValueError``)."""
+    return json.loads(body, parse_constant=_no_constant)
 
 
 class _Connection(socketserver.StreamRequestHandler):
-    """One worker's connection: answers its lines until it disconnects."""
+    """One worker's connection: greets it, then answers its authentic lines until it disconnects."""
 
     def setup(self):
         super().setup()
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.server.owner._connections.add(self.connection)
+        self.connection.settimeout(AUTH_TIMEOUT_S)
+        self.channel, self.greeting = self.server.owner._greet(self.connection)
 
     def handle(self):
-        owner = self.server.owner
+        owner, admitted = self.server.owner, False
         try:
+            self.wfile.write(self.greeting)
             while True:
                 line = self.rfile.readline(MAX_LINE_BYTES + 1)
                 if not line:
                     return
-                if len(line) > MAX_LINE_BYTES:              # no message is this long: not a worker, hang up
-                    owner.rejected += 1
+                body = self.channel.open(line[:-1]) if line.endswith(b"\n") else None
+                if body is None:            # no key, replayed, over MAX_LINE_BYTES or cut off: not a worker
+                    owner._count("rejected")
                     return
-                reply = owner.answer(line)
+                if not admitted:
+                    admitted = owner._admit(self.connection)
+                    if not admitted:
+                        return
+                reply = owner.answer(body)
                 if reply is not None:
-                    self.wfile.write(reply)
+                    self.wfile.write(self.channel.seal(reply) + b"\n")
+        except TimeoutError:                                # silent for AUTH_TIMEOUT_S before its first line
+            owner._count("refused")
         except OSError:                                     # the worker went away mid-message
             pass
 
     def finish(self):
-        self.server.owner._connections.discard(self.connection)
+        self.server.owner._forget(self.connection)
         try:
             super().finish()
         except OSError:
@@ -87,28 +134,36 @@ class StateServer:
 
     Args:
         size: number of workers.
+        key: the job's key (``transports.auth``): only clients holding it are answered.
         host: address to bind (``127.0.0.1`` when all workers share this machine).
         epsilon, overshoot: passed to ``ESyncState``.
         clock: the server's clock.
+        max_workers: authenticated connections served at once (default ``4 * size + 4``).
 
     Example:
-        >>> server = StateServer(1)
-        >>> client = StateClient(server.address, rank=0)
+        >>> key = new_key()
+        >>> server = StateServer(1, key)
+        >>> client = StateClient(server.address, rank=0, key=key)
         >>> client.query(k=1, capability=0.01, round=0)
         True
         >>> client.close(); server.close()
     """
 
-    def __init__(self, size, host="127.0.0.1", epsilon=1e-3, overshoot=0.0, clock=time.monotonic):
+    def __init__(self, size, key, host="127.0.0.1", epsilon=1e-3, overshoot=0.0, clock=time.monotonic,
+                 max_workers=None):
         self.state = ESyncState(size, epsilon=epsilon, overshoot=overshoot, clock=clock)
+        self._key = check_key(key)
         self._clock = clock
         self._lock = threading.Lock()
-        self._connections = set()
+        self._pending = collections.OrderedDict()   # connections yet to authenticate, oldest first
+        self._workers = set()                       # authenticated connections
+        self.max_workers = 4 * size + 4 if max_workers is None else max_workers
         self._server = _TCPServer((host, 0), _Connection)
         self._server.owner = self
         self.address = f"tcp://{host}:{self._server.server_address[1]}"
         self.handled = 0
-        self.rejected = 0             # lines that were not a worker's message (answered with an error, or cut off)
+        self.rejected = 0             # lines refused: not authentic (the connection ended), or not a valid message
+        self.refused = 0              # connections ended: evicted, silent, or over max_workers
         self._closed = False
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
                                         name="horovod_hetero-state-server", daemon=True)
@@ -116,17 +171,51 @@ class StateServer:
         sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
         self._thread.start()
 
-    def answer(self, line):
-        """The encoded answer to one received line (None for messages that get none)."""
+    def _count(self, what):
+        with self._lock:
+            setattr(self, what, getattr(self, what) + 1)
+
+    def _greet(self, connection):
+        """Register a new connection (ending the oldest waiting one beyond ``MAX_PENDING``); its
+        ``Channel`` and the greeting that carries its challenge."""
+        with self._lock:
+            self._pending[connection] = None
+            evicted = self._pending.popitem(last=False)[0] if len(self._pending) > MAX_PENDING else None
+            if evicted is not None:
+                self.refused += 1
+        if evicted is not None:
+            _hang_up(evicted)
+        challenge = secrets.token_hex(_CHALLENGE_BYTES).encode()
+        return _channel(self._key, challenge, b"server", b"worker"), GREETING + challenge + b"\n"
+
+    def _admit(self, connection):
+        """A connection sent its first authentic line: serve it (False: ``max_workers`` are served)."""
+        with self._lock:
+            waiting = connection in self._pending   # else it was ended meanwhile (evicted)
+            self._pending.pop(connection, None)
+            if not waiting or len(self._workers) >= self.max_workers:
+                self.refused += waiting
+                return False
+            self._workers.add(connection)
+        connection.settimeout(None)
+        return True
+
+    def _forget(self, connection):
+        with self._lock:
+            self._pending.pop(connection, None)
+            self._workers.discard(connection)
+
+    def answer(self, body):
+        """The answer (bytes, unsealed) to one authentic message body (None for messages that get none)."""
         try:
-            msg = json.loads(line)
+            msg = _loads(body)
             with self._lock:
                 reply = self._handle(msg)
                 self.handled += 1
-        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:   # never kills the server
-            self.rejected += 1
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as e:
+            self._count("rejected")                 # never kills the server
             reply = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
-        return None if reply is None else json.dumps(reply).encode() + b"\n"
+        return None if reply is None else json.dumps(reply).encode()
 
     def _handle(self, msg):
         rank = msg["rank"]
@@ -135,6 +224,9 @@ class StateServer:
             return None
         if msg["op"] == "leave":
             self.state.leave(rank)
+            return None
+        if msg["op"] == "enter":
+            self.state.enter(rank, msg["round"])
             return None
         ready, slowest = self.state.answer(rank, msg["k"], msg["c"], msg["round"])
         return {"seq": msg["seq"], "ready": ready, "round": msg["round"], "slowest": slowest}
@@ -145,12 +237,18 @@ class StateServer:
             self._closed = True
             self._server.shutdown()
             self._server.server_close()
-            for conn in list(self._connections):
-                try:
-                    conn.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            with self._lock:
+                connections = list(self._pending) + list(self._workers)
+            for conn in connections:
+                _hang_up(conn)
             sys.setswitchinterval(self._switch_interval)
+
+
+def _hang_up(connection):
+    try:
+        connection.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 class StateClient:
@@ -159,35 +257,65 @@ class StateClient:
     Args:
         address: the server's ``tcp://host:port``.
         rank: this worker.
+        key: the job's key (the server's).
         timeout: seconds to wait for the connection or an answer before ``StateServerError``.
+
+    Attributes:
+        rejected: answers dropped because they were not authentic or did not parse.
     """
 
-    def __init__(self, address, rank, timeout=2.0):
+    def __init__(self, address, rank, key, timeout=2.0):
         self.address = address
         self._host_port = parse_address(address)
         self.rank = rank
+        self._key = check_key(key)
         self.timeout = timeout
         self._sock = None
+        self._channel = None
         self._buffer = b""
         self._seq = 0
         self._sent_at = {}
         self.last_rtt = None
         self.slowest = False
+        self.rejected = 0
+
+    def _connect(self):
+        """Connect and read the server's greeting (its challenge: the ``Channel`` of this connection)."""
+        self._sock = socket.create_connection(self._host_port, timeout=self.timeout)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        greeting = b""
+        while len(greeting) < _GREETING_LEN:
+            chunk = self._sock.recv(_GREETING_LEN - len(greeting))
+            if not chunk:
+                break
+            greeting += chunk
+        challenge = greeting[len(GREETING):-1]
+        if not (greeting.startswith(GREETING) and greeting.endswith(b"\n") and len(challenge) == 2 * _CHALLENGE_BYTES):
+            raise OSError(f"it is not a horovod_hetero state server (greeting {greeting[:80]!r})")
+        self._channel = _channel(self._key, challenge, b"worker", b"server")
+        self._buffer = b""
 
     def _send(self, msg):
         try:
             if self._sock is None:
-                self._sock = socket.create_connection(self._host_port, timeout=self.timeout)
-                self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._sock.sendall(json.dumps(msg).encode() + b"\n")
+                self._connect()
+            self._sock.sendall(self._channel.seal(json.dumps(msg).encode()) + b"\n")
+        except TimeoutError:                                # no greeting, or a send that did not go
+            self.close()
+            raise StateServerTimeout(f"the ESync state server at {self.address} did not answer within "
+                                     f"{self.timeout:g} s") from None
         except OSError as e:
             self.close()
             raise StateServerError(f"cannot reach the ESync state server at {self.address}: {e}") from None
 
     def _receive(self, wait_s):
-        """Complete answers received so far, waiting up to ``wait_s`` seconds for the first."""
+        """Authentic answers received so far, waiting up to ``wait_s`` seconds for the first line."""
         deadline = time.perf_counter() + wait_s
         while b"\n" not in self._buffer:
+            if len(self._buffer) > MAX_LINE_BYTES:
+                self.close()
+                raise StateServerError(f"the ESync state server at {self.address} sent a line over "
+                                       f"{MAX_LINE_BYTES} bytes")
             remaining = max(0.0, deadline - time.perf_counter())
             if self._sock is None or not select.select([self._sock], [], [], remaining)[0]:
                 return []
@@ -202,7 +330,19 @@ class StateClient:
                 raise StateServerError(f"the ESync state server at {self.address} went away ({why})")
             self._buffer += data
         *lines, self._buffer = self._buffer.split(b"\n")
-        return [json.loads(line) for line in lines]
+        return [reply for reply in map(self._open, lines) if reply is not None]
+
+    def _open(self, line):
+        """One answer line as a dict, or None (counted in ``rejected``) if it is not authentic or valid."""
+        body = self._channel.open(line)
+        try:
+            reply = None if body is None else _loads(body)
+        except (ValueError, RecursionError):
+            reply = None
+        if not isinstance(reply, dict):
+            self.rejected += 1
+            return None
+        return reply
 
     def send_query(self, k, capability, round):
         """Send a query without waiting; returns its sequence number."""
@@ -222,7 +362,7 @@ class StateClient:
             sent = self._sent_at.pop(reply.get("seq"), None)
             if sent is not None and wait_s > 0 and reply["seq"] == self._seq:
                 self.last_rtt = time.perf_counter() - sent
-            self.slowest = reply.get("slowest", self.slowest)
+            self.slowest = bool(reply.get("slowest", self.slowest))
         return out
 
     def query(self, k, capability, round):
@@ -232,7 +372,7 @@ class StateClient:
         while True:
             for reply in self.poll(max(0.0, deadline - time.perf_counter())):
                 if reply.get("seq") == seq:
-                    return bool(reply["ready"])
+                    return bool(reply.get("ready"))
             if time.perf_counter() >= deadline:
                 raise StateServerTimeout(f"the ESync state server did not answer within {self.timeout:g} s")
 
@@ -243,6 +383,14 @@ class StateClient:
     def leave(self):
         """This worker stopped training; it is no longer waited for (no answer is awaited)."""
         self._send({"op": "leave", "rank": self.rank})
+
+    def enter(self, round):
+        """This worker aggregates round ``round`` without the server's answer (no answer is awaited).
+
+        Sent over the open connection only: a server that did not answer in time would not greet a
+        new one either, and one that closed the connection has no records to hold anyone back."""
+        if self._sock is not None:
+            self._send({"op": "enter", "rank": self.rank, "round": round})
 
     def close(self):
         if self._sock is not None:

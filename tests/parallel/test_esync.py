@@ -1,4 +1,10 @@
 """ESync under horovodrun -np 4 with ranks slowed 1,1,1,4: real state server, real allreduce."""
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
 import numpy as np
 import torch
 
@@ -14,11 +20,15 @@ def slowed():
     return Slowdown(RANK, "1,1,1,4", base_step_s=0.03)
 
 
-def run_rounds(opt, p, rounds):
+INTRUDER = pathlib.Path(__file__).with_name("intruder.py")
+
+
+def run_rounds(opt, p, rounds, on_step=lambda: None):
     """Step until `rounds` rounds are done; the model after each round; local steps per round."""
     after = []
     while opt.strategy.round < rounds:
         constant_grad_step(opt, [p], [GRAD])
+        on_step()
         if opt.telemetry.records[-1]["synced"]:
             after.append(p.detach().clone().tolist())
     opt.sync_model()
@@ -88,3 +98,68 @@ def test_global_lr_moves_the_global_model_part_way():
         seen.append(p.item())
         want.append(w[RANK])
     assert seen == want
+
+
+def test_a_foreign_process_attacking_the_state_server_changes_nothing():
+    """While the job trains (ranks slowed 1,1,1,4), a local process without the key sends the state
+    server garbage, a 100 kB line, nested JSON, queries posing as rank 1 with a huge capability or
+    out of range, ``leave`` for rank 3, ``Infinity``, a made-up MAC, and holds 100 connections.
+    Rank 0 waits for the attack after its first step (ranks 1-3 train and query on meanwhile), so
+    its second step looks 2 s long and shapes rounds 1-2; from round 3 on the rounds are what they
+    are without an attack: rank 3 one step per round, the others several, the models bit-identical
+    after every round, no fallback; rank 0's server counted what it refused."""
+    p = torch.nn.Parameter(torch.full((3,), float(RANK)))
+    opt = hh.DistributedOptimizer(torch.optim.SGD([p], lr=0.1), named_parameters=[("p", p)],
+                                  strategy=hh.ESync(mode="blocking"), slowdown=slowed())
+    attacks = []
+
+    def attack():
+        server = opt._hh.transports.server
+        if server is not None and not attacks:
+            intruder = subprocess.run([sys.executable, str(INTRUDER), "state", server.address, str(SIZE)],
+                                      capture_output=True, text=True, timeout=60)
+            attacks.append((intruder.returncode, intruder.stdout, intruder.stderr, server))
+
+    after, per_round = run_rounds(opt, p, rounds=12, on_step=attack)
+    everyone = hvd.allgather_object((after, per_round, opt.strategy.fallback), name="esync.intruder")
+    if RANK == 0:
+        returncode, out, err, server = attacks[0]
+        assert returncode == 0 and int(out) >= 25, err
+        assert server.rejected >= 30 and server.refused >= 36                 # 100 held, 64 may wait
+    afters = [e[0] for e in everyone]
+    assert all(a == afters[0] for a in afters) and len(afters[0]) == 12
+    assert everyone[3][1][2:] == [1] * 10 and not any(e[2] for e in everyone)
+    for fast in everyone[:3]:
+        assert np.mean(fast[1][2:]) >= 2.5, fast[1]
+
+
+def test_rank_0_stopped_longer_than_the_query_timeout_does_not_split_the_ranks():
+    """Issue 16's stall: in round 3 rank 0 (the state server's process) is stopped (SIGSTOP) for
+    1.5 s, longer than the 0.5 s query timeout. Ranks that time out fall back for that round only
+    and tell the server they entered it, so every rank reaches every round (before: ranks 1-3 fell
+    back for good and rank 0 never became ready again); the models are bit-identical after every
+    round, and the last rounds all use the server again."""
+    p = torch.nn.Parameter(torch.full((3,), float(RANK)))
+    opt = hh.DistributedOptimizer(torch.optim.SGD([p], lr=0.1), named_parameters=[("p", p)], timeout=30,
+                                  strategy=hh.ESync(mode="blocking", timeout=0.5, fallback_period=4),
+                                  slowdown=slowed())
+    stopper, fell_back = [], set()
+
+    def stop_rank_0():
+        if opt.strategy.fallback:
+            fell_back.add(opt.strategy.round)
+        if RANK == 0 and opt.strategy.round == 3 and not stopper:
+            pid = os.getpid()
+            stopper.append(subprocess.Popen(["sh", "-c", f"sleep 0.1; kill -STOP {pid}; sleep 1.5; kill -CONT {pid}"]))
+
+    t0 = time.monotonic()
+    after, _ = run_rounds(opt, p, rounds=10, on_step=stop_rank_0)
+    elapsed = time.monotonic() - t0
+    everyone = hvd.allgather_object((after, sorted(fell_back), elapsed), name="esync.sigstop")
+    if RANK == 0:
+        assert stopper[0].wait(10) == 0
+    afters = [e[0] for e in everyone]
+    assert all(a == afters[0] for a in afters) and len(afters[0]) == 10
+    rounds_fallen_back = sorted(set().union(*(e[1] for e in everyone)))
+    assert rounds_fallen_back and set(rounds_fallen_back) <= {3, 4}, rounds_fallen_back
+    assert max(e[2] for e in everyone) < 30

@@ -1,4 +1,7 @@
 """WAGMA under horovodrun -np 4 with S=2: group membership, exact group means, global sync every tau."""
+import pathlib
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -187,3 +190,31 @@ def test_missing_process_sets_name_the_init_call():
         ops.require_groups([[0, 3]], "hvd.init(process_sets=hh.wagma_process_sets(group_size=2))")
     with pytest.raises(ValueError, match=r"S \(group size\) must be <= P = 4, got 8; e.g. S = 2"):
         wagma_opt(torch.nn.Parameter(torch.zeros(1)), group_size=8)
+
+
+def test_a_foreign_process_attacking_the_activation_sockets_changes_nothing():
+    """While the job trains (wait-avoiding, patience 30 s so every pair averages fresh), a local
+    process without the key sends every rank's activation socket garbage, unsealed activations,
+    500 forged activations of future steps and raw bytes. Nothing is served for them, no responder
+    dies, every value is Algorithm 2's without staleness, and each rank counted what it dropped."""
+    p = torch.nn.Parameter(torch.full((3,), float(RANK), dtype=torch.float64))
+    opt = wagma_opt(p, sync_period=4, patience=30.0)
+    after, intruder = [], None
+    for s in range(1, 10):
+        step(opt, p, sleep_s=0.05)
+        after.append(p[0].item())
+        if s == 1 and RANK == 0:
+            addresses = opt._hh.transports.groups._activations.addresses
+            intruder = subprocess.Popen([sys.executable, str(pathlib.Path(__file__).with_name("intruder.py")),
+                                         "activations", *addresses], stdout=subprocess.PIPE, text=True)
+        if s == 5 and RANK == 0:
+            intruder.communicate(timeout=60)                        # the attack is over by step 6
+    groups = opt._hh.transports.groups
+    counts = (groups._activations.dropped, groups.dropped, groups.served_stale, groups._thread.is_alive())
+    opt.sync_model()
+    everyone = hvd.allgather_object((after, counts), name="wagma.intruder")
+    assert np.array_equal(np.array([e[0] for e in everyone]).T, reference_blocking(9, period=4))
+    for dropped, refused, stale, alive in (e[1] for e in everyone):
+        assert dropped >= 504 and (refused, stale, alive) == (0, 0, True)
+    if RANK == 0:
+        assert intruder.returncode == 0

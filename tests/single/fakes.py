@@ -111,6 +111,22 @@ class ArrayModel(Model):
         return self._nbytes if self._nbytes is not None else sum(a.nbytes for a in self.arrays.values())
 
 
+def shared_broadcast():
+    """``(root, member)`` for fake ranks started one after another: ``root`` is rank 0's broadcast (it
+    records what it sends), ``member()`` another rank's, which receives those values in order."""
+    sent = []
+
+    def root(obj):
+        sent.append(obj)
+        return obj
+
+    def member():
+        received = iter(sent)
+        return lambda obj: next(received)
+
+    return root, member
+
+
 def context(rank=0, size=1, broadcast=lambda obj: obj, clock=time.perf_counter):
     """A strategy ``Context`` with real transports over ``ArrayCollectives`` (returns it and the transports)."""
     collectives = ArrayCollectives(None, rank, size, broadcast)

@@ -94,6 +94,24 @@ def test_unreported_worker_blocks_readiness_and_reset_clears_round_state():
     assert restored.records == s.records
 
 
+def test_a_worker_that_entered_the_round_without_an_answer_makes_every_worker_in_it_ready():
+    """The issue-16 stall: workers 1 and 2 timed out in round 1 (the slowest, worker 2, never
+    reported, its records stay still) and entered the aggregation; worker 0 must not wait for them."""
+    clock = Clock()
+    s = ESyncState(3, clock=clock)
+    for rank in range(3):
+        s.reset(rank, 1, 0.0)
+    s.query(1, 1, 1.0, 0.0)
+    assert s.query(0, 1, 1.0, 0.0) is False                # worker 2 unreported: nobody is ready
+    s.enter(1, 0)                                          # an old round's entry changes nothing
+    assert s.query(0, 2, 1.0, 0.0) is False and s.records[1].round == 1
+    s.enter(2, 1)
+    assert s.query(0, 0, 1.0, 0.0) is False                # k == 0 is still never ready
+    assert s.query(0, 3, 1.0, 0.0) is True and s.records[2].ready
+    s.reset(0, 2, 1.0)
+    assert s.query(0, 1, 1.0, 1.0) is False                # the next round asks the records again
+
+
 @pytest.mark.parametrize("args,match", [((5, 1, 1.0, 0.0), "rank"), ((0, -1, 1.0, 0.0), "local_iterations"),
                                         ((0, 1, -1.0, 0.0), "capability")])
 def test_bad_queries(args, match):

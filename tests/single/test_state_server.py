@@ -6,22 +6,27 @@ import time
 
 import pytest
 
-from fakes import context, round_result, run_ranks
+from fakes import context, round_result, run_ranks, shared_broadcast
 from horovod_hetero.errors import StateServerError, StateServerTimeout
+from horovod_hetero.rules.esync import ESyncState
 from horovod_hetero.strategies import AVERAGE, ESync, StepReport
-from horovod_hetero.transports.state_server import StateClient, StateServer
+from horovod_hetero.transports import state_server
+from horovod_hetero.transports.auth import Channel, new_key
+from horovod_hetero.transports.state_server import GREETING, MAX_PENDING, StateClient, StateServer
 from horovod_hetero.validation import parse_address
+
+KEY = new_key()
 
 
 @pytest.fixture
 def server():
-    s = StateServer(3, epsilon=0.001)
+    s = StateServer(3, KEY, epsilon=0.001)
     yield s
     s.close()
 
 
 def test_blocking_queries_follow_query_state(server):
-    fast, slow, other = (StateClient(server.address, r) for r in range(3))
+    fast, slow, other = (StateClient(server.address, r, KEY) for r in range(3))
     assert fast.query(0, None, 0) is False                 # registration, capability unknown
     assert slow.query(0, None, 0) is False and other.query(0, None, 0) is False
     assert fast.query(1, 0.01, 0) is False                 # others have not measured a step yet
@@ -34,13 +39,13 @@ def test_blocking_queries_follow_query_state(server):
 
 
 def test_many_clients_concurrently(server):
-    answers = run_ranks(3, lambda r: [StateClient(server.address, r).query(k, 0.001 * (r + 1), 0)
+    answers = run_ranks(3, lambda r: [StateClient(server.address, r, KEY).query(k, 0.001 * (r + 1), 0)
                                       for k in range(1, 30)])
     assert all(len(a) == 29 for a in answers) and server.handled >= 87
 
 
 def test_delayed_ack_send_and_poll(server):
-    c = StateClient(server.address, 0)
+    c = StateClient(server.address, 0, KEY)
     seqs = [c.send_query(k, 0.01, 0) for k in range(1, 4)]
     got = []
     deadline = time.monotonic() + 2
@@ -51,7 +56,7 @@ def test_delayed_ack_send_and_poll(server):
 
 
 def test_rtt_is_measured_only_for_an_awaited_answer(server):
-    c = StateClient(server.address, 0)
+    c = StateClient(server.address, 0, KEY)
     c.send_query(1, 0.01, 0)
     time.sleep(0.2)                                        # delayed ACK: the answer comes while training
     assert len(c.poll(0.0)) == 1 and c.last_rtt is None    # read late: not a round trip
@@ -60,25 +65,20 @@ def test_rtt_is_measured_only_for_an_awaited_answer(server):
     c.close()
 
 
-def test_server_survives_a_disconnecting_worker_and_garbage(server):
-    gone = StateClient(server.address, 1)
+def test_server_survives_a_worker_that_disconnects_with_an_answer_pending_or_mid_message(server):
+    gone = StateClient(server.address, 1, KEY)
     gone.send_query(1, 0.5, 0)
     gone.close()                                           # disconnects with an answer pending
-    with socket.create_connection(parse_address(server.address), timeout=2) as raw:
-        raw.sendall(b"not json\n" + b'{"op": "query"}\n')
-        lines = raw.makefile("rb")
-        answers = lines.readline(), lines.readline()
-    assert all("error" in json.loads(a) for a in answers)
-    half = socket.create_connection(parse_address(server.address), timeout=2)
-    half.sendall(b'{"op": "que')                            # disconnects in the middle of a message
+    half, lines, challenge = raw_connection(server)
+    half.sendall(worker_channel(KEY, challenge).seal(b'{"op": "que'))   # in the middle of a message
     half.close()
-    alive = StateClient(server.address, 0)
+    alive = StateClient(server.address, 0, KEY)
     assert alive.query(1, 0.01, 0) in (True, False)
     alive.close()
 
 
 def test_leave_excludes_a_worker_from_the_slowest(server):
-    a, b, c = (StateClient(server.address, r) for r in range(3))
+    a, b, c = (StateClient(server.address, r, KEY) for r in range(3))
     b.query(1, 10.0, 0)
     c.query(0, None, 0)                                    # c registered, has not measured a step
     assert a.query(1, 0.01, 0) is False                    # nobody knows how slow c is
@@ -91,7 +91,7 @@ def test_leave_excludes_a_worker_from_the_slowest(server):
 
 
 def test_unreachable_server_fails_fast():
-    c = StateClient("tcp://127.0.0.1:9", 0, timeout=0.2)
+    c = StateClient("tcp://127.0.0.1:9", 0, KEY, timeout=0.2)
     t0 = time.monotonic()
     with pytest.raises(StateServerError, match="cannot reach the ESync state server at tcp://127.0.0.1:9"):
         c.query(1, 0.01, 0)
@@ -101,7 +101,7 @@ def test_unreachable_server_fails_fast():
 
 def test_silent_server_times_out():
     silent = socket.create_server(("127.0.0.1", 0))       # accepts connections, never answers
-    c = StateClient(f"tcp://127.0.0.1:{silent.getsockname()[1]}", 0, timeout=0.2)
+    c = StateClient(f"tcp://127.0.0.1:{silent.getsockname()[1]}", 0, KEY, timeout=0.2)
     t0 = time.monotonic()
     with pytest.raises(StateServerTimeout, match="did not answer within 0.2 s"):
         c.query(1, 0.01, 0)
@@ -111,8 +111,8 @@ def test_silent_server_times_out():
 
 
 def test_a_closed_server_makes_the_next_call_fail_not_hang():
-    s = StateServer(1)
-    c = StateClient(s.address, 0, timeout=5.0)
+    s = StateServer(1, KEY)
+    c = StateClient(s.address, 0, KEY, timeout=5.0)
     assert c.query(1, 0.01, 0) is True
     s.close()
     t0 = time.monotonic()
@@ -125,7 +125,7 @@ def test_a_closed_server_makes_the_next_call_fail_not_hang():
 @pytest.mark.parametrize("address", ["127.0.0.1", "tcp://:5", "tcp://host:port"])
 def test_bad_server_address(address):
     with pytest.raises(ValueError, match="server_address must look like tcp://host:port"):
-        StateClient(address, 0)
+        StateClient(address, 0, KEY)
 
 
 def test_esync_falls_back_once_with_a_warning(caplog):
@@ -158,9 +158,10 @@ def test_two_workers_through_the_real_server_fast_runs_several_steps_slow_one():
     """Threads stand in for ranks; a barrier stands in for the allreduce."""
     barrier = threading.Barrier(2, timeout=10)
     strategies = [ESync(overshoot=0.0), ESync(overshoot=0.0)]
-    ctx0, transports0 = context(0, 2)
+    root, member = shared_broadcast()
+    ctx0, transports0 = context(0, 2, broadcast=root)
     strategies[0].start(ctx0)                                   # rank 0 starts the server
-    ctx1, transports1 = context(1, 2, broadcast=lambda x: transports0.server.address)
+    ctx1, transports1 = context(1, 2, broadcast=member())       # and broadcasts the key and its address
     strategies[1].start(ctx1)
 
     def rank_main(rank):
@@ -181,23 +182,234 @@ def test_two_workers_through_the_real_server_fast_runs_several_steps_slow_one():
     assert min(fast[1:]) >= 3                            # ~5 fit in one slow step
 
 
-def test_deep_nesting_oversized_lines_and_bad_numbers_are_rejected_and_counted(server):
-    with socket.create_connection(parse_address(server.address), timeout=2) as raw:
-        raw.sendall(b"[" * 4000 + b"\n")                                       # RecursionError in json
-        raw.sendall(b'{"op": "query", "rank": 7, "k": 1, "c": 0.1, "round": 0, "seq": 1}\n')   # rank out of range
-        raw.sendall(b'{"op": "query", "rank": 0, "k": 1, "c": Infinity, "round": 0, "seq": 2}\n')
-        lines = raw.makefile("rb")
-        answers = [json.loads(lines.readline()) for _ in range(3)]
-    assert [a["error"].split(":")[0] for a in answers] == ["RecursionError", "ValueError", "ValueError"]
-    assert server.rejected == 3
-    with socket.create_connection(parse_address(server.address), timeout=2) as big:
-        try:
-            big.sendall(b"x" * 100_000)                                        # no newline for 100 kB: cut off
-            hung_up = big.recv(1) == b""                                       # the server closed ...
-        except ConnectionResetError:                                           # ... with our bytes unread
-            hung_up = True
-        assert hung_up
-    assert server.rejected == 4
-    alive = StateClient(server.address, 0)                                     # and still serves workers
-    assert alive.query(1, 0.01, 0) is False and server.handled >= 1
+def test_a_server_stalled_longer_than_the_query_timeout_does_not_split_the_ranks():
+    """Issue 16: in round 2 rank 0's server stalls for 1 s (its lock held, as a SIGSTOP or a long
+    step without the GIL would); ranks 1 and 2 give up after 0.3 s, rank 0 (timeout 5 s) waits.
+    Ranks 1 and 2 fall back for that round only and tell the server they entered it, which makes
+    rank 0 ready: all three reach every round (a barrier stands in for the allreduce), and from
+    round 3 on all ask the server again."""
+    size, stalled = 3, threading.Event()
+    barrier = threading.Barrier(size, timeout=10)
+    strategies = [ESync(overshoot=0.0, timeout=5.0 if rank == 0 else 0.3, fallback_period=3) for rank in range(size)]
+    root, member = shared_broadcast()
+    opened = [context(0, size, broadcast=root)] + [context(rank, size, broadcast=member()) for rank in (1, 2)]
+    for strategy, (ctx, _) in zip(strategies, opened):
+        strategy.start(ctx)
+    server = opened[0][1].server
+
+    def stall():
+        with server._lock:
+            time.sleep(1.0)
+
+    def rank_main(rank):
+        s, fell_back = strategies[rank], []
+        while len(fell_back) < 6:
+            if rank == 0 and s.round == 2 and not stalled.is_set():
+                stalled.set()
+                threading.Thread(target=stall).start()
+            time.sleep(0.01 if rank < 2 else 0.03)
+            if s.after_step(StepReport(step_s=0.01 if rank < 2 else 0.03)) is AVERAGE:
+                fell_back.append(s.fallback)
+                barrier.wait()
+                s.after_round(round_result(s.round + 1, size=size))
+        return fell_back
+
+    fell_back = run_ranks(size, rank_main, timeout=30)
+    for _, transports in reversed(opened):
+        transports.close()
+    assert fell_back == [[False] * 6] + [[False, False, True, False, False, False]] * 2
+    assert server.state.entered_round == 2
+
+
+def raw_connection(server):
+    """A foreign client: a plain socket to ``server``, its reader, and the challenge of its greeting."""
+    sock = socket.create_connection(parse_address(server.address), timeout=3)
+    lines = sock.makefile("rb")
+    greeting = lines.readline()
+    assert greeting.startswith(GREETING) and len(greeting) == len(GREETING) + 33
+    return sock, lines, greeting[len(GREETING):-1]
+
+
+def worker_channel(key, challenge):
+    """What a worker holding ``key`` seals on the connection of ``challenge``."""
+    return Channel(key, sends=b"worker|" + challenge, receives=b"server|" + challenge)
+
+
+def hung_up(lines):
+    """True if the server closed the connection without a word."""
+    try:
+        return lines.read() == b""
+    except ConnectionResetError:
+        return True
+
+
+def send(sock, data):
+    try:
+        sock.sendall(data)
+    except (BrokenPipeError, ConnectionResetError):        # the server hung up before reading it all
+        pass
+
+
+QUERY = b'{"op": "query", "rank": 1, "k": 1, "c": 1000000000.0, "round": 0, "seq": 1}'
+FORGERIES = {
+    "garbage": lambda challenge: b"junk\n",
+    "unsealed query posing as rank 1": lambda challenge: QUERY + b"\n",
+    "sealed with another key": lambda challenge: worker_channel(new_key(), challenge).seal(QUERY) + b"\n",
+    "sealed for another connection": lambda challenge: worker_channel(KEY, b"0" * 32).seal(QUERY) + b"\n",
+    "sealed as the server speaks": lambda challenge: Channel(KEY, sends=b"server|" + challenge).seal(QUERY) + b"\n",
+    "altered after sealing": lambda challenge: worker_channel(KEY, challenge).seal(QUERY).replace(b'"rank": 1',
+                                                                                                  b'"rank": 2') + b"\n",
+    "leave without the key": lambda challenge: b'1 ' + b"0" * 64 + b' {"op": "leave", "rank": 1}\n',
+    "100 kB without a newline": lambda challenge: b"x" * 100_000,
+    "nested 200,000 deep": lambda challenge: b"[" * 200_000 + b"\n",
+}
+
+
+@pytest.mark.parametrize("forgery", list(FORGERIES))
+def test_a_line_that_is_not_a_workers_ends_its_connection_is_counted_and_never_acted_on(server, forgery):
+    sock, lines, challenge = raw_connection(server)
+    send(sock, FORGERIES[forgery](challenge))
+    assert hung_up(lines)
+    sock.close()
+    assert (server.rejected, server.handled) == (1, 0)
+    assert server.state.state_dict() == ESyncState(3).state_dict()             # nothing acted on
+    alive = StateClient(server.address, 0, KEY)                                # workers are still served
+    assert alive.query(1, 0.01, 0) is False and server.handled == 1
     alive.close()
+
+
+def test_a_line_cut_off_by_the_end_of_its_connection_is_refused(server):
+    sock, lines, challenge = raw_connection(server)
+    sock.sendall(worker_channel(KEY, challenge).seal(b'{"op": "leave", "rank": 1}'))   # no newline
+    sock.shutdown(socket.SHUT_WR)
+    assert hung_up(lines)
+    assert (server.rejected, server.state.records[1].left) == (1, False)
+
+
+def test_a_replayed_line_is_refused_in_its_own_connection_and_in_another(server):
+    sock, lines, challenge = raw_connection(server)
+    worker = worker_channel(KEY, challenge)
+    leave = worker.seal(b'{"op": "leave", "rank": 2}') + b"\n"
+    query = worker.seal(QUERY) + b"\n"
+    sock.sendall(leave + query)
+    answer = json.loads(worker.open(lines.readline()[:-1]))
+    assert answer["seq"] == 1 and server.state.records[2].left
+    server.state.records[2].left = False                   # as if rank 2 came back
+    other, other_lines, _ = raw_connection(server)
+    other.sendall(leave)                                   # recorded, played into another connection
+    assert hung_up(other_lines)
+    sock.sendall(query)                                    # and again in its own
+    assert hung_up(lines)
+    assert (server.rejected, server.handled, server.state.records[2].left) == (2, 2, False)
+
+
+def test_authentic_but_invalid_messages_are_answered_with_an_error_and_counted(server):
+    sock, lines, challenge = raw_connection(server)
+    worker = worker_channel(KEY, challenge)
+    bad = [b"[" * 4000,                                                                # RecursionError in json
+           b'{"op": "query", "rank": 7, "k": 1, "c": 0.1, "round": 0, "seq": 1}',       # rank out of range
+           b'{"op": "query", "rank": 0, "k": 1, "c": Infinity, "round": 0, "seq": 2}',
+           b'{"op": "query", "rank": 0, "k": 1, "c": NaN, "round": 0, "seq": 3}',
+           b'{"op": "query", "rank": 0}']
+    sock.sendall(b"".join(worker.seal(b) + b"\n" for b in bad))
+    answers = [json.loads(worker.open(lines.readline()[:-1])) for _ in bad]
+    assert [a["error"].split(":")[0] for a in answers] == ["RecursionError", "ValueError", "ValueError",
+                                                           "ValueError", "KeyError"]
+    assert (server.rejected, server.handled) == (5, 0)
+    sock.sendall(worker.seal(b'{"op": "query", "rank": 0, "k": 1, "c": 0.1, "round": 0, "seq": 4}') + b"\n")
+    assert json.loads(worker.open(lines.readline()[:-1]))["seq"] == 4                 # the connection goes on
+    sock.close()
+
+
+def test_connections_waiting_to_authenticate_are_bounded_and_timed_out_and_workers_are_bounded(monkeypatch):
+    monkeypatch.setattr(state_server, "AUTH_TIMEOUT_S", 1.5)
+    server = StateServer(1, KEY, max_workers=1)
+    held = [raw_connection(server) for _ in range(MAX_PENDING + 8)]
+    t0 = time.monotonic()
+    assert all(hung_up(lines) for _, lines, _ in held[:8])                     # the oldest made room at once
+    assert server.refused == 8 and time.monotonic() - t0 < 1.0
+    assert all(hung_up(lines) for _, lines, _ in held[8:])                     # the rest after 1.5 s of silence
+    assert server.refused == MAX_PENDING + 8 and time.monotonic() - t0 < 5.0
+    first, second = StateClient(server.address, 0, KEY), StateClient(server.address, 0, KEY)
+    assert first.query(1, 0.01, 0) is True
+    with pytest.raises(StateServerError):
+        second.query(1, 0.01, 0)                                               # one worker connection at most
+    assert server.refused == MAX_PENDING + 9 and first.query(2, 0.01, 0) is True
+    for sock, _, _ in held:
+        sock.close()
+    first.close(), second.close(), server.close()
+
+
+def fake_server(answer):
+    """A listener that greets its first client with challenge 0...0, reads one line, sends ``answer``."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    challenge = b"0" * 32
+
+    def serve():
+        conn, _ = listener.accept()
+        with conn:
+            conn.sendall(GREETING + challenge + b"\n")
+            conn.recv(4096)
+            conn.sendall(answer(challenge))
+            time.sleep(1.0)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+
+
+REPLY = b'{"seq": 1, "ready": true, "round": 0, "slowest": false}'
+
+
+def test_the_client_drops_answers_that_are_not_the_servers_and_counts_them():
+    forged = lambda challenge: (REPLY + b"\n" + Channel(new_key(), sends=b"server|" + challenge).seal(REPLY) + b"\n"
+                                + Channel(KEY, sends=b"worker|" + challenge).seal(REPLY) + b"\n")
+    listener, address = fake_server(forged)
+    client = StateClient(address, 0, KEY, timeout=0.3)
+    with pytest.raises(StateServerTimeout):
+        client.query(1, 0.01, 0)
+    assert client.rejected == 3
+    listener.close()
+    listener, address = fake_server(lambda challenge: Channel(KEY, sends=b"server|" + challenge).seal(REPLY) + b"\n")
+    client = StateClient(address, 0, KEY, timeout=0.5)
+    assert client.query(1, 0.01, 0) is True and client.rejected == 0                 # the real thing is taken
+    listener.close()
+
+
+def test_the_client_refuses_an_oversized_answer_and_a_peer_that_is_not_a_state_server():
+    listener, address = fake_server(lambda challenge: b"x" * 10_000)
+    with pytest.raises(StateServerError, match="sent a line over 4096 bytes"):
+        StateClient(address, 0, KEY, timeout=1.0).query(1, 0.01, 0)
+    listener.close()
+    other = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=lambda: other.accept()[0].sendall(b"SSH-2.0-OpenSSH_9.6" + b" " * 60 + b"\n"),
+                     daemon=True).start()
+    with pytest.raises(StateServerError, match="not a horovod_hetero state server"):
+        StateClient(f"tcp://127.0.0.1:{other.getsockname()[1]}", 0, KEY, timeout=1.0).query(1, 0.01, 0)
+    other.close()
+
+
+def test_servers_bind_the_interface_horovodrun_gives_gloo_and_never_advertise_loopback_across_hosts(monkeypatch):
+    from types import SimpleNamespace
+
+    from horovod_hetero import _horovod
+    for name in (_horovod.ENV_SERVER_HOST, _horovod.ENV_GLOO_IFACE, _horovod.ENV_RENDEZVOUS):
+        monkeypatch.delenv(name, raising=False)
+    interfaces = {"lo": ["127.0.0.1"], "eth0": ["10.1.2.3"], "ib0": ["192.168.5.6"]}
+    monkeypatch.setattr(_horovod, "_interfaces", lambda: {
+        name: [SimpleNamespace(family=socket.AF_INET6, address="fe80::1")] +
+              [SimpleNamespace(family=socket.AF_INET, address=a) for a in addresses]
+        for name, addresses in interfaces.items()})
+    monkeypatch.setattr(_horovod, "_host_name_address", lambda: "127.0.1.1")    # as on many Linux hosts
+    assert _horovod.server_host(all_local=True) == "127.0.0.1"
+    monkeypatch.setenv(_horovod.ENV_GLOO_IFACE, "ib0")
+    assert _horovod.server_host(all_local=False) == "192.168.5.6"                # Gloo's interface
+    monkeypatch.setenv(_horovod.ENV_SERVER_HOST, "10.9.9.9")
+    assert _horovod.server_host(all_local=False) == "10.9.9.9"                   # the user's choice first
+    monkeypatch.delenv(_horovod.ENV_SERVER_HOST)
+    monkeypatch.setenv(_horovod.ENV_GLOO_IFACE, "lo")
+    monkeypatch.setenv(_horovod.ENV_RENDEZVOUS, "127.0.0.1")                     # loopback everywhere:
+    with pytest.raises(ValueError, match="set HOROVOD_HETERO_STATE_SERVER_HOST to this host's address"):
+        _horovod.server_host(all_local=False)                                    # two interfaces, no choice
+    del interfaces["ib0"]
+    assert _horovod.server_host(all_local=False) == "10.1.2.3"                   # the only one
+    assert _horovod.route_address("127.0.0.1") == "127.0.0.1" and _horovod.route_address("no-such-host.invalid") is None

@@ -1,10 +1,13 @@
 """WAGMA without Horovod: process sets, errors, the wait-avoiding exchange over real sockets, the
 strategy's decisions carried out by the runtime."""
+import queue
+import socket
 import threading
 import time
 
 import numpy as np
 import pytest
+import zmq
 
 from fakes import ArrayCollectives, ArrayModel, context, run_ranks
 from horovod_hetero._horovod import registered_ids, world_size
@@ -12,8 +15,11 @@ from horovod_hetero.rules.grouping import butterfly_groups, process_set_ranks, r
 from horovod_hetero.runtime.controller import HeteroController
 from horovod_hetero.runtime.straggler import Slowdown, delayed_ranks, parse_random_delay
 from horovod_hetero.strategies import WAGMA
-from horovod_hetero.transports.activations import Activations
-from horovod_hetero.transports.group_exchange import GroupExchange
+from horovod_hetero.transports.activations import MAX_MESSAGE_BYTES, Activations, encode
+from horovod_hetero.transports.auth import Channel, new_key
+from horovod_hetero.transports.group_exchange import MAX_SERVING, GroupExchange
+
+KEY = new_key()
 
 
 def test_process_sets_every_group_of_every_partition_without_singletons_or_the_world():
@@ -78,8 +84,8 @@ def exchanges(patience=0.0, wait_avoiding=True):
             barrier.wait()
             return list(slots)
 
-        acts = Activations("127.0.0.1", allgather) if wait_avoiding else None
-        return GroupExchange(rank, allreduce, acts, patience=patience, timeout=5)
+        acts = Activations("127.0.0.1", allgather, rank, KEY) if wait_avoiding else None
+        return GroupExchange(rank, allreduce, acts, patience=patience, timeout=5, groups=[(0, 1)])
 
     return run_ranks(2, make), allreduce
 
@@ -254,3 +260,100 @@ def test_after_a_join_of_every_rank_all_continue_at_the_furthest_ranks_step():
         restored = WAGMA(group_size=2, sync_period=4)
         restored.load_state_dict(s.state_dict())
         assert (restored.t, restored._next) == (11, 12)
+
+
+def wait_until(condition, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_forged_replayed_and_malformed_activations_are_dropped_counted_and_the_responder_goes_on():
+    """A foreign process pushes to rank 1's activation socket: garbage, an unsealed activation, one
+    sealed with another key, one from rank 1 itself or a rank out of range, a replay of rank 0's
+    real activation, an oversized message, a multi-part message and raw bytes without ZeroMQ's
+    framing. None is acted on (nothing is served for them); the responder still serves rank 0."""
+    (a, b), allreduce = exchanges()
+    context = zmq.Context()
+    push = context.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    raw = socket.socket()
+    try:
+        a.publish([1.0]), b.publish([5.0])
+        assert a.average(1, (0, 1), [2.0]).summed.tolist() == [7.0]             # b served stale: 2 + 5
+        assert wait_until(lambda: b.served_stale == 1)
+        real = b"0 " + Channel(KEY, sends=b"activation|0>1").seal(encode(1, (0, 1)))   # what rank 0 sent
+        forged = [b"junk", encode(2, (0, 1)), b"0 5 " + b"0" * 64 + b" " + encode(2, (0, 1)),
+                  b"0 " + Channel(new_key(), sends=b"activation|0>1").seal(encode(2, (0, 1))),
+                  b"1 " + Channel(KEY, sends=b"activation|1>1").seal(encode(2, (0, 1))),
+                  b"7 " + Channel(KEY, sends=b"activation|7>1").seal(encode(2, (0, 1))), real, b"", b"\xff" * 64]
+        push.connect(a._activations.addresses[1])
+        for message in forged:
+            push.send(message)
+        push.send_multipart([b"junk", real])                                     # two more frames
+        push.send(b"0 " * (MAX_MESSAGE_BYTES // 2 + 1))                            # ends this connection
+        raw.connect(("127.0.0.1", int(a._activations.addresses[1].rsplit(":", 1)[1])))
+        raw.sendall(b"\x00" * 100_000)                                            # not ZeroMQ
+        assert wait_until(lambda: b._activations.dropped == len(forged) + 2)
+        time.sleep(0.2)
+        assert b.served_stale == 1 and b._thread.is_alive() and b._activations.dropped == len(forged) + 2
+        result = a.average(2, (0, 1), [3.0])                                     # rank 0's next activation
+        assert (result.summed.tolist(), result.total_weight) == ([8.0], 2.0)      # 3 + b's stale 5
+        assert wait_until(lambda: b.served_stale == 2)
+    finally:
+        raw.close(), push.close(), context.term()
+        for e in (a, b):
+            e.close()
+
+
+class QueuedActivations:
+    """Activations from a queue (``None`` entries raise, as a broken message might)."""
+
+    def __init__(self):
+        self.queue = queue.Queue()
+        self.sent = []
+
+    def receive(self, timeout_s):
+        try:
+            activation = self.queue.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+        if activation is None:
+            raise RuntimeError("a message the responder cannot handle")
+        return activation
+
+    def send(self, rank, tag, group):
+        self.sent.append((rank, tag, group))
+
+    def close(self):
+        pass
+
+
+def test_responder_threads_are_bounded_and_other_activations_dropped_and_counted():
+    """500 activations with future tags whose group averages nobody joins start at most MAX_SERVING
+    threads; activations for groups this rank is not in (or that are not its groups) and a failure
+    while receiving are dropped and counted, and the responder goes on."""
+    release = threading.Event()
+    started = []
+
+    def blocked_allreduce(model, weight, control, group, name):
+        started.append(name)
+        release.wait(10)
+        return np.asarray(model, float) * 2, [2 * weight, 2.0, 2 * control[2]]
+
+    acts = QueuedActivations()
+    exchange = GroupExchange(0, blocked_allreduce, acts, timeout=5, groups=[(0, 1), (2, 3), (0, 2), (1, 3)])
+    exchange.publish([1.0])
+    before = threading.active_count()
+    for activation in [(5, (2, 3)), (5, (1, 3)), (5, (0, 3)), None]:
+        acts.queue.put(activation)
+    for tag in range(10, 510):
+        acts.queue.put((tag, (0, 1)))
+    assert wait_until(lambda: exchange.dropped == 4 + 500 - MAX_SERVING)
+    assert len(started) == MAX_SERVING and threading.active_count() - before <= MAX_SERVING
+    assert exchange._thread.is_alive()
+    release.set()
+    acts.queue.put((600, (0, 2)))                                                  # served once threads are free
+    assert wait_until(lambda: "horovod_hetero.group.600" in started)
+    exchange.close()

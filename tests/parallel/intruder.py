@@ -1,0 +1,65 @@
+"""A foreign local process that attacks a job's transports while it trains (it holds no key).
+
+    python intruder.py state tcp://HOST:PORT SIZE           ESync's state server
+    python intruder.py activations tcp://HOST:PORT ...      every rank's WAGMA activation socket
+
+Sends garbage, oversized and deeply nested lines, unsealed messages posing as a rank (a huge
+capability, ``leave``, a rank out of range, ``Infinity``), messages with a made-up MAC, holds 100
+idle connections for a second, and for activations 500 forged future activations and raw bytes
+without ZeroMQ's framing. Prints how many messages it sent; exits 0.
+"""
+import json
+import socket
+import sys
+import time
+
+import zmq
+
+
+def state(address, size):
+    host, port = address.removeprefix("tcp://").rsplit(":", 1)
+    target = (host, int(port))
+    query = {"op": "query", "rank": 1, "k": 1, "c": 1e9, "round": 0, "seq": 1}
+    lines = [b"junk\n", b"[" * 200_000 + b"\n", b"x" * 100_000, json.dumps(query).encode() + b"\n",
+             json.dumps({"op": "leave", "rank": size - 1}).encode() + b"\n",
+             json.dumps(dict(query, rank=size + 5)).encode() + b"\n",
+             json.dumps(dict(query, rank=0)).replace("1000000000.0", "Infinity").encode() + b"\n",
+             b"1 " + b"0" * 64 + b' {"op": "leave", "rank": 1}\n']
+    sent = 0
+    for line in lines * 5:
+        with socket.create_connection(target, timeout=2) as sock:
+            try:
+                sock.sendall(line)
+                sent += 1
+            except OSError:                         # hung up on before it read it all
+                pass
+    held = [socket.create_connection(target, timeout=2) for _ in range(100)]
+    time.sleep(1.0)
+    for sock in held:
+        sock.close()
+    return sent
+
+
+def activations(addresses):
+    context = zmq.Context()
+    sent = 0
+    for address in addresses:
+        push = context.socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 1000)
+        push.connect(address)
+        messages = [b"junk", b"5 0,1", b"0 7 " + b"0" * 64 + b" 7 0,1", b"\xff" * 64]
+        messages += [b"0 %d %s %d 0,1" % (n, b"0" * 64, n) for n in range(10, 510)]
+        for message in messages:
+            push.send(message)
+        sent += len(messages)
+        push.close()
+        host, port = address.removeprefix("tcp://").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=2) as raw:
+            raw.sendall(b"\x00" * 10_000)
+    context.term()
+    return sent
+
+
+if __name__ == "__main__":
+    kind, *args = sys.argv[1:]
+    print(state(args[0], int(args[1])) if kind == "state" else activations(args))
