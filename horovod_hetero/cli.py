@@ -245,16 +245,20 @@ def plot_results(results, path):
 @cli.command()
 @click.option("--step-times", required=True, help="seconds per step of each worker: 0.1,0.1,0.1,0.4 or 0.1x3,0.4")
 @click.option("--strategy", "strategies", default="elasticbsp,dssp", show_default=True,
-              help="comma list of elasticbsp, dssp")
+              help="comma list of elasticbsp, dssp, adsp")
 @click.option("-R", "lookahead", default=15, show_default=True, help="ElasticBSP lookahead R")
 @click.option("--s-lower", default=3, show_default=True, help="DSSP lower staleness bound")
 @click.option("--s-upper", default=15, show_default=True, help="DSSP upper staleness bound")
-def plan(step_times, strategies, lookahead, s_lower, s_upper):
-    """Print the local steps each worker runs before the next round (ElasticBSP, DSSP), as the
-    strategy objects plan them after a round that measured these step times."""
+@click.option("--check-period", default="10steps", show_default=True,
+              help="ADSP check period: steps of the slowest worker (10steps) or seconds (4s)")
+def plan(step_times, strategies, lookahead, s_lower, s_upper, check_period):
+    """Print the local steps each worker runs before the next round, as the strategy objects plan
+    them after a round that measured these step times (ElasticBSP, DSSP), or as they run them per
+    commit at the search's first rate (ADSP, on the simulator's virtual clock)."""
     from horovod_hetero import strategies as lib
 
-    makers = {"elasticbsp": lambda: lib.ElasticBSP(lookahead), "dssp": lambda: lib.DSSP((s_lower, s_upper))}
+    makers = {"elasticbsp": lambda: lib.ElasticBSP(lookahead), "dssp": lambda: lib.DSSP((s_lower, s_upper)),
+              "adsp": lambda: lib.ADSP(check_period)}
     names = [n.strip() for n in strategies.split(",")]
     unknown = [n for n in names if n not in makers]
     if unknown:
@@ -265,7 +269,7 @@ def plan(step_times, strategies, lookahead, s_lower, s_upper):
         raise click.BadParameter("step times must be finite seconds > 0", param_hint="--step-times")
     try:
         chosen = [makers[n]() for n in names]
-        plans = [s.plan_steps(step_s) for s in chosen]
+        plans = [s.plan_steps(step_s) if hasattr(s, "plan_steps") else steady_round(s, step_s) for s in chosen]
     except (TypeError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"{'worker':>6} {'step s':>8} " + " ".join(f"{s.label:>16}" for s in chosen))
@@ -274,6 +278,19 @@ def plan(step_times, strategies, lookahead, s_lower, s_upper):
     for strategy, steps in zip(chosen, plans):
         ends = [k * t for k, t in zip(steps, step_s)]
         click.echo(f"{strategy.label}: barrier at {max(ends):g} s, longest wait {max(ends) - min(ends):g} s")
+
+
+def steady_round(strategy, step_s, rounds=4):
+    """Each worker's local steps in round ``rounds`` of ``strategy`` simulated at these step times
+    (no jitter): a strategy that decides step by step, on its own clock (ADSP), instead of planning."""
+    from horovod_hetero import simulate as sim
+
+    cluster = sim.Cluster(step_s)
+    duration, result = max(step_s), None
+    while result is None or len(result.round_steps) < rounds:
+        duration *= 2                                     # long enough for that many rounds
+        result = sim.simulate(cluster, strategy, duration)
+    return [int(k) for k in result.round_steps[rounds - 1]]
 
 
 @cli.command()

@@ -50,6 +50,19 @@ def test_plan_prints_each_strategys_local_steps():
     assert run("plan", "--step-times", "1", "--strategy", "zip").exit_code != 0
 
 
+def test_plan_runs_adsp_on_the_virtual_clock_one_commit_per_check_period():
+    """Γ = 10 steps of the slowest worker (4 s) at one commit per period: each worker steps while its
+    next step ends before the deadline, 4 s less the commit's cost (the simulated allreduce)."""
+    result = run("plan", "--step-times", "0.1x3,0.4", "--strategy", "adsp", "--check-period", "10steps")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert [line.split()[2] for line in lines[1:5]] == ["39", "39", "39", "9"]
+    assert lines[5] == "ADSP(10steps): barrier at 3.9 s, longest wait 0.3 s"
+    seconds = run("plan", "--step-times", "0.1x3,0.4", "--strategy", "adsp", "--check-period", "2s")
+    assert [line.split()[2] for line in seconds.output.splitlines()[1:5]] == ["19", "19", "19", "4"]
+    assert "check_period" in run("plan", "--step-times", "1", "--strategy", "adsp", "--check-period", "0s").output
+
+
 def test_telemetry_summary(tmp_path):
     (tmp_path / "rank0.jsonl").write_text("\n".join(json.dumps(
         {"rank": 0, "compute_s": 0.3, "comm_s": 0.1, "samples": 10, "synced": i % 2 == 1}) for i in range(4)))
