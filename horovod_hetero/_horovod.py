@@ -100,8 +100,9 @@ def server_host(all_local):
     127.0.1.1, which no other host reaches)."""
     if all_local:
         return "127.0.0.1"
-    if server_host_setting():
-        return server_host_setting()
+    setting = server_host_setting()
+    if setting:
+        return setting
     candidates = (lambda: interface_address(os.environ.get(ENV_GLOO_IFACE)),
                   lambda: route_address(os.environ.get(ENV_RENDEZVOUS)), _host_name_address, _only_interface_address)
     for candidate in candidates:
