@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 READY := $(VENV)/.horovod-hetero-ready
 NP ?= 4
 
-.PHONY: demo test test-single test-parallel test-elastic bench bench-peers bench-wagma bench-planned bench-epochs env clean
+.PHONY: demo test test-single test-parallel test-elastic test-faults bench bench-peers bench-wagma bench-planned bench-epochs env clean
 
 $(READY): tools/bootstrap.sh tools/requirements.txt pyproject.toml
 	VENV=$(VENV) bash tools/bootstrap.sh
@@ -14,7 +14,7 @@ env: $(READY)
 demo: $(READY)
 	$(PY) -m horovod_hetero.cli demo
 
-test: test-single test-parallel test-elastic
+test: test-single test-parallel test-elastic test-faults
 
 test-single: $(READY)
 	$(PY) -m pytest -q -p no:cacheprovider tests/single
@@ -34,6 +34,10 @@ test-parallel: $(READY)
 #: Horovod elastic (each case runs its own horovodrun with a host-discovery script)
 test-elastic: $(READY)
 	$(PY) -m pytest -q -p no:cacheprovider --timeout 300 tests/elastic
+
+#: fault injection: kill -9 / SIGSTOP / stalls / an intruder against jobs of 4 ranks; prints the table
+test-faults: $(READY)
+	$(PY) -m pytest -q -s -p no:cacheprovider --timeout 240 tests/faults
 
 bench: $(READY)
 	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) benchmarks/averaging_cost.py

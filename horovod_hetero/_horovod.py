@@ -4,17 +4,25 @@ Horovod's ``ProcessSet`` and its object collectives have the same Python API in 
 and ``horovod.tensorflow``, so one base class serves both; a framework's ``Collectives`` sets
 ``hvd`` and adds the tensor operations (``allreduce_sum``, ``copy``).
 """
+import atexit
+import ctypes
+import faulthandler
 import functools
 import ipaddress
+import logging
 import os
 import socket
+import sys
+import threading
+import time
 
 from horovod.common.exceptions import HorovodInternalError
 from horovod.common.process_sets import ProcessSet
 
-from horovod_hetero.errors import ElasticResetError
+from horovod_hetero.errors import ElasticResetError, RankLostError
 from horovod_hetero.rules.grouping import process_set_ranks
-from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, Collectives, call_with_timeout
+from horovod_hetero.runtime.collectives import (
+    DEFAULT_TIMEOUT_S, Collectives, background_failure, call_with_timeout, check_background)
 from horovod_hetero.runtime.membership import Membership
 from horovod_hetero.runtime.straggler import Slowdown, check_base_step, check_random_delay, check_slowdown
 from horovod_hetero.runtime.telemetry import Telemetry, telemetry_directory
@@ -176,7 +184,119 @@ def follow_ranks(hvd, process_set, telemetry, build):
         kept = getattr(previous.telemetry, "rank", None) == hvd.rank()
         return build(previous.telemetry if kept else telemetry)
 
-    return Membership(rebuild, lambda: (hvd.rank(), hvd.size()), HorovodInternalError)
+    def lost(controller, error):
+        if os.environ.get("HOROVOD_ELASTIC") == "1" or not collective_failed(error):
+            return None                     # hvd.elastic resets on HorovodInternalError; other errors pass
+        return controller.rank_lost(error)
+
+    return Membership(rebuild, lambda: (hvd.rank(), hvd.size()), HorovodInternalError, lost)
+
+
+def collective_failed(error):
+    """True if ``error`` is Horovod's report of a failed collective: ``HorovodInternalError``
+    (torch, object collectives), TensorFlow's ``OpError`` from a Horovod op, or a timeout of ours."""
+    if isinstance(error, (HorovodInternalError, RankLostError)):
+        return True
+    op_error = any(c.__name__ == "OpError" for c in type(error).__mro__)    # no TensorFlow import here
+    return op_error and "Horovod" in str(error)
+
+
+#: Seconds Horovod's failed background thread is held for the main thread to raise ``RankLostError``
+#: and exit; a main thread still running then (blocked inside Horovod) is ended with the same error.
+HOLD_S = 20.0
+#: Seconds without the GIL after which a process with process sets ends (``guard_gil``).
+GIL_LIMIT_S = 45.0
+_hook = {}
+
+
+def guard_gil():
+    """End the process (exit code 1, every thread's traceback on stderr) if no Python code could run
+    for ``GIL_LIMIT_S`` s: Python's ``faulthandler`` watchdog, a C thread that needs no GIL, re-armed
+    every second by a daemon thread of ours. Started when process sets are used: there a main thread
+    that enqueued a collective while Horovod's failed background thread holds the process-set lock
+    waits for it forever holding the GIL, and the terminate handler (``catch_background_abort``),
+    which needs the GIL, never runs."""
+    if _hook.get("gil"):
+        return
+    _hook["gil"] = True
+
+    def rearm():
+        while True:
+            faulthandler.dump_traceback_later(GIL_LIMIT_S, exit=True, file=sys.__stderr__)
+            time.sleep(1.0)
+
+    threading.Thread(target=rearm, name="horovod_hetero-gil-guard", daemon=True).start()
+
+
+def catch_background_abort():
+    """Turn the ``SIGABRT`` that ends every survivor of a lost rank when the job registered process
+    sets (WAGMA's) into a ``RankLostError`` in the main thread. Installed once, by the first adapter.
+
+    Why: after a collective fails, Horovod's background thread leaves its loop and, with process sets
+    besides the global one, negotiates their removal with the other ranks (``ProcessSetTable::Finalize``,
+    a Gloo allgather outside the loop's ``try``, holding the process-set table's lock); a dead peer
+    makes it throw ``gloo::IoException``, nothing catches it, and ``std::terminate`` aborts the process
+    before any Python code learns of the failure. This installs a C++ terminate handler that, on a
+    thread other than the main thread, records the failure (``runtime.collectives.background_failure``:
+    every wait of ours, and every collective before it enqueues, then raises ``RankLostError``) and
+    holds that thread. The process then exits with code 1: from the main thread's error (an ``atexit``
+    hook ends it with ``os._exit(1)`` before Horovod's shutdown, which would wait for the held
+    thread), or, if the main thread is still running after ``HOLD_S`` s (blocked inside Horovod on the
+    lock the failed thread holds), from the handler, which prints the error itself. On the main thread,
+    or on a second failure, it aborts as before.
+    """
+    if _hook:
+        return
+    try:
+        set_terminate = ctypes.CDLL("libstdc++.so.6")._ZSt13set_terminatePFvvE
+    except (OSError, AttributeError):              # not GNU libstdc++: Horovod's behaviour stays
+        return
+    handler_type = ctypes.CFUNCTYPE(None)
+
+    def on_terminate():
+        if threading.current_thread() is threading.main_thread() or background_failure.is_set():
+            os.abort()
+        background_failure.reason = ("Horovod's background thread failed (a rank's connection broke: Horovod "
+                                     "logged the Gloo error above) and shut Horovod down")
+        background_failure.set()
+        deadline = time.monotonic() + (0.0 if _hook.get("exiting") else HOLD_S)
+        while time.monotonic() < deadline and not _hook.get("exiting"):
+            time.sleep(0.05)
+        if not _hook.get("exiting"):
+            print(f"horovod_hetero.errors.RankLostError: {background_failure.reason}; the main thread is "
+                  f"blocked in Horovod: exiting", file=sys.stderr, flush=True)
+        exit_now()
+
+    def exit_now():
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(1)
+
+    def at_exit():
+        _hook["exiting"] = True
+        if background_failure.is_set():
+            exit_now()
+
+    handler = handler_type(on_terminate)
+    set_terminate.restype = ctypes.c_void_p
+    set_terminate.argtypes = [handler_type]
+    set_terminate(handler)
+    _hook["handler"] = handler                      # kept alive: C++ holds only the pointer
+    atexit.register(at_exit)                        # registered after Horovod's: runs before its shutdown
+
+
+def process_state(pid):
+    """``"died"`` or ``"stopped"`` for a process of this host that cannot take part any more, else None."""
+    import psutil
+    try:
+        status = psutil.Process(pid).status()
+    except psutil.NoSuchProcess:
+        return "died"
+    return {psutil.STATUS_ZOMBIE: "died", psutil.STATUS_DEAD: "died", psutil.STATUS_STOPPED: "stopped"}.get(status)
 
 
 def check_run_options(telemetry, slowdown):
@@ -211,6 +331,7 @@ class HorovodCollectives(Collectives):
     """
 
     hvd = None          # horovod.torch or horovod.tensorflow, set by the subclass
+    _peers = None       # every rank's (host, pid), from know_peers()
 
     def __init__(self, process_set=None, timeout=DEFAULT_TIMEOUT_S, owner="horovod_hetero", members_only=True):
         hvd = self.hvd
@@ -218,6 +339,7 @@ class HorovodCollectives(Collectives):
         check_process_set(process_set)
         if not hvd.is_initialized():
             raise RuntimeError(f"{owner}: Horovod is not initialized; call hvd.init() first")
+        catch_background_abort()
         self.process_set = ps = process_set or hvd.global_process_set
         self.included = ps.included()
         self.rank = self.size = None
@@ -228,6 +350,7 @@ class HorovodCollectives(Collectives):
         self.rank, self.size = ps.rank(), ps.size()
         self.root = 0 if ps == hvd.global_process_set else ps.ranks[0]
         self._sets = {}
+        self._peers = None
 
     @functools.cached_property
     def host(self):
@@ -235,13 +358,28 @@ class HorovodCollectives(Collectives):
         return server_host(self.hvd.local_size() == self.hvd.size())
 
     def broadcast_object(self, obj, *, what):
+        check_background(what)
         return call_with_timeout(lambda: self.hvd.broadcast_object(
             obj, root_rank=self.root, process_set=self.process_set, name="horovod_hetero.broadcast"), self.timeout, what)
 
     def allgather_object(self, obj, *, what):
         """Over all ranks (``horovod.torch`` gathers objects only over the global set)."""
+        check_background(what)
         return call_with_timeout(lambda: self.hvd.allgather_object(obj, name="horovod_hetero.allgather"),
                                  self.timeout, what)
+
+    def know_peers(self):
+        """Every rank's (host name, process id), gathered once (object gathers span all ranks: only
+        over the global set)."""
+        if self.process_set == self.hvd.global_process_set and self._peers is None:
+            self._peers = self.allgather_object((socket.gethostname(), os.getpid()),
+                                                what="the exchange of the ranks' process ids")
+
+    def lost_ranks(self):
+        here = socket.gethostname()
+        states = {rank: process_state(pid) for rank, (host, pid) in enumerate(self._peers or ())
+                  if host == here and rank != self.rank}
+        return {rank: state for rank, state in states.items() if state}
 
     def require_groups(self, rank_lists, init_call):
         if self.process_set != self.hvd.global_process_set:
@@ -255,6 +393,7 @@ class HorovodCollectives(Collectives):
             for ranks in (list(r) for r in rank_lists if list(r) not in registered):
                 call_with_timeout(lambda: self.hvd.add_process_set(ranks), self.timeout,
                                   f"adding the process set {ranks}")
+        guard_gil()
         for ranks, set_id in registered_ids(table(), rank_lists, init_call).items():
             self._sets[ranks] = ps = ProcessSet(list(ranks))
             ps.process_set_id = set_id

@@ -4,7 +4,8 @@ Bad arguments are ``TypeError``/``ValueError`` raised when an object is built; e
 goes wrong while training is a ``HeteroError``::
 
     HeteroError (RuntimeError)
-    ├── CollectiveTimeoutError (also a TimeoutError)   a collective did not complete in time
+    ├── RankLostError                                  a rank died or froze: a collective cannot complete
+    │   └── CollectiveTimeoutError (also a TimeoutError)   a collective did not complete in time
     ├── RoundMismatchError                             ranks entered different rounds / group steps
     ├── ElasticResetError                              the strategy cannot go on after hvd.elastic's reset
     └── TransportError                                 a transport outside Horovod failed, as its user sees it
@@ -22,9 +23,16 @@ class HeteroError(RuntimeError):
     """Base class of every run-time error of horovod-hetero."""
 
 
-class CollectiveTimeoutError(HeteroError, TimeoutError):
+class RankLostError(HeteroError):
+    """A rank died (its connections closed) or froze (a collective timed out) while this rank
+    trained: the job cannot go on. The message names the collective, the round, the step and, where
+    it can be seen from this host, the lost rank. Restart from a checkpoint, or train under
+    ``hvd.elastic.run`` (there Horovod's own ``HorovodInternalError`` goes to its reset instead)."""
+
+
+class CollectiveTimeoutError(RankLostError, TimeoutError):
     """A collective (averaging round, group average, object broadcast) did not complete in time:
-    a rank may have died, or ranks stopped entering the same rounds."""
+    a rank froze or died, or ranks stopped entering the same rounds."""
 
 
 class RoundMismatchError(HeteroError):

@@ -8,7 +8,7 @@ from horovod_hetero._horovod import check_process_set, wagma_process_sets  # noq
 from horovod_hetero._keras import collectives_class, keras_major, keras_module  # noqa: F401
 from horovod_hetero._keras.horovod_layer import averaging_optimizer, check_keras_optimizer
 from horovod_hetero.errors import (  # noqa: F401
-    CollectiveTimeoutError, ElasticResetError, HeteroError, RoundMismatchError)
+    CollectiveTimeoutError, ElasticResetError, HeteroError, RankLostError, RoundMismatchError)
 from horovod_hetero.keras import callbacks  # noqa: F401
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S
 from horovod_hetero.strategies import (  # noqa: F401
@@ -17,7 +17,7 @@ from horovod_hetero.validation import check_float
 
 __all__ = ["DistributedOptimizer", "callbacks", "wagma_process_sets", "keras_module", "keras_major",
            "Strategy", "Synchronous", "LocalSGD", "ESync", "WAGMA", "ElasticBSP", "DSSP", "ADSP", "Steps",
-           "HeteroError", "CollectiveTimeoutError", "RoundMismatchError", "ElasticResetError"]
+           "HeteroError", "RankLostError", "CollectiveTimeoutError", "RoundMismatchError", "ElasticResetError"]
 
 
 def DistributedOptimizer(optimizer, process_set=None, timeout=DEFAULT_TIMEOUT_S, **horovod_options):

@@ -10,9 +10,10 @@ torch tensors, TensorFlow tensors and NumPy arrays).
 - ``Model``: how the user's model is read and written (torch parameters, Keras variables).
 """
 import threading
+import time
 from abc import ABC, abstractmethod
 
-from horovod_hetero.errors import CollectiveTimeoutError
+from horovod_hetero.errors import CollectiveTimeoutError, RankLostError
 
 #: Seconds a collective may take before it is declared stuck (a dead or diverged rank).
 DEFAULT_TIMEOUT_S = 300.0
@@ -66,6 +67,14 @@ class Collectives(ABC):
     def allgather_object(self, obj, *, what):
         """Every rank's ``obj``, in rank order, on every rank."""
 
+    def know_peers(self):
+        """Note where the set's ranks run (a collective, at the first start) for ``lost_ranks``."""
+
+    def lost_ranks(self):
+        """``{rank: "died" or "stopped"}`` for the ranks of the set this host sees lost (its own
+        processes only: a rank on another host is never named); empty when nothing is known."""
+        return {}
+
     def require_groups(self, rank_lists, init_call):
         """Make sure every group in ``rank_lists`` can be averaged over (its process set is
         registered), else a ``ValueError`` naming ``init_call``."""
@@ -113,12 +122,27 @@ def call_with_timeout(fn, timeout_s, what):
 
     thread = threading.Thread(target=target, name="horovod_hetero-collective", daemon=True)
     thread.start()
-    thread.join(timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while thread.is_alive() and time.monotonic() < deadline:
+        thread.join(min(0.05, max(0.0, deadline - time.monotonic())))
+        check_background(what)
     if thread.is_alive():
         raise timeout_error(what, timeout_s)
     if "error" in box:
         raise box["error"]
     return box["value"]
+
+
+#: Set (with what happened) when the collectives' own background thread failed for good (Horovod's,
+#: ``_horovod.catch_background_abort``): every wait then ends at once with a ``RankLostError``.
+background_failure = threading.Event()
+background_failure.reason = None
+
+
+def check_background(what):
+    """Raise ``RankLostError`` naming ``what`` if the collectives' background thread failed."""
+    if background_failure.is_set():
+        raise RankLostError(f"{what} cannot complete: {background_failure.reason}")
 
 
 def timeout_error(what, timeout_s):

@@ -7,6 +7,7 @@ records telemetry. It imports no framework and knows no particular strategy.
 """
 import time
 
+from horovod_hetero.errors import RankLostError
 from horovod_hetero.rules.partition import latest_step_times
 from horovod_hetero.runtime.collectives import scaled
 from horovod_hetero.runtime.rounds import RoundProtocol
@@ -55,6 +56,7 @@ class HeteroController:
         self.step_times = None         # every rank's latest seconds per step, from the rounds (samplers)
         self._t_last = clock()
         self._started = False          # the first start() takes the set's first rank's counters
+        self._activity = None          # the collective this rank is in (names it if a rank is lost)
 
     # -- lifecycle --
 
@@ -67,7 +69,9 @@ class HeteroController:
         if self.transports is not None:
             return
         t0 = self._clock()
+        self._activity = "the start of the strategy (object broadcasts)"
         if not self._started:
+            self.collectives.know_peers()
             counters = self.collectives.broadcast_object(self.state_dict(), what="the broadcast of the strategy's counters")
             self.load_state_dict(counters)
             self._started = True
@@ -85,6 +89,22 @@ class HeteroController:
         # opening waits for every rank to get here (start-up, imports): neither a step's compute
         # nor its communication, so telemetry leaves it out
         self._t_last += self._clock() - t0
+        self._activity = None
+
+    def rank_lost(self, error):
+        """The ``RankLostError`` a survivor raises when ``error`` (a failed or timed-out collective)
+        interrupted this rank: it names the collective, the round, the step and the lost rank where
+        this host sees it (``Collectives.lost_ranks``)."""
+        lost = self.collectives.lost_ranks()
+        who = (", ".join(f"rank {r} {state}" for r, state in sorted(lost.items())) if lost
+               else "which rank is not known here")
+        doing = self._activity or (f"the gradient allreduce of step {self.strategy.step + 1}"
+                                   if self.strategy.averages_gradients else f"step {self.strategy.step + 1}")
+        cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        kind = type(error) if isinstance(error, RankLostError) else RankLostError
+        return kind(f"{doing} (round {self.protocol.round}, step {self.strategy.step + 1}) failed on rank {self.rank}: "
+                    f"a rank was lost ({who}). Every rank stops; restart from a checkpoint, or train under "
+                    f"hvd.elastic.run. Cause: {type(error).__name__}: {cause}")
 
     def _initial_round(self):
         """With ``global_lr != 1``, average the initial models once (w_0, the same on every rank,
@@ -144,6 +164,7 @@ class HeteroController:
                               **fields, **self.strategy.telemetry_fields())
         self._extra_comm = 0.0
         self._t_last = self._clock()
+        self._activity = None
         return decision is AVERAGE
 
     def add_comm(self, seconds):
@@ -152,6 +173,7 @@ class HeteroController:
 
     def _average(self, weight, control):
         """The round protocol's fused weighted average: sum(w_i x_i) / sum(w_i) over all ranks."""
+        self._activity = "model averaging round"
         summed, control = self.collectives.allreduce_sum(scaled(self.model.tensors(), weight), control,
                                                          name="horovod_hetero.average",
                                                          what="model averaging round", inplace=True)
@@ -191,6 +213,7 @@ class HeteroController:
                                f"group average needs groups opened in on_start (ctx.transports.open_groups) "
                                f"and this rank in the group")
         t0 = self._clock()
+        self._activity = f"group average {decision.tag} over ranks {list(decision.group)}"
         result = groups.average(decision.tag, decision.group, self.model.tensors())
         if result.stale:           # Algorithm 2, line 13: 1/(S+1) (W_sum + W')
             self.model.assign(result.summed, result.total_weight + 1.0, add_current=True)
@@ -213,6 +236,7 @@ class HeteroController:
         self.strategy.leave()
         self._publish(0.0, collects=False)
         rounds = self.protocol.join(on_round=self._after_round)
+        self._activity = None
         self.add_comm(self._clock() - t0)
         self._t_last = self._clock()
         return rounds

@@ -21,6 +21,9 @@ class Membership:
             replaces, or None the first time).
         world: ``() -> (rank, size)`` of Horovod now (the adapter's ``hvd.rank()``, ``hvd.size()``).
         failure: the exception type of a failed collective (Horovod's ``HorovodInternalError``).
+        lost: ``lost(controller, error)``: the error to raise instead of ``error``, which a step or a
+            sync raised (a ``RankLostError`` naming what ``controller`` was doing), or None to let
+            ``error`` through.
 
     Example:
         >>> world = [(0, 2)]
@@ -30,8 +33,8 @@ class Membership:
         (False, True)
     """
 
-    def __init__(self, build, world, failure):
-        self._build, self._world, self._failure = build, world, failure
+    def __init__(self, build, world, failure, lost=None):
+        self._build, self._world, self._failure, self._lost = build, world, failure, lost
         self.controller = None
         self._seen = None
         self._failed = False
@@ -52,9 +55,15 @@ class Membership:
 
     @contextlib.contextmanager
     def guard(self):
-        """Around a step or a sync: a failed collective means new ranks after ``hvd.elastic``'s reset."""
+        """Around a step or a sync: a failed collective means new ranks after ``hvd.elastic``'s reset,
+        or, outside it, a lost rank (``lost``)."""
+        controller = self.current()
         try:
-            yield self.current()
-        except self._failure:
-            self._failed = True
-            raise
+            yield controller
+        except Exception as e:
+            if isinstance(e, self._failure):
+                self._failed = True
+            replacement = self._lost(controller, e) if self._lost is not None else None
+            if replacement is None:
+                raise
+            raise replacement from e

@@ -6,7 +6,7 @@ import torch
 import horovod.torch as hvd
 
 from horovod_hetero._horovod import HorovodCollectives
-from horovod_hetero.runtime.collectives import Model, timeout_error
+from horovod_hetero.runtime.collectives import Model, check_background, timeout_error
 
 
 def wait(handle, timeout_s, what):
@@ -18,6 +18,7 @@ def wait(handle, timeout_s, what):
     while not hvd.poll(handle):
         if time.monotonic() > deadline:
             raise timeout_error(what, timeout_s)
+        check_background(what)
         time.sleep(pause)
         pause = min(2 * pause or 1e-5, 1e-3)
     return hvd.synchronize(handle)
@@ -35,6 +36,7 @@ class TorchCollectives(HorovodCollectives):
 
     @torch.no_grad()
     def allreduce_sum(self, tensors, control, *, ranks=None, name, what, inplace=False):
+        check_background(what)                  # never enqueue into a failed Horovod: it would block
         device = tensors[0].device if len(tensors) else torch.device("cpu")
         group = list(tensors) + [torch.tensor(control, dtype=torch.float64, device=device)]
         enqueue = hvd.grouped_allreduce_async_ if inplace else hvd.grouped_allreduce_async
@@ -46,11 +48,13 @@ class TorchCollectives(HorovodCollectives):
         return [t.clone() for t in tensors]
 
     def broadcast(self, tensors, root_rank, *, name, what):
+        check_background(what)
         handles = [hvd.broadcast_async(t.detach(), root_rank, name=f"{name}.{i}", process_set=self.process_set)
                    for i, t in enumerate(tensors)]
         return [wait(h, self.timeout, what) for h in handles]
 
     def mean(self, tensors, *, name):
+        check_background("the gradient average")
         handle = hvd.grouped_allreduce_async(list(tensors), op=hvd.Average, name=name, process_set=self.process_set)
         return wait(handle, self.timeout, "the gradient average")
 

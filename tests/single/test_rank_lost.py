@@ -1,0 +1,118 @@
+"""A lost rank (issue 16): one error, RankLostError, naming the collective, the round, the step and the
+lost rank; raised by every wait of ours once the collectives' background thread has failed."""
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fakes import ArrayCollectives, ArrayModel
+from horovod_hetero import _horovod
+from horovod_hetero.errors import CollectiveTimeoutError, HeteroError, RankLostError
+from horovod_hetero.runtime import collectives as runtime_collectives
+from horovod_hetero.runtime.collectives import call_with_timeout
+from horovod_hetero.runtime.controller import HeteroController
+from horovod_hetero.runtime.membership import Membership
+from horovod_hetero.strategies import LocalSGD, Synchronous
+
+
+def test_a_timeout_is_a_lost_rank_and_a_timeout():
+    assert issubclass(CollectiveTimeoutError, RankLostError) and issubclass(CollectiveTimeoutError, TimeoutError)
+    assert issubclass(RankLostError, HeteroError) and not issubclass(RankLostError, TimeoutError)
+
+
+class Lost(ArrayCollectives):
+    def lost_ranks(self):
+        return {3: "died", 1: "stopped"}
+
+
+def failing_controller(strategy):
+    def allreduce(rank, arrays):
+        raise OSError("Connection closed by peer [127.0.0.1]:1234\nmore lines")
+    return HeteroController(strategy, Lost(allreduce, rank=2, size=4), ArrayModel({"w": np.zeros(2)}),
+                           slowdown=[1.0] * 4)
+
+
+def test_the_error_names_the_round_the_step_and_the_lost_ranks():
+    ctl = failing_controller(LocalSGD(period=2))
+    ctl.start()
+    ctl.after_step()                                         # step 1: no round
+    with pytest.raises(OSError) as failure:
+        ctl.after_step()                                     # step 2: round 1 fails
+    error = ctl.rank_lost(failure.value)
+    assert type(error) is RankLostError
+    assert str(error).startswith("model averaging round (round 1, step 3) failed on rank 2: a rank was lost "
+                                 "(rank 1 stopped, rank 3 died)")
+    assert str(error).endswith("Cause: OSError: Connection closed by peer [127.0.0.1]:1234")
+
+
+def test_a_timeout_keeps_its_class_and_synchronous_names_the_gradient_allreduce():
+    ctl = failing_controller(Synchronous())
+    error = ctl.rank_lost(CollectiveTimeoutError("waited too long"))
+    assert type(error) is CollectiveTimeoutError
+    assert str(error).startswith("the gradient allreduce of step 1 (round 0, step 1) failed on rank 2")
+
+
+def test_the_guard_raises_what_lost_answers_and_lets_other_errors_through():
+    class Ctl:
+        def rank_lost(self, error):
+            return RankLostError(f"lost: {error}")
+
+    def lost(controller, error):
+        return controller.rank_lost(error) if isinstance(error, OSError) else None
+
+    m = Membership(lambda previous: Ctl(), lambda: (0, 2), failure=OSError, lost=lost)
+    with pytest.raises(RankLostError, match="lost: peer gone") as raised:
+        with m.guard():
+            raise OSError("peer gone")
+    assert isinstance(raised.value.__cause__, OSError)
+    with pytest.raises(ValueError):
+        with m.guard():
+            raise ValueError("not a collective")
+
+
+def test_every_wait_ends_at_once_when_the_background_thread_failed(monkeypatch):
+    monkeypatch.setattr(runtime_collectives.background_failure, "reason", "Horovod's thread failed")
+    runtime_collectives.background_failure.set()
+    try:
+        with pytest.raises(RankLostError, match="the test collective cannot complete: Horovod's thread failed"):
+            call_with_timeout(lambda: __import__("time").sleep(5), 10.0, "the test collective")
+    finally:
+        runtime_collectives.background_failure.clear()
+    assert call_with_timeout(lambda: 7, 1.0, "x") == 7
+
+
+def test_failed_collectives_are_recognised_and_others_are_not():
+    from horovod.common.exceptions import HorovodInternalError
+
+    class OpError(Exception):
+        pass
+
+    class UnknownError(OpError):             # TensorFlow's, by name: no TensorFlow import
+        pass
+
+    assert _horovod.collective_failed(HorovodInternalError("Horovod has been shut down"))
+    assert _horovod.collective_failed(CollectiveTimeoutError("slow"))
+    assert _horovod.collective_failed(UnknownError("... Horovod has been shut down ..."))
+    assert not _horovod.collective_failed(UnknownError("a shape mismatch"))
+    assert not _horovod.collective_failed(ValueError("Horovod"))
+
+
+def test_a_dead_or_stopped_process_of_this_host_is_named():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert _horovod.process_state(child.pid) is None
+        child.send_signal(signal.SIGSTOP)
+        for _ in range(100):
+            if _horovod.process_state(child.pid) == "stopped":
+                break
+            __import__("time").sleep(0.01)
+        assert _horovod.process_state(child.pid) == "stopped"
+        child.kill()
+        child.wait()
+        assert _horovod.process_state(child.pid) == "died"
+    finally:
+        if child.poll() is None:
+            child.kill()
+
