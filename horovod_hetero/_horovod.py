@@ -216,7 +216,7 @@ def guard_gil():
     that enqueued a collective while Horovod's failed background thread holds the process-set lock
     waits for it forever holding the GIL, and the terminate handler (``catch_background_abort``),
     which needs the GIL, never runs."""
-    if _hook.get("gil"):
+    if _hook.get("gil") or sys.__stderr__ is None:
         return
     _hook["gil"] = True
 

@@ -283,6 +283,10 @@ class OutsideController:
     def add_comm(self, seconds):
         pass
 
+    def rank_lost(self, error):
+        """None: ``error`` goes through as raised (this rank is in no collective of the strategy)."""
+        return None
+
     def state_dict(self):
         return None
 

@@ -14,6 +14,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -147,7 +148,8 @@ def rate(ranks, start, end):
 
 def run(case, start_limit_s=120):
     """Run one case; an ``Outcome``."""
-    rendezvous, ranks = launch(case)
+    until = pathlib.Path(tempfile.mkdtemp(prefix="hh-faults-")) / "stop"
+    rendezvous, ranks = launch(case, {"FAULTS_UNTIL": str(until)} if case.fault == "intruder" else None)
     try:
         target = ranks[case.target]
         started = wait_for(lambda: any(int(s.split()[0]) >= FAULT_AT for s in target.find("PROGRESS ")), start_limit_s)
@@ -166,7 +168,11 @@ def run(case, start_limit_s=120):
                 os.kill(pid, signal.SIGCONT)
                 fault_end = time.time()
         elif case.fault == "intruder":
-            fault_end = attack(ranks[0])
+            try:
+                fault_end = attack(ranks[0])
+            finally:
+                time.sleep(1.0)                  # a second of training after the attack
+                until.touch()
         others = [r for r in ranks if case.survives or r.rank != case.target]
         wait_for(lambda: all(r.ended for r in others), int(os.environ.get("FAULTS_WAIT_S", EXIT_LIMIT_S + GLOO_TIMEOUT_S)))
         for r in ranks:                          # the stopped rank, and any rank still running

@@ -7,7 +7,8 @@ share two cores. Prints ``PID <pid>`` first, ``PROGRESS <step> <unix time>`` eve
 after ``sync_model()``, ``RESULT <checksum of the model>``. On an exception it prints
 ``ERROR <class name> <unix time>`` and raises it again (the traceback is the user's view).
 Strategy timeouts come from ``FAULTS_TIMEOUT`` (seconds), the ESync query timeout from
-``FAULTS_QUERY_TIMEOUT``. Rank 0 prints ESync's state server address (``STATE <address>``) and
+``FAULTS_QUERY_TIMEOUT``; with ``FAULTS_UNTIL`` (a path; torch) a rank trains on past ``STEPS`` until
+that file exists. Rank 0 prints ESync's state server address (``STATE <address>``) and
 every rank's WAGMA activation address (``ACTIVATIONS <address>...``) for the intruder.
 """
 import os
@@ -48,7 +49,10 @@ def torch_main():
     opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), named_parameters=model.named_parameters(),
                                   strategy=strategy(hh), timeout=TIMEOUT)
     generator = torch.Generator().manual_seed(rank)
-    for step in range(1, STEPS + 1):
+    until = os.environ.get("FAULTS_UNTIL")           # train on until the harness creates this file
+    step = 0
+    while step < STEPS or (until and not os.path.exists(until)):
+        step += 1
         x = torch.randn(BATCH, 32, generator=generator)
         y = torch.randint(0, 10, (BATCH,), generator=generator)
         time.sleep(PAD_S)
