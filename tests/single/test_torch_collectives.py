@@ -25,6 +25,7 @@ class RecordingHorovod:
         monkeypatch.setattr(hvd, "poll", lambda handle: True)
         monkeypatch.setattr(hvd, "synchronize", lambda handle: self._out.pop(handle))
         monkeypatch.setattr(hvd, "broadcast_object", lambda obj, **kw: obj)     # the first start's counters
+        monkeypatch.setattr(hvd, "allgather_object", lambda obj, **kw: [obj])    # ... and its ranks' pids
 
     def _enqueue(self, tensors, kwargs, inplace):
         self.groups.append((kwargs["name"], [(t.device, t.dtype) for t in tensors]))
