@@ -61,12 +61,27 @@ MAX_PENDING = 64
 #: The server's first line on every connection, followed by a 32-digit hex challenge and a newline.
 GREETING = b"horovod_hetero-state-server 1 "
 _CHALLENGE_BYTES = 16
-_GREETING_LEN = len(GREETING) + 2 * _CHALLENGE_BYTES + 1
+#: Bytes of the greeting, its newline included.
+GREETING_LEN = len(GREETING) + 2 * _CHALLENGE_BYTES + 1
 
 
 def _channel(key, challenge, me, peer):
     """The ``Channel`` of one connection: ``me`` seals, ``peer``'s lines are opened (both bound to ``challenge``)."""
     return Channel(key, sends=b"%s|%s" % (me, challenge), receives=b"%s|%s" % (peer, challenge))
+
+
+def worker_channel(key, greeting):
+    """A worker's ``Channel`` on a connection whose server sent ``greeting`` (``GREETING_LEN`` bytes);
+    an ``OSError`` if it is not a horovod_hetero state server's greeting."""
+    challenge = greeting[len(GREETING):-1]
+    if not (greeting.startswith(GREETING) and greeting.endswith(b"\n") and len(challenge) == 2 * _CHALLENGE_BYTES):
+        raise OSError(f"it is not a horovod_hetero state server (greeting {greeting[:80]!r})")
+    return _channel(key, challenge, b"worker", b"server")
+
+
+def query_body(rank, k, capability, round, seq):
+    """The body of a worker's QUERY-STATE message (bytes, before sealing)."""
+    return json.dumps({"op": "query", "rank": rank, "k": k, "c": capability, "round": round, "seq": seq}).encode()
 
 
 def _no_constant(name):
@@ -123,6 +138,9 @@ class _TCPServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
     block_on_close = False
     allow_reuse_address = True
+    # every worker connects at its first query, all at once: socketserver's backlog of 5 drops the
+    # rest's SYNs, and their retries come 1, 3, 7... s later (past the workers' query timeout)
+    request_queue_size = socket.SOMAXCONN
 
 
 class StateServer:
@@ -284,22 +302,22 @@ class StateClient:
         self._sock = socket.create_connection(self._host_port, timeout=self.timeout)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         greeting = b""
-        while len(greeting) < _GREETING_LEN:
-            chunk = self._sock.recv(_GREETING_LEN - len(greeting))
+        while len(greeting) < GREETING_LEN:
+            chunk = self._sock.recv(GREETING_LEN - len(greeting))
             if not chunk:
                 break
             greeting += chunk
-        challenge = greeting[len(GREETING):-1]
-        if not (greeting.startswith(GREETING) and greeting.endswith(b"\n") and len(challenge) == 2 * _CHALLENGE_BYTES):
-            raise OSError(f"it is not a horovod_hetero state server (greeting {greeting[:80]!r})")
-        self._channel = _channel(self._key, challenge, b"worker", b"server")
+        self._channel = worker_channel(self._key, greeting)
         self._buffer = b""
 
     def _send(self, msg):
+        self._send_body(json.dumps(msg).encode())
+
+    def _send_body(self, body):
         try:
             if self._sock is None:
                 self._connect()
-            self._sock.sendall(self._channel.seal(json.dumps(msg).encode()) + b"\n")
+            self._sock.sendall(self._channel.seal(body) + b"\n")
         except TimeoutError:                                # no greeting, or a send that did not go
             self.close()
             raise StateServerTimeout(f"the ESync state server at {self.address} did not answer within "
@@ -348,7 +366,7 @@ class StateClient:
         """Send a query without waiting; returns its sequence number."""
         self._seq += 1
         self._sent_at[self._seq] = time.perf_counter()
-        self._send({"op": "query", "rank": self.rank, "k": k, "c": capability, "round": round, "seq": self._seq})
+        self._send_body(query_body(self.rank, k, capability, round, self._seq))
         return self._seq
 
     def poll(self, wait_s=0.0):

@@ -413,3 +413,31 @@ def test_servers_bind_the_interface_horovodrun_gives_gloo_and_never_advertise_lo
     del interfaces["ib0"]
     assert _horovod.server_host(all_local=False) == "10.1.2.3"                   # the only one
     assert _horovod.route_address("127.0.0.1") == "127.0.0.1" and _horovod.route_address("no-such-host.invalid") is None
+
+
+def test_a_burst_of_connections_is_greeted_without_syn_retries():
+    """Every worker connects at its first query, all at once: with socketserver's default backlog
+    (5) most SYNs of a burst were dropped and retried a second or more later."""
+    key = new_key()
+    server = StateServer(256, key)
+    host, port = parse_address(server.address)
+    socks = []
+    try:
+        start = time.perf_counter()
+        for _ in range(256):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex((host, port))
+            socks.append(s)
+        greeted = 0
+        for s in socks:
+            s.settimeout(max(0.0, start + 0.8 - time.perf_counter()))
+            try:
+                greeted += s.recv(len(GREETING)) == GREETING
+            except OSError:
+                pass
+        assert greeted == 256
+    finally:
+        for s in socks:
+            s.close()
+        server.close()
