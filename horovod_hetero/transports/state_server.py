@@ -1,7 +1,7 @@
 """ESync's state server and its client: authenticated JSON Lines over TCP, from the standard library.
 
-The server is a ``socketserver.ThreadingTCPServer`` started on rank 0 (daemon threads, one per
-connected worker); it keeps a ``rules.esync.ESyncState`` and answers every worker's QUERY-STATE.
+The server is started on rank 0: one daemon thread serves every connection (``selectors``,
+non-blocking sockets); it keeps a ``rules.esync.ESyncState`` and answers every worker's QUERY-STATE.
 ``transports.Transports.state_service`` opens both ends for a strategy and closes them.
 A client is one TCP connection: ``query`` waits for the answer (blocking mode),
 ``send_query``/``poll`` let the worker train on while the answer travels (delayed-ACK mode).
@@ -22,7 +22,8 @@ that is not authentic (or over ``MAX_LINE_BYTES``, or cut off) and counts it (``
 is never parsed. A connection must send its first authentic line within ``AUTH_TIMEOUT_S``; at
 most ``MAX_PENDING`` connections wait for that (a newer one ends the oldest) and at most
 ``max_workers`` authenticated ones are served; every connection it ends this way is counted
-(``refused``). A client drops (and counts, ``StateClient.rejected``) an answer that is not
+(``refused``), as is one that sends without reading its answers (``MAX_UNREAD_BYTES`` waiting
+beyond its socket's buffers). A client drops (and counts, ``StateClient.rejected``) an answer that is not
 authentic. JSON that does not parse, ``NaN``/``Infinity``, a rank out of range or a missing field
 in an authentic message is answered with ``{"error": "..."}`` and counted (``rejected``).
 
@@ -38,8 +39,8 @@ import collections
 import json
 import secrets
 import select
+import selectors
 import socket
-import socketserver
 import sys
 import threading
 import time
@@ -54,6 +55,8 @@ from horovod_hetero.validation import parse_address
 SWITCH_INTERVAL_S = 2e-4
 #: The longest line either side reads (a worker's message is about 200 bytes sealed); a longer one ends the connection.
 MAX_LINE_BYTES = 4096
+#: Answers a connection may leave unread (beyond what its socket buffers) before it is ended.
+MAX_UNREAD_BYTES = 64 * MAX_LINE_BYTES
 #: Seconds a new connection has to send its first authentic line.
 AUTH_TIMEOUT_S = 5.0
 #: Connections waiting to authenticate; one more ends the oldest.
@@ -93,62 +96,25 @@ def _loads(body):
     return json.loads(body, parse_constant=_no_constant)
 
 
-class _Connection(socketserver.StreamRequestHandler):
-    """One worker's connection: greets it, then answers its authentic lines until it disconnects."""
+class _Peer:
+    """One connection as the server keeps it: its ``Channel``, bytes received short of a whole line,
+    bytes waiting to be sent, whether it authenticated, and until when it may stay silent."""
 
-    def setup(self):
-        super().setup()
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.connection.settimeout(AUTH_TIMEOUT_S)
-        self.channel, self.greeting = self.server.owner._greet(self.connection)
+    __slots__ = ("sock", "channel", "inbox", "outbox", "admitted", "deadline")
 
-    def handle(self):
-        owner, admitted = self.server.owner, False
-        try:
-            self.wfile.write(self.greeting)
-            while True:
-                line = self.rfile.readline(MAX_LINE_BYTES + 1)
-                if not line:
-                    return
-                body = self.channel.open(line[:-1]) if line.endswith(b"\n") else None
-                if body is None:            # no key, replayed, over MAX_LINE_BYTES or cut off: not a worker
-                    owner._count("rejected")
-                    return
-                if not admitted:
-                    admitted = owner._admit(self.connection)
-                    if not admitted:
-                        return
-                reply = owner.answer(body)
-                if reply is not None:
-                    self.wfile.write(self.channel.seal(reply) + b"\n")
-        except TimeoutError:                                # silent for AUTH_TIMEOUT_S before its first line
-            owner._count("refused")
-        except OSError:                                     # the worker went away mid-message
-            pass
-
-    def finish(self):
-        self.server.owner._forget(self.connection)
-        try:
-            super().finish()
-        except OSError:
-            pass
-
-
-class _TCPServer(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    block_on_close = False
-    allow_reuse_address = True
-    # every worker connects at its first query, all at once: socketserver's backlog of 5 drops the
-    # rest's SYNs, and their retries come 1, 3, 7... s later (past the workers' query timeout)
-    request_queue_size = socket.SOMAXCONN
+    def __init__(self, sock, channel, deadline):
+        self.sock, self.channel, self.deadline = sock, channel, deadline
+        self.inbox, self.outbox, self.admitted = b"", b"", False
 
 
 class StateServer:
-    """Serves QUERY-STATE for ``size`` workers from background threads.
+    """Serves QUERY-STATE for ``size`` workers from one background thread.
 
-    The threads share the interpreter with rank 0's training loop, whose Python code would make
-    them wait up to the interpreter's switch interval (5 ms) for each answer; while the server
-    runs, the switch interval is lowered to ``SWITCH_INTERVAL_S`` (restored on ``close()``).
+    One thread multiplexes every connection (``selectors``): no thread per worker to wake and
+    switch to (``benchmarks/state_server_load.py`` measures both designs; README). The thread shares the interpreter with rank 0's
+    training loop, whose Python code would make it wait up to the interpreter's switch interval
+    (5 ms) for each answer; while the server runs, the switch interval is lowered to
+    ``SWITCH_INTERVAL_S`` (restored on ``close()``).
 
     Args:
         size: number of workers.
@@ -176,52 +142,156 @@ class StateServer:
         self._pending = collections.OrderedDict()   # connections yet to authenticate, oldest first
         self._workers = set()                       # authenticated connections
         self.max_workers = 4 * size + 4 if max_workers is None else max_workers
-        self._server = _TCPServer((host, 0), _Connection)
-        self._server.owner = self
-        self.address = f"tcp://{host}:{self._server.server_address[1]}"
+        # every worker connects at its first query, all at once: a short backlog (socketserver's
+        # is 5) drops the SYNs of the rest, retried 1, 3, 7... s later (past the query timeout)
+        self._listener = socket.create_server((host, 0), backlog=socket.SOMAXCONN)
+        self._listener.setblocking(False)
+        self._wake, self._waker = socket.socketpair()
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ, "accept")
+        self._selector.register(self._wake, selectors.EVENT_READ, "wake")
+        self.address = f"tcp://{host}:{self._listener.getsockname()[1]}"
         self.handled = 0
         self.rejected = 0             # lines refused: not authentic (the connection ended), or not a valid message
         self.refused = 0              # connections ended: evicted, silent, or over max_workers
         self._closed = False
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name="horovod_hetero-state-server", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="horovod_hetero-state-server", daemon=True)
         self._switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
         self._thread.start()
 
-    def _count(self, what):
-        with self._lock:
-            setattr(self, what, getattr(self, what) + 1)
+    def _serve(self):
+        try:
+            while not self._closed:
+                timeout = None
+                if self._pending:
+                    timeout = max(0.0, next(iter(self._pending)).deadline - time.monotonic())
+                for key, mask in self._selector.select(timeout):
+                    if key.data == "accept":
+                        self._accept()
+                    elif key.data != "wake":
+                        try:
+                            self._serve_peer(key.data, mask)
+                        except Exception:           # a bug must not end the server: end that connection
+                            self.rejected += 1
+                            self._drop(key.data)
+                self._expire()
+        finally:
+            for peer in list(self._pending) + list(self._workers):
+                self._drop(peer)
+            self._selector.close()
+            self._listener.close()
 
-    def _greet(self, connection):
-        """Register a new connection (ending the oldest waiting one beyond ``MAX_PENDING``); its
-        ``Channel`` and the greeting that carries its challenge."""
-        with self._lock:
-            self._pending[connection] = None
-            evicted = self._pending.popitem(last=False)[0] if len(self._pending) > MAX_PENDING else None
-            if evicted is not None:
+    def _accept(self):
+        """Greet every connection waiting (ending the oldest unauthenticated ones beyond ``MAX_PENDING``)."""
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:                                 # e.g. out of file descriptors: try later
+                return
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            challenge = secrets.token_hex(_CHALLENGE_BYTES).encode()
+            peer = _Peer(sock, _channel(self._key, challenge, b"server", b"worker"),
+                         time.monotonic() + AUTH_TIMEOUT_S)
+            self._pending[peer] = None
+            self._selector.register(sock, selectors.EVENT_READ, peer)
+            if len(self._pending) > MAX_PENDING:
                 self.refused += 1
-        if evicted is not None:
-            _hang_up(evicted)
-        challenge = secrets.token_hex(_CHALLENGE_BYTES).encode()
-        return _channel(self._key, challenge, b"server", b"worker"), GREETING + challenge + b"\n"
+                self._drop(self._pending.popitem(last=False)[0])
+            peer.outbox = GREETING + challenge + b"\n"
+            self._flush(peer)
 
-    def _admit(self, connection):
-        """A connection sent its first authentic line: serve it (False: ``max_workers`` are served)."""
-        with self._lock:
-            waiting = connection in self._pending   # else it was ended meanwhile (evicted)
-            self._pending.pop(connection, None)
-            if not waiting or len(self._workers) >= self.max_workers:
-                self.refused += waiting
+    def _serve_peer(self, peer, mask):
+        if mask & selectors.EVENT_WRITE:
+            self._flush(peer)
+        if mask & selectors.EVENT_READ:
+            try:
+                data = peer.sock.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:                                    # gone; a line it left unfinished is refused
+                self.rejected += bool(peer.inbox)
+                self._drop(peer)
+                return
+            peer.inbox += data
+            if self._answer_lines(peer):
+                self._flush(peer)
+
+    def _answer_lines(self, peer):
+        """Answer every whole line received; False if the connection was ended."""
+        while True:
+            end = peer.inbox.find(b"\n", 0, MAX_LINE_BYTES + 1)
+            if end < 0:
+                if len(peer.inbox) <= MAX_LINE_BYTES:
+                    return True
+                body = None                                 # over MAX_LINE_BYTES
+            else:
+                line, peer.inbox = peer.inbox[:end], peer.inbox[end + 1:]
+                body = peer.channel.open(line)
+            if body is None:                # no key, replayed, or too long: not a worker
+                self.rejected += 1
+                self._drop(peer)
                 return False
-            self._workers.add(connection)
-        connection.settimeout(None)
+            if not peer.admitted and not self._admit(peer):
+                self._drop(peer)
+                return False
+            reply = self.answer(body)
+            if reply is not None:
+                peer.outbox += peer.channel.seal(reply) + b"\n"
+
+    def _admit(self, peer):
+        """A connection sent its first authentic line: serve it (False: ``max_workers`` are served)."""
+        del self._pending[peer]
+        if len(self._workers) >= self.max_workers:
+            self.refused += 1
+            return False
+        peer.admitted = True
+        self._workers.add(peer)
         return True
 
-    def _forget(self, connection):
-        with self._lock:
-            self._pending.pop(connection, None)
-            self._workers.discard(connection)
+    def _flush(self, peer):
+        """Send what waits for ``peer``; wait for it to be writable if the socket takes less."""
+        try:
+            sent = peer.sock.send(peer.outbox) if peer.outbox else 0
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:                                     # the worker went away mid-answer
+            self._drop(peer)
+            return
+        peer.outbox = peer.outbox[sent:]
+        if len(peer.outbox) > MAX_UNREAD_BYTES:             # it sends and does not read: not a worker
+            self.refused += 1
+            self._drop(peer)
+            return
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if peer.outbox else 0)
+        if self._selector.get_key(peer.sock).events != events:
+            self._selector.modify(peer.sock, events, peer)
+
+    def _expire(self):
+        """End connections silent for ``AUTH_TIMEOUT_S`` since they were greeted."""
+        now = time.monotonic()
+        while self._pending:
+            peer = next(iter(self._pending))
+            if peer.deadline > now:
+                return
+            del self._pending[peer]
+            self.refused += 1
+            self._drop(peer)
+
+    def _drop(self, peer):
+        self._pending.pop(peer, None)
+        self._workers.discard(peer)
+        try:
+            self._selector.unregister(peer.sock)
+        except (KeyError, ValueError):
+            pass
+        _hang_up(peer.sock)
+        peer.sock.close()
 
     def answer(self, body):
         """The answer (bytes, unsealed) to one authentic message body (None for messages that get none)."""
@@ -231,7 +301,7 @@ class StateServer:
                 reply = self._handle(msg)
                 self.handled += 1
         except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as e:
-            self._count("rejected")                 # never kills the server
+            self.rejected += 1                      # never kills the server
             reply = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
         return None if reply is None else json.dumps(reply).encode()
 
@@ -253,12 +323,10 @@ class StateServer:
         """Stop serving and drop every worker's connection (their next query fails fast)."""
         if not self._closed:
             self._closed = True
-            self._server.shutdown()
-            self._server.server_close()
-            with self._lock:
-                connections = list(self._pending) + list(self._workers)
-            for conn in connections:
-                _hang_up(conn)
+            self._waker.send(b"x")
+            self._thread.join(timeout=5.0)
+            self._wake.close()
+            self._waker.close()
             sys.setswitchinterval(self._switch_interval)
 
 

@@ -441,3 +441,21 @@ def test_a_burst_of_connections_is_greeted_without_syn_retries():
         for s in socks:
             s.close()
         server.close()
+
+
+def test_a_worker_that_sends_without_reading_its_answers_is_ended_and_the_others_are_served(server):
+    """One thread serves every connection: a peer that never reads must not block it."""
+    sock, lines, challenge = raw_connection(server)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    worker = worker_channel(KEY, challenge)
+    query = b'{"op": "query", "rank": 1, "k": 1, "c": 0.1, "round": 0, "seq": 1}'
+    alive = StateClient(server.address, 0, KEY)
+    deadline = time.monotonic() + 20
+    while server.refused == 0 and time.monotonic() < deadline:
+        try:
+            sock.sendall(b"".join(worker.seal(query) + b"\n" for _ in range(500)))
+        except OSError:
+            break
+        assert alive.query(1, 0.01, 0) is False                 # served meanwhile
+    assert server.refused == 1 and server.rejected == 0
+    sock.close(), alive.close()
