@@ -3,8 +3,8 @@
 The server (``transports.state_server.StateServer`` for ``--workers`` ranks) runs in this process,
 which does nothing else while it measures; the workers run in ``--procs`` client processes, each an
 asyncio loop with one TCP connection per worker speaking the real protocol (greeting, HMAC-sealed
-QUERY-STATE lines, sealed answers checked). Every worker queries every 1/``--rate`` s from a random
-phase and waits for its answer before the next (a late answer delays the next query, as a real
+QUERY-STATE lines, sealed answers checked). Every worker connects at its first query, then queries
+every 1/``--rate`` s from a random phase and waits for its answer before the next (a late answer delays the next query, as a real
 worker's would). Reported per run, over the ``--seconds`` after every worker has connected and
 queried once: the queries answered per second, the median, p99 and maximum round trip (sent to
 answer opened, on the client), and the server process's CPU time over the same wall time (1.0 = one
@@ -28,14 +28,15 @@ from horovod_hetero.transports.state_server import GREETING_LEN, StateServer, qu
 
 
 async def _worker(host, port, key, rank, rate, start, stop, rtts, errors):
-    try:
+    period, seq = 1.0 / rate, 0
+    next_at = time.perf_counter() + random.uniform(0.0, period)
+    await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+    try:                            # connects at its first query, as StateClient does
         reader, writer = await asyncio.open_connection(host, port)
         channel = worker_channel(key, await reader.readexactly(GREETING_LEN))
     except (OSError, asyncio.IncompleteReadError) as e:
         errors.append(f"connect: {e}")
         return
-    period, seq = 1.0 / rate, 0
-    next_at = time.perf_counter() + random.uniform(0.0, period)
     try:
         while next_at < stop:
             await asyncio.sleep(max(0.0, next_at - time.perf_counter()))

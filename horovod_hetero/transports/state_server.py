@@ -20,7 +20,8 @@ by a ``Channel`` bound to that challenge and to who speaks, so a line without th
 replayed, or copied from another connection is refused. The server hangs up on the first line
 that is not authentic (or over ``MAX_LINE_BYTES``, or cut off) and counts it (``rejected``); it
 is never parsed. A connection must send its first authentic line within ``AUTH_TIMEOUT_S``; at
-most ``MAX_PENDING`` connections wait for that (a newer one ends the oldest) and at most
+most ``size + MAX_PENDING`` connections wait for that (every worker may connect at once; a newer
+one ends the oldest) and at most
 ``max_workers`` authenticated ones are served; every connection it ends this way is counted
 (``refused``), as is one that sends without reading its answers (``MAX_UNREAD_BYTES`` waiting
 beyond its socket's buffers). A client drops (and counts, ``StateClient.rejected``) an answer that is not
@@ -59,7 +60,7 @@ MAX_LINE_BYTES = 4096
 MAX_UNREAD_BYTES = 64 * MAX_LINE_BYTES
 #: Seconds a new connection has to send its first authentic line.
 AUTH_TIMEOUT_S = 5.0
-#: Connections waiting to authenticate; one more ends the oldest.
+#: Connections waiting to authenticate beyond one per worker; one more ends the oldest.
 MAX_PENDING = 64
 #: The server's first line on every connection, followed by a 32-digit hex challenge and a newline.
 GREETING = b"horovod_hetero-state-server 1 "
@@ -142,6 +143,7 @@ class StateServer:
         self._pending = collections.OrderedDict()   # connections yet to authenticate, oldest first
         self._workers = set()                       # authenticated connections
         self.max_workers = 4 * size + 4 if max_workers is None else max_workers
+        self.max_pending = size + MAX_PENDING         # all workers connecting at once, and a margin
         # every worker connects at its first query, all at once: a short backlog (socketserver's
         # is 5) drops the SYNs of the rest, retried 1, 3, 7... s later (past the query timeout)
         self._listener = socket.create_server((host, 0), backlog=socket.SOMAXCONN)
@@ -183,7 +185,7 @@ class StateServer:
             self._listener.close()
 
     def _accept(self):
-        """Greet every connection waiting (ending the oldest unauthenticated ones beyond ``MAX_PENDING``)."""
+        """Greet every connection waiting (ending the oldest unauthenticated ones beyond ``max_pending``)."""
         while True:
             try:
                 sock, _ = self._listener.accept()
@@ -198,7 +200,7 @@ class StateServer:
                          time.monotonic() + AUTH_TIMEOUT_S)
             self._pending[peer] = None
             self._selector.register(sock, selectors.EVENT_READ, peer)
-            if len(self._pending) > MAX_PENDING:
+            if len(self._pending) > self.max_pending:
                 self.refused += 1
                 self._drop(self._pending.popitem(last=False)[0])
             peer.outbox = GREETING + challenge + b"\n"

@@ -324,17 +324,18 @@ def test_authentic_but_invalid_messages_are_answered_with_an_error_and_counted(s
 def test_connections_waiting_to_authenticate_are_bounded_and_timed_out_and_workers_are_bounded(monkeypatch):
     monkeypatch.setattr(state_server, "AUTH_TIMEOUT_S", 1.5)
     server = StateServer(1, KEY, max_workers=1)
-    held = [raw_connection(server) for _ in range(MAX_PENDING + 8)]
+    assert server.max_pending == MAX_PENDING + 1                               # one worker and the margin
+    held = [raw_connection(server) for _ in range(server.max_pending + 8)]
     t0 = time.monotonic()
     assert all(hung_up(lines) for _, lines, _ in held[:8])                     # the oldest made room at once
     assert server.refused == 8 and time.monotonic() - t0 < 1.0
     assert all(hung_up(lines) for _, lines, _ in held[8:])                     # the rest after 1.5 s of silence
-    assert server.refused == MAX_PENDING + 8 and time.monotonic() - t0 < 5.0
+    assert server.refused == server.max_pending + 8 and time.monotonic() - t0 < 5.0
     first, second = StateClient(server.address, 0, KEY), StateClient(server.address, 0, KEY)
     assert first.query(1, 0.01, 0) is True
     with pytest.raises(StateServerError):
         second.query(1, 0.01, 0)                                               # one worker connection at most
-    assert server.refused == MAX_PENDING + 9 and first.query(2, 0.01, 0) is True
+    assert server.refused == server.max_pending + 9 and first.query(2, 0.01, 0) is True
     for sock, _, _ in held:
         sock.close()
     first.close(), second.close(), server.close()
@@ -415,9 +416,10 @@ def test_servers_bind_the_interface_horovodrun_gives_gloo_and_never_advertise_lo
     assert _horovod.route_address("127.0.0.1") == "127.0.0.1" and _horovod.route_address("no-such-host.invalid") is None
 
 
-def test_a_burst_of_connections_is_greeted_without_syn_retries():
+def test_a_burst_of_connections_is_greeted_without_syn_retries_and_none_is_evicted():
     """Every worker connects at its first query, all at once: with socketserver's default backlog
-    (5) most SYNs of a burst were dropped and retried a second or more later."""
+    (5) most SYNs of a burst were dropped and retried a second or more later, and beyond 64
+    connections waiting to authenticate the oldest were ended."""
     key = new_key()
     server = StateServer(256, key)
     host, port = parse_address(server.address)
@@ -436,7 +438,7 @@ def test_a_burst_of_connections_is_greeted_without_syn_retries():
                 greeted += s.recv(len(GREETING)) == GREETING
             except OSError:
                 pass
-        assert greeted == 256
+        assert greeted == 256 and server.refused == 0
     finally:
         for s in socks:
             s.close()
