@@ -118,6 +118,10 @@ class Hosts:
                     pass
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
             shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
+        try:
+            os.rmdir("/etc/netns")          # if this made it and nothing else uses it
+        except OSError:
+            pass
         shutil.rmtree(self.dir, ignore_errors=True)
 
     @staticmethod
