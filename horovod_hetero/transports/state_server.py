@@ -105,7 +105,7 @@ class _Peer:
 
     def __init__(self, sock, channel, deadline):
         self.sock, self.channel, self.deadline = sock, channel, deadline
-        self.inbox, self.outbox, self.admitted = b"", b"", False
+        self.inbox, self.outbox, self.admitted = b"", bytearray(), False
 
 
 class StateServer:
@@ -203,12 +203,12 @@ class StateServer:
             if len(self._pending) > self.max_pending:
                 self.refused += 1
                 self._drop(self._pending.popitem(last=False)[0])
-            peer.outbox = GREETING + challenge + b"\n"
+            peer.outbox += GREETING + challenge + b"\n"
             self._flush(peer)
 
     def _serve_peer(self, peer, mask):
-        if mask & selectors.EVENT_WRITE:
-            self._flush(peer)
+        if mask & selectors.EVENT_WRITE and not self._flush(peer):
+            return
         if mask & selectors.EVENT_READ:
             try:
                 data = peer.sock.recv(65536)
@@ -226,15 +226,11 @@ class StateServer:
 
     def _answer_lines(self, peer):
         """Answer every whole line received; False if the connection was ended."""
-        while True:
-            end = peer.inbox.find(b"\n", 0, MAX_LINE_BYTES + 1)
-            if end < 0:
-                if len(peer.inbox) <= MAX_LINE_BYTES:
-                    return True
-                body = None                                 # over MAX_LINE_BYTES
-            else:
-                line, peer.inbox = peer.inbox[:end], peer.inbox[end + 1:]
-                body = peer.channel.open(line)
+        *lines, peer.inbox = peer.inbox.split(b"\n")       # the rest (short of a line) waits for more
+        if len(peer.inbox) > MAX_LINE_BYTES:
+            lines.append(peer.inbox)                        # refused below, after the lines before it
+        for line in lines:
+            body = peer.channel.open(line) if len(line) <= MAX_LINE_BYTES else None
             if body is None:                # no key, replayed, or too long: not a worker
                 self.rejected += 1
                 self._drop(peer)
@@ -245,6 +241,7 @@ class StateServer:
             reply = self.answer(body)
             if reply is not None:
                 peer.outbox += peer.channel.seal(reply) + b"\n"
+        return True
 
     def _admit(self, peer):
         """A connection sent its first authentic line: serve it (False: ``max_workers`` are served)."""
@@ -257,22 +254,24 @@ class StateServer:
         return True
 
     def _flush(self, peer):
-        """Send what waits for ``peer``; wait for it to be writable if the socket takes less."""
+        """Send what waits for ``peer`` (waiting for it to be writable if the socket takes less);
+        False if the connection was ended."""
         try:
             sent = peer.sock.send(peer.outbox) if peer.outbox else 0
         except (BlockingIOError, InterruptedError):
             sent = 0
         except OSError:                                     # the worker went away mid-answer
             self._drop(peer)
-            return
-        peer.outbox = peer.outbox[sent:]
+            return False
+        del peer.outbox[:sent]
         if len(peer.outbox) > MAX_UNREAD_BYTES:             # it sends and does not read: not a worker
             self.refused += 1
             self._drop(peer)
-            return
+            return False
         events = selectors.EVENT_READ | (selectors.EVENT_WRITE if peer.outbox else 0)
         if self._selector.get_key(peer.sock).events != events:
             self._selector.modify(peer.sock, events, peer)
+        return True
 
     def _expire(self):
         """End connections silent for ``AUTH_TIMEOUT_S`` since they were greeted."""

@@ -461,3 +461,16 @@ def test_a_worker_that_sends_without_reading_its_answers_is_ended_and_the_others
         assert alive.query(1, 0.01, 0) is False                 # served meanwhile
     assert server.refused == 1 and server.rejected == 0
     sock.close(), alive.close()
+
+
+def test_two_lines_sent_byte_by_byte_are_answered_in_order(server):
+    sock, lines, challenge = raw_connection(server)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    worker = worker_channel(KEY, challenge)
+    data = b"".join(worker.seal(QUERY.replace(b'"seq": 1', b'"seq": %d' % seq)) + b"\n" for seq in (1, 2))
+    for i in range(len(data)):                             # the server reads a line in many pieces
+        sock.sendall(data[i:i + 1])
+        time.sleep(0.0005)
+    assert [json.loads(worker.open(lines.readline()[:-1]))["seq"] for _ in range(2)] == [1, 2]
+    assert (server.handled, server.rejected) == (2, 0)
+    sock.close()
