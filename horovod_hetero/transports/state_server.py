@@ -26,7 +26,9 @@ one ends the oldest) and at most
 (``refused``), as is one that sends without reading its answers (``MAX_UNREAD_BYTES`` waiting
 beyond its socket's buffers). A client drops (and counts, ``StateClient.rejected``) an answer that is not
 authentic. JSON that does not parse, ``NaN``/``Infinity``, a rank out of range or a missing field
-in an authentic message is answered with ``{"error": "..."}`` and counted (``rejected``).
+in an authentic message is answered with ``{"error": "..."}`` and counted (``rejected``). An
+exception in the server's own code ends the connection it served, is counted (``failures``) and
+logged (at most once a minute); the thread serves on.
 
 Protocol (client -> server, message bodies; the server stamps times with its own clock on arrival):
     {"op": "query", "rank": r, "k": k, "c": seconds, "round": t, "seq": n}
@@ -38,6 +40,7 @@ Protocol (client -> server, message bodies; the server stamps times with its own
 """
 import collections
 import json
+import logging
 import secrets
 import select
 import selectors
@@ -51,6 +54,7 @@ from horovod_hetero.rules.esync import ESyncState
 from horovod_hetero.transports.auth import Channel, check_key, new_key
 from horovod_hetero.validation import parse_address
 
+log = logging.getLogger("horovod_hetero")
 
 #: Interpreter switch interval while a state server runs in this process (seconds).
 SWITCH_INTERVAL_S = 2e-4
@@ -62,6 +66,8 @@ MAX_UNREAD_BYTES = 64 * MAX_LINE_BYTES
 AUTH_TIMEOUT_S = 5.0
 #: Connections waiting to authenticate beyond one per worker; one more ends the oldest.
 MAX_PENDING = 64
+#: Seconds between two log records of the server's own failures (the rest are only counted).
+LOG_INTERVAL_S = 60.0
 #: The server's first line on every connection, followed by a 32-digit hex challenge and a newline.
 GREETING = b"horovod_hetero-state-server 1 "
 _CHALLENGE_BYTES = 16
@@ -152,10 +158,12 @@ class StateServer:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ, "accept")
         self._selector.register(self._wake, selectors.EVENT_READ, "wake")
+        self._quiet_until = 0.0       # no log record before then (LOG_INTERVAL_S)
         self.address = f"tcp://{host}:{self._listener.getsockname()[1]}"
         self.handled = 0
         self.rejected = 0             # lines refused: not authentic (the connection ended), or not a valid message
         self.refused = 0              # connections ended: evicted, silent, or over max_workers
+        self.failures = 0             # exceptions in the server's own code (logged; the connection ended)
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name="horovod_hetero-state-server", daemon=True)
         self._switch_interval = sys.getswitchinterval()
@@ -169,20 +177,37 @@ class StateServer:
                 if self._pending:
                     timeout = max(0.0, next(iter(self._pending)).deadline - time.monotonic())
                 for key, mask in self._selector.select(timeout):
-                    if key.data == "accept":
-                        self._accept()
-                    elif key.data != "wake":
-                        try:
+                    try:
+                        if key.data == "accept":
+                            self._accept()
+                        elif key.data != "wake":
                             self._serve_peer(key.data, mask)
-                        except Exception:           # a bug must not end the server: end that connection
-                            self.rejected += 1
-                            self._drop(key.data)
-                self._expire()
+                    except Exception:               # a bug must not end the server: end that connection
+                        self._failed(key.data)
+                try:
+                    self._expire()
+                except Exception:
+                    self._failed(None)
         finally:
             for peer in list(self._pending) + list(self._workers):
                 self._drop(peer)
             self._selector.close()
             self._listener.close()
+
+    def _log(self, level, message, *args, exc_info=False):
+        """Log at most one record per ``LOG_INTERVAL_S`` (a peer must not flood rank 0's log)."""
+        now = time.monotonic()
+        if now >= self._quiet_until:
+            self._quiet_until = now + LOG_INTERVAL_S
+            log.log(level, message, *args, exc_info=exc_info)
+
+    def _failed(self, peer):
+        """The server's own code raised while serving ``peer`` (a ``_Peer``, or None): count, log, end it."""
+        self.failures += 1
+        self._log(logging.ERROR, "the ESync state server failed (%d times so far); it ends that connection and "
+                  "serves on", self.failures, exc_info=True)
+        if isinstance(peer, _Peer):
+            self._drop(peer)
 
     def _accept(self):
         """Greet every connection waiting (ending the oldest unauthenticated ones beyond ``max_pending``)."""
@@ -193,8 +218,12 @@ class StateServer:
                 return
             except OSError:                                 # e.g. out of file descriptors: try later
                 return
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:                                 # e.g. reset before it was set up
+                sock.close()
+                continue
             challenge = secrets.token_hex(_CHALLENGE_BYTES).encode()
             peer = _Peer(sock, _channel(self._key, challenge, b"server", b"worker"),
                          time.monotonic() + AUTH_TIMEOUT_S)
@@ -238,7 +267,7 @@ class StateServer:
             if not peer.admitted and not self._admit(peer):
                 self._drop(peer)
                 return False
-            reply = self.answer(body)
+            reply = self._answer(body)
             if reply is not None:
                 peer.outbox += peer.channel.seal(reply) + b"\n"
         return True
@@ -294,15 +323,16 @@ class StateServer:
         _hang_up(peer.sock)
         peer.sock.close()
 
-    def answer(self, body):
-        """The answer (bytes, unsealed) to one authentic message body (None for messages that get none)."""
+    def _answer(self, body):
+        """The answer (bytes, unsealed) to one authentic message body (None for messages that get none);
+        a message that is not valid is answered with its error and counted (``rejected``)."""
         try:
             msg = _loads(body)
             with self._lock:
                 reply = self._handle(msg)
                 self.handled += 1
-        except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as e:
-            self.rejected += 1                      # never kills the server
+        except (ValueError, KeyError, TypeError, RecursionError) as e:   # what bad input raises
+            self.rejected += 1
             reply = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
         return None if reply is None else json.dumps(reply).encode()
 

@@ -1,3 +1,4 @@
+import errno
 import json
 import logging
 import socket
@@ -474,3 +475,49 @@ def test_two_lines_sent_byte_by_byte_are_answered_in_order(server):
     assert [json.loads(worker.open(lines.readline()[:-1]))["seq"] for _ in range(2)] == [1, 2]
     assert (server.handled, server.rejected) == (2, 0)
     sock.close()
+
+
+def test_a_failure_in_the_servers_own_code_ends_that_connection_only_and_is_logged(server, monkeypatch, caplog):
+    handle = server._handle
+
+    def flawed(msg):
+        if msg["rank"] == 1:
+            raise RuntimeError("a bug")
+        return handle(msg)
+
+    monkeypatch.setattr(server, "_handle", flawed)
+    hit, alive = StateClient(server.address, 1, KEY, timeout=1.0), StateClient(server.address, 0, KEY)
+    with caplog.at_level(logging.ERROR, logger="horovod_hetero"):
+        with pytest.raises(StateServerError, match="went away"):
+            hit.query(1, 0.01, 0)
+        assert alive.query(1, 0.01, 0) is False            # served on
+    assert (server.failures, server.rejected) == (1, 0)    # not taken for an intruder
+    assert [r.exc_info[0] for r in caplog.records] == [RuntimeError]
+    hit.close(), alive.close()
+
+
+def test_a_failure_while_accepting_does_not_end_the_server(server, monkeypatch, caplog):
+    port = parse_address(server.address)[1]
+    setsockopt, failed = socket.socket.setsockopt, []
+
+    def flaky(sock, *args):
+        if not failed and sock.getsockname()[1] == port:  # the server's end of a new connection
+            failed.append(sock)
+            raise OSError(errno.EINVAL, "Invalid argument")  # as for a connection reset before it is set up
+        return setsockopt(sock, *args)
+
+    monkeypatch.setattr(socket.socket, "setsockopt", flaky)
+    with pytest.raises(StateServerError, match="not a horovod_hetero state server"):
+        StateClient(server.address, 0, KEY, timeout=1.0).query(1, 0.01, 0)   # that connection is closed
+    assert failed and server.failures == 0
+
+    def flawed():
+        del server._accept                                 # fails once
+        raise RuntimeError("a bug")
+
+    server._accept = flawed
+    with caplog.at_level(logging.ERROR, logger="horovod_hetero"):
+        client = StateClient(server.address, 0, KEY)
+        assert client.query(1, 0.01, 0) is False           # accepted at the next pass
+    assert server.failures == 1 and [r.exc_info[0] for r in caplog.records] == [RuntimeError]
+    client.close()
