@@ -28,7 +28,8 @@ beyond its socket's buffers). A client drops (and counts, ``StateClient.rejected
 authentic. JSON that does not parse, ``NaN``/``Infinity``, a rank out of range or a missing field
 in an authentic message is answered with ``{"error": "..."}`` and counted (``rejected``). An
 exception in the server's own code ends the connection it served, is counted (``failures``) and
-logged (at most once a minute); the thread serves on.
+logged (at most once a minute); the thread serves on. The server raises the process's soft limit on
+open files to the hard limit; out of descriptors, it stops accepting for ``ACCEPT_PAUSE_S``.
 
 Protocol (client -> server, message bodies; the server stamps times with its own clock on arrival):
     {"op": "query", "rank": r, "k": k, "c": seconds, "round": t, "seq": n}
@@ -39,8 +40,10 @@ Protocol (client -> server, message bodies; the server stamps times with its own
                                                   every worker in round t is ready at its next query)
 """
 import collections
+import errno
 import json
 import logging
+import resource
 import secrets
 import select
 import selectors
@@ -66,6 +69,10 @@ MAX_UNREAD_BYTES = 64 * MAX_LINE_BYTES
 AUTH_TIMEOUT_S = 5.0
 #: Connections waiting to authenticate beyond one per worker; one more ends the oldest.
 MAX_PENDING = 64
+#: Connections accepted per pass of the server's loop, so that a flood of connections cannot starve the workers.
+ACCEPTS_PER_PASS = 64
+#: Seconds the server stops accepting when the process is out of file descriptors (accept would fail at once again).
+ACCEPT_PAUSE_S = 0.1
 #: Seconds between two log records of the server's own failures (the rest are only counted).
 LOG_INTERVAL_S = 60.0
 #: The server's first line on every connection, followed by a 32-digit hex challenge and a newline.
@@ -73,6 +80,7 @@ GREETING = b"horovod_hetero-state-server 1 "
 _CHALLENGE_BYTES = 16
 #: Bytes of the greeting, its newline included.
 GREETING_LEN = len(GREETING) + 2 * _CHALLENGE_BYTES + 1
+_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 def _channel(key, challenge, me, peer):
@@ -92,6 +100,16 @@ def worker_channel(key, greeting):
 def query_body(rank, k, capability, round, seq):
     """The body of a worker's QUERY-STATE message (bytes, before sealing)."""
     return json.dumps({"op": "query", "rank": rank, "k": k, "c": capability, "round": round, "seq": seq}).encode()
+
+
+def _raise_fd_limit():
+    """Raise this process's soft limit on open files to its hard limit (the server holds one per worker)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):                       # e.g. an unlimited hard limit (macOS)
+            pass
 
 
 def _no_constant(name):
@@ -150,6 +168,7 @@ class StateServer:
         self._workers = set()                       # authenticated connections
         self.max_workers = 4 * size + 4 if max_workers is None else max_workers
         self.max_pending = size + MAX_PENDING         # all workers connecting at once, and a margin
+        _raise_fd_limit()
         # every worker connects at its first query, all at once: a short backlog (socketserver's
         # is 5) drops the SYNs of the rest, retried 1, 3, 7... s later (past the query timeout)
         self._listener = socket.create_server((host, 0), backlog=socket.SOMAXCONN)
@@ -158,6 +177,7 @@ class StateServer:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ, "accept")
         self._selector.register(self._wake, selectors.EVENT_READ, "wake")
+        self._paused_until = None     # when the listener is watched again after running out of descriptors
         self._quiet_until = 0.0       # no log record before then (LOG_INTERVAL_S)
         self.address = f"tcp://{host}:{self._listener.getsockname()[1]}"
         self.handled = 0
@@ -173,10 +193,7 @@ class StateServer:
     def _serve(self):
         try:
             while not self._closed:
-                timeout = None
-                if self._pending:
-                    timeout = max(0.0, next(iter(self._pending)).deadline - time.monotonic())
-                for key, mask in self._selector.select(timeout):
+                for key, mask in self._selector.select(self._timeout()):
                     try:
                         if key.data == "accept":
                             self._accept()
@@ -209,14 +226,28 @@ class StateServer:
         if isinstance(peer, _Peer):
             self._drop(peer)
 
+    def _timeout(self):
+        """Seconds until the oldest waiting connection's deadline or the end of a pause (None: no deadline)."""
+        deadlines = [next(iter(self._pending)).deadline] if self._pending else []
+        if self._paused_until is not None:
+            deadlines.append(self._paused_until)
+        return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+
     def _accept(self):
-        """Greet every connection waiting (ending the oldest unauthenticated ones beyond ``max_pending``)."""
-        while True:
+        """Greet up to ``ACCEPTS_PER_PASS`` waiting connections (ending the oldest unauthenticated ones beyond
+        ``max_pending``); out of file descriptors, stop accepting for ``ACCEPT_PAUSE_S``."""
+        for _ in range(ACCEPTS_PER_PASS):
             try:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:                                 # e.g. out of file descriptors: try later
+            except OSError as e:
+                if e.errno not in _OUT_OF_RESOURCES:
+                    continue                                # that connection failed before it was accepted
+                self._log(logging.WARNING, "the ESync state server cannot accept a connection (%s); it retries "
+                          "in %g s", e, ACCEPT_PAUSE_S)
+                self._selector.unregister(self._listener)   # it stays readable: accept would fail at once again
+                self._paused_until = time.monotonic() + ACCEPT_PAUSE_S
                 return
             try:
                 sock.setblocking(False)
@@ -303,13 +334,15 @@ class StateServer:
         return True
 
     def _expire(self):
-        """End connections silent for ``AUTH_TIMEOUT_S`` since they were greeted."""
+        """End connections silent for ``AUTH_TIMEOUT_S`` since they were greeted; accept again after a pause."""
         now = time.monotonic()
+        if self._paused_until is not None and self._paused_until <= now:
+            self._paused_until = None
+            self._selector.register(self._listener, selectors.EVENT_READ, "accept")
         while self._pending:
             peer = next(iter(self._pending))
             if peer.deadline > now:
                 return
-            del self._pending[peer]
             self.refused += 1
             self._drop(peer)
 

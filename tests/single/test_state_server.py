@@ -1,6 +1,8 @@
 import errno
 import json
 import logging
+import os
+import resource
 import socket
 import threading
 import time
@@ -521,3 +523,34 @@ def test_a_failure_while_accepting_does_not_end_the_server(server, monkeypatch, 
         assert client.query(1, 0.01, 0) is False           # accepted at the next pass
     assert server.failures == 1 and [r.exc_info[0] for r in caplog.records] == [RuntimeError]
     client.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="lists descriptors in /proc")
+def test_out_of_file_descriptors_the_server_pauses_accepting_instead_of_spinning(server, monkeypatch):
+    select, selects = server._selector.select, []
+    monkeypatch.setattr(server._selector, "select", lambda timeout: selects.append(timeout) or select(timeout))
+    socks = [socket.socket() for _ in range(3)]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    filler = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(map(int, os.listdir("/proc/self/fd"))) + 1, hard))
+        while True:                                         # take every descriptor left
+            try:
+                filler.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError:
+                break
+        for s in socks:
+            s.setblocking(False)
+            s.connect_ex(parse_address(server.address))
+        time.sleep(0.5)
+        passes = len(selects)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        for fd in filler:
+            os.close(fd)
+    assert passes < 30                                      # paused 0.1 s at a time; a busy loop makes thousands
+    for s in socks:                                         # accepted once descriptors are free again
+        s.settimeout(5.0)
+        assert s.recv(len(GREETING)) == GREETING
+        s.close()
+    assert server.refused == 0
