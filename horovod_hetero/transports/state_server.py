@@ -73,6 +73,8 @@ MAX_PENDING = 64
 ACCEPTS_PER_PASS = 64
 #: Seconds the server stops accepting when the process is out of file descriptors (accept would fail at once again).
 ACCEPT_PAUSE_S = 0.1
+#: Seconds ``close()`` waits for the server's thread before ending its connections itself.
+CLOSE_TIMEOUT_S = 5.0
 #: Seconds between two log records of the server's own failures (the rest are only counted).
 LOG_INTERVAL_S = 60.0
 #: The server's first line on every connection, followed by a 32-digit hex challenge and a newline.
@@ -208,8 +210,8 @@ class StateServer:
         finally:
             for peer in list(self._pending) + list(self._workers):
                 self._drop(peer)
-            self._selector.close()
-            self._listener.close()
+            for closing in (self._selector, self._listener, self._wake, self._waker):
+                closing.close()
 
     def _log(self, level, message, *args, exc_info=False):
         """Log at most one record per ``LOG_INTERVAL_S`` (a peer must not flood rank 0's log)."""
@@ -384,14 +386,21 @@ class StateServer:
         return {"seq": msg["seq"], "ready": ready, "round": msg["round"], "slowest": slowest}
 
     def close(self):
-        """Stop serving and drop every worker's connection (their next query fails fast)."""
-        if not self._closed:
-            self._closed = True
+        """Stop serving and end every connection (the workers' next query fails fast)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
             self._waker.send(b"x")
-            self._thread.join(timeout=5.0)
-            self._wake.close()
-            self._waker.close()
-            sys.setswitchinterval(self._switch_interval)
+        except OSError:                                     # the thread ended already
+            pass
+        self._thread.join(timeout=CLOSE_TIMEOUT_S)
+        if self._thread.is_alive():                         # stuck: end its connections from here
+            log.warning("the ESync state server's thread did not stop within %g s; its connections are ended",
+                        CLOSE_TIMEOUT_S)
+            for sock in [self._listener] + [peer.sock for peer in list(self._pending) + list(self._workers)]:
+                _hang_up(sock)
+        sys.setswitchinterval(self._switch_interval)
 
 
 def _hang_up(connection):

@@ -554,3 +554,39 @@ def test_out_of_file_descriptors_the_server_pauses_accepting_instead_of_spinning
         assert s.recv(len(GREETING)) == GREETING
         s.close()
     assert server.refused == 0
+
+
+def open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
+def test_close_ends_every_connection_even_with_its_thread_stuck_and_releases_everything(monkeypatch, caplog):
+    monkeypatch.setattr(state_server, "CLOSE_TIMEOUT_S", 0.3)
+    fds = open_fds()
+    server = StateServer(2, KEY)
+    client = StateClient(server.address, 0, KEY, timeout=5.0)
+    client.query(0, None, 0)
+    server.close()
+    assert not server._thread.is_alive()
+    with pytest.raises(StateServerError):
+        for _ in range(3):                                  # the first send may still be accepted
+            client.query(1, 0.01, 0)
+    assert open_fds() == fds
+    server = StateServer(2, KEY)
+    client = StateClient(server.address, 0, KEY, timeout=5.0)
+    client.query(0, None, 0)
+    with server._lock:                                     # the thread answering the next query waits for it
+        client.send_query(1, 0.01, 0)
+        time.sleep(0.1)
+        with caplog.at_level(logging.WARNING, logger="horovod_hetero"):
+            server.close()
+        with pytest.raises(StateServerError, match="went away"):
+            client.poll(2.0)                               # its connection was ended all the same
+        assert "did not stop within 0.3 s" in caplog.text
+    server._thread.join(2.0)
+    assert not server._thread.is_alive()
+    with socket.socket() as probe:
+        assert probe.connect_ex(parse_address(server.address)) == errno.ECONNREFUSED
+    client.close()
+    assert open_fds() == fds
