@@ -45,7 +45,6 @@ import json
 import logging
 import resource
 import secrets
-import select
 import selectors
 import socket
 import sys
@@ -458,6 +457,7 @@ class StateClient:
         try:
             if self._sock is None:
                 self._connect()
+            self._sock.settimeout(self.timeout)            # _receive sets the time it waits
             self._sock.sendall(self._channel.seal(body) + b"\n")
         except TimeoutError:                                # no greeting, or a send that did not go
             self.close()
@@ -475,11 +475,13 @@ class StateClient:
                 self.close()
                 raise StateServerError(f"the ESync state server at {self.address} sent a line over "
                                        f"{MAX_LINE_BYTES} bytes")
-            remaining = max(0.0, deadline - time.perf_counter())
-            if self._sock is None or not select.select([self._sock], [], [], remaining)[0]:
+            if self._sock is None:
                 return []
-            try:
+            try:            # a socket timeout, not select.select (it fails for descriptors from 1024 on)
+                self._sock.settimeout(max(0.0, deadline - time.perf_counter()))
                 data = self._sock.recv(65536)
+            except (TimeoutError, BlockingIOError):        # nothing came in time (0 s: non-blocking)
+                return []
             except OSError as e:
                 data, why = b"", str(e)
             else:

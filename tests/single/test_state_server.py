@@ -590,3 +590,18 @@ def test_close_ends_every_connection_even_with_its_thread_stuck_and_releases_eve
         assert probe.connect_ex(parse_address(server.address)) == errno.ECONNREFUSED
     client.close()
     assert open_fds() == fds
+
+
+def test_a_client_socket_numbered_from_1024_on_is_served(server):
+    """Rank 0 holds the server's connections besides Gloo's: select.select refused such a socket (ValueError)."""
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 1200:   # the server raised it to the hard limit
+        pytest.skip("fewer than 1200 file descriptors allowed")
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        client = StateClient(server.address, 0, KEY)
+        assert client.query(1, 0.01, 0) is False and client._sock.fileno() >= 1024
+        assert client.poll(0.0) == [] and client.poll(0.05) == []
+        client.close()
+    finally:
+        for fd in filler:
+            os.close(fd)
