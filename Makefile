@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 READY := $(VENV)/.horovod-hetero-ready
 NP ?= 4
 
-.PHONY: demo test test-single test-parallel test-elastic test-faults bench bench-peers bench-wagma bench-planned bench-epochs env clean
+.PHONY: demo test test-single test-parallel test-elastic test-faults test-multihost bench bench-peers bench-wagma bench-planned bench-epochs bench-state-server env clean
 
 $(READY): tools/bootstrap.sh tools/requirements.txt pyproject.toml
 	VENV=$(VENV) bash tools/bootstrap.sh
@@ -39,6 +39,11 @@ test-elastic: $(READY)
 test-faults: $(READY)
 	$(PY) -m pytest -q -s -p no:cacheprovider --timeout 240 tests/faults
 
+#: horovodrun -np 4 -H hostA:2,hostB:2 across two network namespaces of this machine (as root, with
+#: iproute2; skipped otherwise): every strategy, results against one host, then a cut link
+test-multihost: $(READY)
+	$(PY) -m pytest -q -s -p no:cacheprovider --timeout 600 tests/multihost
+
 bench: $(READY)
 	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) benchmarks/averaging_cost.py
 
@@ -55,6 +60,10 @@ bench-planned: $(READY)
 
 bench-epochs: $(READY)
 	PYTHONPATH=. $(PY) benchmarks/epochs.py
+
+#: ESync's state server under 1,024 simulated workers querying at 10 Hz each (3 runs)
+bench-state-server: $(READY)
+	PYTHONPATH=. $(PY) benchmarks/state_server_load.py --workers 1024 --rate 10 --repeats 3
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

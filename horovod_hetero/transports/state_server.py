@@ -1,7 +1,7 @@
 """ESync's state server and its client: authenticated JSON Lines over TCP, from the standard library.
 
-The server is a ``socketserver.ThreadingTCPServer`` started on rank 0 (daemon threads, one per
-connected worker); it keeps a ``rules.esync.ESyncState`` and answers every worker's QUERY-STATE.
+The server is started on rank 0: one daemon thread serves every connection (``selectors``,
+non-blocking sockets); it keeps a ``rules.esync.ESyncState`` and answers every worker's QUERY-STATE.
 ``transports.Transports.state_service`` opens both ends for a strategy and closes them.
 A client is one TCP connection: ``query`` waits for the answer (blocking mode),
 ``send_query``/``poll`` let the worker train on while the answer travels (delayed-ACK mode).
@@ -20,11 +20,16 @@ by a ``Channel`` bound to that challenge and to who speaks, so a line without th
 replayed, or copied from another connection is refused. The server hangs up on the first line
 that is not authentic (or over ``MAX_LINE_BYTES``, or cut off) and counts it (``rejected``); it
 is never parsed. A connection must send its first authentic line within ``AUTH_TIMEOUT_S``; at
-most ``MAX_PENDING`` connections wait for that (a newer one ends the oldest) and at most
+most ``size + MAX_PENDING`` connections wait for that (every worker may connect at once; a newer
+one ends the oldest) and at most
 ``max_workers`` authenticated ones are served; every connection it ends this way is counted
-(``refused``). A client drops (and counts, ``StateClient.rejected``) an answer that is not
+(``refused``), as is one that sends without reading its answers (``MAX_UNREAD_BYTES`` waiting
+beyond its socket's buffers). A client drops (and counts, ``StateClient.rejected``) an answer that is not
 authentic. JSON that does not parse, ``NaN``/``Infinity``, a rank out of range or a missing field
-in an authentic message is answered with ``{"error": "..."}`` and counted (``rejected``).
+in an authentic message is answered with ``{"error": "..."}`` and counted (``rejected``). An
+exception in the server's own code ends the connection it served, is counted (``failures``) and
+logged (at most once a minute); the thread serves on. The server raises the process's soft limit on
+open files to the hard limit; out of descriptors, it stops accepting for ``ACCEPT_PAUSE_S``.
 
 Protocol (client -> server, message bodies; the server stamps times with its own clock on arrival):
     {"op": "query", "rank": r, "k": k, "c": seconds, "round": t, "seq": n}
@@ -35,11 +40,13 @@ Protocol (client -> server, message bodies; the server stamps times with its own
                                                   every worker in round t is ready at its next query)
 """
 import collections
+import errno
 import json
+import logging
+import resource
 import secrets
-import select
+import selectors
 import socket
-import socketserver
 import sys
 import threading
 import time
@@ -49,24 +56,61 @@ from horovod_hetero.rules.esync import ESyncState
 from horovod_hetero.transports.auth import Channel, check_key, new_key
 from horovod_hetero.validation import parse_address
 
+log = logging.getLogger("horovod_hetero")
 
 #: Interpreter switch interval while a state server runs in this process (seconds).
 SWITCH_INTERVAL_S = 2e-4
 #: The longest line either side reads (a worker's message is about 200 bytes sealed); a longer one ends the connection.
 MAX_LINE_BYTES = 4096
+#: Answers a connection may leave unread (beyond what its socket buffers) before it is ended.
+MAX_UNREAD_BYTES = 64 * MAX_LINE_BYTES
 #: Seconds a new connection has to send its first authentic line.
 AUTH_TIMEOUT_S = 5.0
-#: Connections waiting to authenticate; one more ends the oldest.
+#: Connections waiting to authenticate beyond one per worker; one more ends the oldest.
 MAX_PENDING = 64
+#: Connections accepted per pass of the server's loop, so that a flood of connections cannot starve the workers.
+ACCEPTS_PER_PASS = 64
+#: Seconds the server stops accepting when the process is out of file descriptors (accept would fail at once again).
+ACCEPT_PAUSE_S = 0.1
+#: Seconds ``close()`` waits for the server's thread before ending its connections itself.
+CLOSE_TIMEOUT_S = 5.0
+#: Seconds between two log records of the server's own failures (the rest are only counted).
+LOG_INTERVAL_S = 60.0
 #: The server's first line on every connection, followed by a 32-digit hex challenge and a newline.
 GREETING = b"horovod_hetero-state-server 1 "
 _CHALLENGE_BYTES = 16
-_GREETING_LEN = len(GREETING) + 2 * _CHALLENGE_BYTES + 1
+#: Bytes of the greeting, its newline included.
+GREETING_LEN = len(GREETING) + 2 * _CHALLENGE_BYTES + 1
+_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
 def _channel(key, challenge, me, peer):
     """The ``Channel`` of one connection: ``me`` seals, ``peer``'s lines are opened (both bound to ``challenge``)."""
     return Channel(key, sends=b"%s|%s" % (me, challenge), receives=b"%s|%s" % (peer, challenge))
+
+
+def worker_channel(key, greeting):
+    """A worker's ``Channel`` on a connection whose server sent ``greeting`` (``GREETING_LEN`` bytes);
+    an ``OSError`` if it is not a horovod_hetero state server's greeting."""
+    challenge = greeting[len(GREETING):-1]
+    if not (greeting.startswith(GREETING) and greeting.endswith(b"\n") and len(challenge) == 2 * _CHALLENGE_BYTES):
+        raise OSError(f"it is not a horovod_hetero state server (greeting {greeting[:80]!r})")
+    return _channel(key, challenge, b"worker", b"server")
+
+
+def query_body(rank, k, capability, round, seq):
+    """The body of a worker's QUERY-STATE message (bytes, before sealing)."""
+    return json.dumps({"op": "query", "rank": rank, "k": k, "c": capability, "round": round, "seq": seq}).encode()
+
+
+def _raise_fd_limit():
+    """Raise this process's soft limit on open files to its hard limit (the server holds one per worker)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):                       # e.g. an unlimited hard limit (macOS)
+            pass
 
 
 def _no_constant(name):
@@ -78,59 +122,25 @@ def _loads(body):
     return json.loads(body, parse_constant=_no_constant)
 
 
-class _Connection(socketserver.StreamRequestHandler):
-    """One worker's connection: greets it, then answers its authentic lines until it disconnects."""
+class _Peer:
+    """One connection as the server keeps it: its ``Channel``, bytes received short of a whole line,
+    bytes waiting to be sent, whether it authenticated, and until when it may stay silent."""
 
-    def setup(self):
-        super().setup()
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.connection.settimeout(AUTH_TIMEOUT_S)
-        self.channel, self.greeting = self.server.owner._greet(self.connection)
+    __slots__ = ("sock", "channel", "inbox", "outbox", "admitted", "deadline")
 
-    def handle(self):
-        owner, admitted = self.server.owner, False
-        try:
-            self.wfile.write(self.greeting)
-            while True:
-                line = self.rfile.readline(MAX_LINE_BYTES + 1)
-                if not line:
-                    return
-                body = self.channel.open(line[:-1]) if line.endswith(b"\n") else None
-                if body is None:            # no key, replayed, over MAX_LINE_BYTES or cut off: not a worker
-                    owner._count("rejected")
-                    return
-                if not admitted:
-                    admitted = owner._admit(self.connection)
-                    if not admitted:
-                        return
-                reply = owner.answer(body)
-                if reply is not None:
-                    self.wfile.write(self.channel.seal(reply) + b"\n")
-        except TimeoutError:                                # silent for AUTH_TIMEOUT_S before its first line
-            owner._count("refused")
-        except OSError:                                     # the worker went away mid-message
-            pass
-
-    def finish(self):
-        self.server.owner._forget(self.connection)
-        try:
-            super().finish()
-        except OSError:
-            pass
-
-
-class _TCPServer(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    block_on_close = False
-    allow_reuse_address = True
+    def __init__(self, sock, channel, deadline):
+        self.sock, self.channel, self.deadline = sock, channel, deadline
+        self.inbox, self.outbox, self.admitted = b"", bytearray(), False
 
 
 class StateServer:
-    """Serves QUERY-STATE for ``size`` workers from background threads.
+    """Serves QUERY-STATE for ``size`` workers from one background thread.
 
-    The threads share the interpreter with rank 0's training loop, whose Python code would make
-    them wait up to the interpreter's switch interval (5 ms) for each answer; while the server
-    runs, the switch interval is lowered to ``SWITCH_INTERVAL_S`` (restored on ``close()``).
+    One thread multiplexes every connection (``selectors``): no thread per worker to wake and
+    switch to (``benchmarks/state_server_load.py`` measures both designs; README). The thread shares the interpreter with rank 0's
+    training loop, whose Python code would make it wait up to the interpreter's switch interval
+    (5 ms) for each answer; while the server runs, the switch interval is lowered to
+    ``SWITCH_INTERVAL_S`` (restored on ``close()``).
 
     Args:
         size: number of workers.
@@ -158,62 +168,205 @@ class StateServer:
         self._pending = collections.OrderedDict()   # connections yet to authenticate, oldest first
         self._workers = set()                       # authenticated connections
         self.max_workers = 4 * size + 4 if max_workers is None else max_workers
-        self._server = _TCPServer((host, 0), _Connection)
-        self._server.owner = self
-        self.address = f"tcp://{host}:{self._server.server_address[1]}"
+        self.max_pending = size + MAX_PENDING         # all workers connecting at once, and a margin
+        _raise_fd_limit()
+        # every worker connects at its first query, all at once: a short backlog (socketserver's
+        # is 5) drops the SYNs of the rest, retried 1, 3, 7... s later (past the query timeout)
+        self._listener = socket.create_server((host, 0), backlog=socket.SOMAXCONN)
+        self._listener.setblocking(False)
+        self._wake, self._waker = socket.socketpair()
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ, "accept")
+        self._selector.register(self._wake, selectors.EVENT_READ, "wake")
+        self._paused_until = None     # when the listener is watched again after running out of descriptors
+        self._quiet_until = 0.0       # no log record before then (LOG_INTERVAL_S)
+        self.address = f"tcp://{host}:{self._listener.getsockname()[1]}"
         self.handled = 0
         self.rejected = 0             # lines refused: not authentic (the connection ended), or not a valid message
         self.refused = 0              # connections ended: evicted, silent, or over max_workers
+        self.failures = 0             # exceptions in the server's own code (logged; the connection ended)
         self._closed = False
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.1},
-                                        name="horovod_hetero-state-server", daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="horovod_hetero-state-server", daemon=True)
         self._switch_interval = sys.getswitchinterval()
         sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
         self._thread.start()
 
-    def _count(self, what):
-        with self._lock:
-            setattr(self, what, getattr(self, what) + 1)
+    def _serve(self):
+        try:
+            while not self._closed:
+                for key, mask in self._selector.select(self._timeout()):
+                    try:
+                        if key.data == "accept":
+                            self._accept()
+                        elif key.data != "wake":
+                            self._serve_peer(key.data, mask)
+                    except Exception:               # a bug must not end the server: end that connection
+                        self._failed(key.data)
+                try:
+                    self._expire()
+                except Exception:
+                    self._failed(None)
+        finally:
+            for peer in list(self._pending) + list(self._workers):
+                self._drop(peer)
+            for closing in (self._selector, self._listener, self._wake, self._waker):
+                closing.close()
 
-    def _greet(self, connection):
-        """Register a new connection (ending the oldest waiting one beyond ``MAX_PENDING``); its
-        ``Channel`` and the greeting that carries its challenge."""
-        with self._lock:
-            self._pending[connection] = None
-            evicted = self._pending.popitem(last=False)[0] if len(self._pending) > MAX_PENDING else None
-            if evicted is not None:
+    def _log(self, level, message, *args, exc_info=False):
+        """Log at most one record per ``LOG_INTERVAL_S`` (a peer must not flood rank 0's log)."""
+        now = time.monotonic()
+        if now >= self._quiet_until:
+            self._quiet_until = now + LOG_INTERVAL_S
+            log.log(level, message, *args, exc_info=exc_info)
+
+    def _failed(self, peer):
+        """The server's own code raised while serving ``peer`` (a ``_Peer``, or None): count, log, end it."""
+        self.failures += 1
+        self._log(logging.ERROR, "the ESync state server failed (%d times so far); it ends that connection and "
+                  "serves on", self.failures, exc_info=True)
+        if isinstance(peer, _Peer):
+            self._drop(peer)
+
+    def _timeout(self):
+        """Seconds until the oldest waiting connection's deadline or the end of a pause (None: no deadline)."""
+        deadlines = [next(iter(self._pending)).deadline] if self._pending else []
+        if self._paused_until is not None:
+            deadlines.append(self._paused_until)
+        return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+
+    def _accept(self):
+        """Greet up to ``ACCEPTS_PER_PASS`` waiting connections (ending the oldest unauthenticated ones beyond
+        ``max_pending``); out of file descriptors, stop accepting for ``ACCEPT_PAUSE_S``."""
+        for _ in range(ACCEPTS_PER_PASS):
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                if e.errno not in _OUT_OF_RESOURCES:
+                    continue                                # that connection failed before it was accepted
+                self._log(logging.WARNING, "the ESync state server cannot accept a connection (%s); it retries "
+                          "in %g s", e, ACCEPT_PAUSE_S)
+                self._selector.unregister(self._listener)   # it stays readable: accept would fail at once again
+                self._paused_until = time.monotonic() + ACCEPT_PAUSE_S
+                return
+            try:
+                sock.setblocking(False)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:                                 # e.g. reset before it was set up
+                sock.close()
+                continue
+            challenge = secrets.token_hex(_CHALLENGE_BYTES).encode()
+            peer = _Peer(sock, _channel(self._key, challenge, b"server", b"worker"),
+                         time.monotonic() + AUTH_TIMEOUT_S)
+            self._pending[peer] = None
+            self._selector.register(sock, selectors.EVENT_READ, peer)
+            if len(self._pending) > self.max_pending:
                 self.refused += 1
-        if evicted is not None:
-            _hang_up(evicted)
-        challenge = secrets.token_hex(_CHALLENGE_BYTES).encode()
-        return _channel(self._key, challenge, b"server", b"worker"), GREETING + challenge + b"\n"
+                self._drop(self._pending.popitem(last=False)[0])
+            peer.outbox += GREETING + challenge + b"\n"
+            self._flush(peer)
 
-    def _admit(self, connection):
-        """A connection sent its first authentic line: serve it (False: ``max_workers`` are served)."""
-        with self._lock:
-            waiting = connection in self._pending   # else it was ended meanwhile (evicted)
-            self._pending.pop(connection, None)
-            if not waiting or len(self._workers) >= self.max_workers:
-                self.refused += waiting
+    def _serve_peer(self, peer, mask):
+        if mask & selectors.EVENT_WRITE and not self._flush(peer):
+            return
+        if mask & selectors.EVENT_READ:
+            try:
+                data = peer.sock.recv(65536)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:                                    # gone; a line it left unfinished is refused
+                self.rejected += bool(peer.inbox)
+                self._drop(peer)
+                return
+            peer.inbox += data
+            if self._answer_lines(peer):
+                self._flush(peer)
+
+    def _answer_lines(self, peer):
+        """Answer every whole line received; False if the connection was ended."""
+        *lines, peer.inbox = peer.inbox.split(b"\n")       # the rest (short of a line) waits for more
+        if len(peer.inbox) > MAX_LINE_BYTES:
+            lines.append(peer.inbox)                        # refused below, after the lines before it
+        for line in lines:
+            body = peer.channel.open(line) if len(line) <= MAX_LINE_BYTES else None
+            if body is None:                # no key, replayed, or too long: not a worker
+                self.rejected += 1
+                self._drop(peer)
                 return False
-            self._workers.add(connection)
-        connection.settimeout(None)
+            if not peer.admitted and not self._admit(peer):
+                self._drop(peer)
+                return False
+            reply = self._answer(body)
+            if reply is not None:
+                peer.outbox += peer.channel.seal(reply) + b"\n"
         return True
 
-    def _forget(self, connection):
-        with self._lock:
-            self._pending.pop(connection, None)
-            self._workers.discard(connection)
+    def _admit(self, peer):
+        """A connection sent its first authentic line: serve it (False: ``max_workers`` are served)."""
+        del self._pending[peer]
+        if len(self._workers) >= self.max_workers:
+            self.refused += 1
+            return False
+        peer.admitted = True
+        self._workers.add(peer)
+        return True
 
-    def answer(self, body):
-        """The answer (bytes, unsealed) to one authentic message body (None for messages that get none)."""
+    def _flush(self, peer):
+        """Send what waits for ``peer`` (waiting for it to be writable if the socket takes less);
+        False if the connection was ended."""
+        try:
+            sent = peer.sock.send(peer.outbox) if peer.outbox else 0
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:                                     # the worker went away mid-answer
+            self._drop(peer)
+            return False
+        del peer.outbox[:sent]
+        if len(peer.outbox) > MAX_UNREAD_BYTES:             # it sends and does not read: not a worker
+            self.refused += 1
+            self._drop(peer)
+            return False
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if peer.outbox else 0)
+        if self._selector.get_key(peer.sock).events != events:
+            self._selector.modify(peer.sock, events, peer)
+        return True
+
+    def _expire(self):
+        """End connections silent for ``AUTH_TIMEOUT_S`` since they were greeted; accept again after a pause."""
+        now = time.monotonic()
+        if self._paused_until is not None and self._paused_until <= now:
+            self._paused_until = None
+            self._selector.register(self._listener, selectors.EVENT_READ, "accept")
+        while self._pending:
+            peer = next(iter(self._pending))
+            if peer.deadline > now:
+                return
+            self.refused += 1
+            self._drop(peer)
+
+    def _drop(self, peer):
+        self._pending.pop(peer, None)
+        self._workers.discard(peer)
+        try:
+            self._selector.unregister(peer.sock)
+        except (KeyError, ValueError):
+            pass
+        _hang_up(peer.sock)
+        peer.sock.close()
+
+    def _answer(self, body):
+        """The answer (bytes, unsealed) to one authentic message body (None for messages that get none);
+        a message that is not valid is answered with its error and counted (``rejected``)."""
         try:
             msg = _loads(body)
             with self._lock:
                 reply = self._handle(msg)
                 self.handled += 1
-        except (ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as e:
-            self._count("rejected")                 # never kills the server
+        except (ValueError, KeyError, TypeError, RecursionError) as e:   # what bad input raises
+            self.rejected += 1
             reply = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
         return None if reply is None else json.dumps(reply).encode()
 
@@ -232,16 +385,21 @@ class StateServer:
         return {"seq": msg["seq"], "ready": ready, "round": msg["round"], "slowest": slowest}
 
     def close(self):
-        """Stop serving and drop every worker's connection (their next query fails fast)."""
-        if not self._closed:
-            self._closed = True
-            self._server.shutdown()
-            self._server.server_close()
-            with self._lock:
-                connections = list(self._pending) + list(self._workers)
-            for conn in connections:
-                _hang_up(conn)
-            sys.setswitchinterval(self._switch_interval)
+        """Stop serving and end every connection (the workers' next query fails fast)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._waker.send(b"x")
+        except OSError:                                     # the thread ended already
+            pass
+        self._thread.join(timeout=CLOSE_TIMEOUT_S)
+        if self._thread.is_alive():                         # stuck: end its connections from here
+            log.warning("the ESync state server's thread did not stop within %g s; its connections are ended",
+                        CLOSE_TIMEOUT_S)
+            for sock in [self._listener] + [peer.sock for peer in list(self._pending) + list(self._workers)]:
+                _hang_up(sock)
+        sys.setswitchinterval(self._switch_interval)
 
 
 def _hang_up(connection):
@@ -284,22 +442,23 @@ class StateClient:
         self._sock = socket.create_connection(self._host_port, timeout=self.timeout)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         greeting = b""
-        while len(greeting) < _GREETING_LEN:
-            chunk = self._sock.recv(_GREETING_LEN - len(greeting))
+        while len(greeting) < GREETING_LEN:
+            chunk = self._sock.recv(GREETING_LEN - len(greeting))
             if not chunk:
                 break
             greeting += chunk
-        challenge = greeting[len(GREETING):-1]
-        if not (greeting.startswith(GREETING) and greeting.endswith(b"\n") and len(challenge) == 2 * _CHALLENGE_BYTES):
-            raise OSError(f"it is not a horovod_hetero state server (greeting {greeting[:80]!r})")
-        self._channel = _channel(self._key, challenge, b"worker", b"server")
+        self._channel = worker_channel(self._key, greeting)
         self._buffer = b""
 
     def _send(self, msg):
+        self._send_body(json.dumps(msg).encode())
+
+    def _send_body(self, body):
         try:
             if self._sock is None:
                 self._connect()
-            self._sock.sendall(self._channel.seal(json.dumps(msg).encode()) + b"\n")
+            self._sock.settimeout(self.timeout)            # _receive sets the time it waits
+            self._sock.sendall(self._channel.seal(body) + b"\n")
         except TimeoutError:                                # no greeting, or a send that did not go
             self.close()
             raise StateServerTimeout(f"the ESync state server at {self.address} did not answer within "
@@ -316,11 +475,13 @@ class StateClient:
                 self.close()
                 raise StateServerError(f"the ESync state server at {self.address} sent a line over "
                                        f"{MAX_LINE_BYTES} bytes")
-            remaining = max(0.0, deadline - time.perf_counter())
-            if self._sock is None or not select.select([self._sock], [], [], remaining)[0]:
+            if self._sock is None:
                 return []
-            try:
+            try:            # a socket timeout, not select.select (it fails for descriptors from 1024 on)
+                self._sock.settimeout(max(0.0, deadline - time.perf_counter()))
                 data = self._sock.recv(65536)
+            except (TimeoutError, BlockingIOError):        # nothing came in time (0 s: non-blocking)
+                return []
             except OSError as e:
                 data, why = b"", str(e)
             else:
@@ -348,7 +509,7 @@ class StateClient:
         """Send a query without waiting; returns its sequence number."""
         self._seq += 1
         self._sent_at[self._seq] = time.perf_counter()
-        self._send({"op": "query", "rank": self.rank, "k": k, "c": capability, "round": round, "seq": self._seq})
+        self._send_body(query_body(self.rank, k, capability, round, self._seq))
         return self._seq
 
     def poll(self, wait_s=0.0):

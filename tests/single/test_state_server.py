@@ -1,5 +1,9 @@
+import errno
 import json
 import logging
+import os
+import resource
+import selectors
 import socket
 import threading
 import time
@@ -324,17 +328,18 @@ def test_authentic_but_invalid_messages_are_answered_with_an_error_and_counted(s
 def test_connections_waiting_to_authenticate_are_bounded_and_timed_out_and_workers_are_bounded(monkeypatch):
     monkeypatch.setattr(state_server, "AUTH_TIMEOUT_S", 1.5)
     server = StateServer(1, KEY, max_workers=1)
-    held = [raw_connection(server) for _ in range(MAX_PENDING + 8)]
+    assert server.max_pending == MAX_PENDING + 1                               # one worker and the margin
+    held = [raw_connection(server) for _ in range(server.max_pending + 8)]
     t0 = time.monotonic()
     assert all(hung_up(lines) for _, lines, _ in held[:8])                     # the oldest made room at once
     assert server.refused == 8 and time.monotonic() - t0 < 1.0
     assert all(hung_up(lines) for _, lines, _ in held[8:])                     # the rest after 1.5 s of silence
-    assert server.refused == MAX_PENDING + 8 and time.monotonic() - t0 < 5.0
+    assert server.refused == server.max_pending + 8 and time.monotonic() - t0 < 5.0
     first, second = StateClient(server.address, 0, KEY), StateClient(server.address, 0, KEY)
     assert first.query(1, 0.01, 0) is True
     with pytest.raises(StateServerError):
         second.query(1, 0.01, 0)                                               # one worker connection at most
-    assert server.refused == MAX_PENDING + 9 and first.query(2, 0.01, 0) is True
+    assert server.refused == server.max_pending + 9 and first.query(2, 0.01, 0) is True
     for sock, _, _ in held:
         sock.close()
     first.close(), second.close(), server.close()
@@ -413,3 +418,211 @@ def test_servers_bind_the_interface_horovodrun_gives_gloo_and_never_advertise_lo
     del interfaces["ib0"]
     assert _horovod.server_host(all_local=False) == "10.1.2.3"                   # the only one
     assert _horovod.route_address("127.0.0.1") == "127.0.0.1" and _horovod.route_address("no-such-host.invalid") is None
+
+
+def test_a_burst_of_connections_is_accepted_without_syn_retries_and_none_is_evicted():
+    """Every worker connects at its first query, all at once: with socketserver's default backlog
+    (5) most SYNs of a burst were dropped and retried a second or more later, and beyond 64
+    connections waiting to authenticate the oldest were ended."""
+    server = StateServer(256, KEY)
+    address = parse_address(server.address)
+    socks = [socket.socket() for _ in range(256)]
+    try:
+        with selectors.DefaultSelector() as connecting:
+            for s in socks:
+                s.setblocking(False)
+                s.connect_ex(address)
+                connecting.register(s, selectors.EVENT_WRITE)
+            deadline = time.monotonic() + 0.5                  # a dropped SYN is sent again after 1 s
+            while connecting.get_map() and time.monotonic() < deadline:
+                for key, _ in connecting.select(deadline - time.monotonic()):
+                    connecting.unregister(key.fileobj)
+            assert not connecting.get_map()
+        assert all(s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0 for s in socks)
+        for s in socks:
+            s.settimeout(10.0)
+            assert s.recv(len(GREETING)) == GREETING
+        assert server.refused == 0
+    finally:
+        for s in socks:
+            s.close()
+        server.close()
+
+
+def test_a_worker_that_sends_without_reading_its_answers_is_ended_and_the_others_are_served(server):
+    """One thread serves every connection: a peer that never reads must not block it."""
+    sock, lines, challenge = raw_connection(server)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    worker = worker_channel(KEY, challenge)
+    query = b'{"op": "query", "rank": 1, "k": 1, "c": 0.1, "round": 0, "seq": 1}'
+    alive = StateClient(server.address, 0, KEY)
+    deadline = time.monotonic() + 20
+    while server.refused == 0 and time.monotonic() < deadline:
+        try:
+            sock.sendall(b"".join(worker.seal(query) + b"\n" for _ in range(500)))
+        except OSError:
+            break
+        assert alive.query(1, 0.01, 0) is False                 # served meanwhile
+    assert server.refused == 1 and server.rejected == 0
+    sock.close(), alive.close()
+
+
+def test_two_lines_sent_byte_by_byte_are_answered_in_order(server):
+    sock, lines, challenge = raw_connection(server)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    worker = worker_channel(KEY, challenge)
+    data = b"".join(worker.seal(QUERY.replace(b'"seq": 1', b'"seq": %d' % seq)) + b"\n" for seq in (1, 2))
+    for i in range(len(data)):                             # the server reads a line in many pieces
+        sock.sendall(data[i:i + 1])
+        time.sleep(0.0005)
+    assert [json.loads(worker.open(lines.readline()[:-1]))["seq"] for _ in range(2)] == [1, 2]
+    assert (server.handled, server.rejected) == (2, 0)
+    sock.close()
+
+
+def test_a_failure_in_the_servers_own_code_ends_that_connection_only_and_is_logged(server, monkeypatch, caplog):
+    handle = server._handle
+
+    def flawed(msg):
+        if msg["rank"] == 1:
+            raise RuntimeError("a bug")
+        return handle(msg)
+
+    monkeypatch.setattr(server, "_handle", flawed)
+    hit, alive = StateClient(server.address, 1, KEY, timeout=1.0), StateClient(server.address, 0, KEY)
+    with caplog.at_level(logging.ERROR, logger="horovod_hetero"):
+        with pytest.raises(StateServerError, match="went away"):
+            hit.query(1, 0.01, 0)
+        assert alive.query(1, 0.01, 0) is False            # served on
+    assert (server.failures, server.rejected) == (1, 0)    # not taken for an intruder
+    assert [r.exc_info[0] for r in caplog.records] == [RuntimeError]
+    hit.close(), alive.close()
+
+
+def test_a_failure_while_accepting_does_not_end_the_server(server, monkeypatch, caplog):
+    port = parse_address(server.address)[1]
+    setsockopt, failed = socket.socket.setsockopt, []
+
+    def flaky(sock, *args):
+        if not failed and sock.getsockname()[1] == port:  # the server's end of a new connection
+            failed.append(sock)
+            raise OSError(errno.EINVAL, "Invalid argument")  # as for a connection reset before it is set up
+        return setsockopt(sock, *args)
+
+    monkeypatch.setattr(socket.socket, "setsockopt", flaky)
+    with pytest.raises(StateServerError, match="not a horovod_hetero state server"):
+        StateClient(server.address, 0, KEY, timeout=1.0).query(1, 0.01, 0)   # that connection is closed
+    assert failed and server.failures == 0
+
+    def flawed():
+        del server._accept                                 # fails once
+        raise RuntimeError("a bug")
+
+    server._accept = flawed
+    with caplog.at_level(logging.ERROR, logger="horovod_hetero"):
+        client = StateClient(server.address, 0, KEY)
+        assert client.query(1, 0.01, 0) is False           # accepted at the next pass
+    assert server.failures == 1 and [r.exc_info[0] for r in caplog.records] == [RuntimeError]
+    client.close()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="lists descriptors in /proc")
+def test_out_of_file_descriptors_the_server_pauses_accepting_instead_of_spinning(server, monkeypatch):
+    select, selects = server._selector.select, []
+    monkeypatch.setattr(server._selector, "select", lambda timeout: selects.append(timeout) or select(timeout))
+    socks = [socket.socket() for _ in range(3)]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    filler = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max(map(int, os.listdir("/proc/self/fd"))) + 1, hard))
+        while True:                                         # take every descriptor left
+            try:
+                filler.append(os.open(os.devnull, os.O_RDONLY))
+            except OSError:
+                break
+        for s in socks:
+            s.setblocking(False)
+            s.connect_ex(parse_address(server.address))
+        time.sleep(0.5)
+        passes = len(selects)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        for fd in filler:
+            os.close(fd)
+    assert passes < 30                                      # paused 0.1 s at a time; a busy loop makes thousands
+    for s in socks:                                         # accepted once descriptors are free again
+        s.settimeout(5.0)
+        assert s.recv(len(GREETING)) == GREETING
+        s.close()
+    assert server.refused == 0
+
+
+def open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
+def test_close_ends_every_connection_even_with_its_thread_stuck_and_releases_everything(monkeypatch, caplog):
+    monkeypatch.setattr(state_server, "CLOSE_TIMEOUT_S", 0.3)
+    fds = open_fds()
+    server = StateServer(2, KEY)
+    client = StateClient(server.address, 0, KEY, timeout=5.0)
+    client.query(0, None, 0)
+    server.close()
+    assert not server._thread.is_alive()
+    with pytest.raises(StateServerError):
+        for _ in range(3):                                  # the first send may still be accepted
+            client.query(1, 0.01, 0)
+    assert open_fds() == fds
+    server = StateServer(2, KEY)
+    client = StateClient(server.address, 0, KEY, timeout=5.0)
+    client.query(0, None, 0)
+    with server._lock:                                     # the thread answering the next query waits for it
+        client.send_query(1, 0.01, 0)
+        time.sleep(0.1)
+        with caplog.at_level(logging.WARNING, logger="horovod_hetero"):
+            server.close()
+        with pytest.raises(StateServerError, match="went away"):
+            client.poll(2.0)                               # its connection was ended all the same
+        assert "did not stop within 0.3 s" in caplog.text
+    server._thread.join(2.0)
+    assert not server._thread.is_alive()
+    with socket.socket() as probe:
+        assert probe.connect_ex(parse_address(server.address)) == errno.ECONNREFUSED
+    client.close()
+    assert open_fds() == fds
+
+
+def test_a_client_socket_numbered_from_1024_on_is_served(server):
+    """Rank 0 holds the server's connections besides Gloo's: select.select refused such a socket (ValueError)."""
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[0] < 1200:   # the server raised it to the hard limit
+        pytest.skip("fewer than 1200 file descriptors allowed")
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        client = StateClient(server.address, 0, KEY)
+        assert client.query(1, 0.01, 0) is False and client._sock.fileno() >= 1024
+        assert client.poll(0.0) == [] and client.poll(0.05) == []
+        client.close()
+    finally:
+        for fd in filler:
+            os.close(fd)
+
+
+def test_a_connection_trickling_bytes_is_ended_when_its_time_to_authenticate_is_up(monkeypatch):
+    """The time to send the first authentic line runs from the greeting: bytes short of a line do not extend it."""
+    monkeypatch.setattr(state_server, "AUTH_TIMEOUT_S", 1.0)
+    server = StateServer(1, KEY)
+    sock, _, _ = raw_connection(server)
+    sock.settimeout(0.1)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 5.0:
+        try:
+            sock.sendall(b"1")                             # a byte every 0.1 s, never a newline
+            if sock.recv(1) == b"":
+                break
+        except TimeoutError:
+            continue
+        except OSError:
+            break
+    assert 0.5 < time.monotonic() - t0 < 2.0 and (server.refused, server.rejected) == (1, 0)
+    sock.close(), server.close()

@@ -354,6 +354,7 @@ def test_responder_threads_are_bounded_and_other_activations_dropped_and_counted
     assert len(started) == MAX_SERVING and threading.active_count() - before <= MAX_SERVING
     assert exchange._thread.is_alive()
     release.set()
+    assert wait_until(lambda: not any(t.is_alive() for t in exchange._serving), timeout=30)
     acts.queue.put((600, (0, 2)))                                                  # served once threads are free
     assert wait_until(lambda: "horovod_hetero.group.600" in started)
     exchange.close()

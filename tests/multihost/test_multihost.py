@@ -1,0 +1,188 @@
+"""Real multi-host runs on one machine: ``horovodrun -np 4 -H hostA:2,hostB:2 --gloo`` across two
+network namespaces (``hosts.py``), every strategy, then a cut link (``make test-multihost``).
+
+Deterministic schedules (Synchronous, LocalSGD, WAGMA without wait-avoidance) end with the same
+parameters, bit for bit, as the same job on one host (``-H localhost:4``); time-driven ones
+(ESync, WAGMA with wait-avoidance, ElasticBSP, DSSP, ADSP) end with bit-identical models on all
+four ranks and a lower loss over the job's data. Both training jobs run with Horovod's fusion off
+(``HOROVOD_FUSION_THRESHOLD=0``): which gradients Horovod fuses into one allreduce depends on
+timing, and with it the ring's summation order (last-bit differences in Synchronous, on one host too). Every rank's servers bind its own host's address on the job's
+network (hostA's ranks 10.77.0.1, hostB's 10.77.0.2; 127.0.0.1 on one host). Then, mid-training,
+the link between the hosts goes down: every rank on both sides must exit non-zero within
+``CUT_DEADLINE_S``; each rank's last error line is printed.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hosts as hosts_mod  # noqa: E402
+from cases import DETERMINISTIC, NAMES  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PY = os.path.join(ROOT, ".venv", "bin", "python")
+HOROVODRUN = os.path.join(ROOT, ".venv", "bin", "horovodrun")
+WORKER = os.path.join("tests", "multihost", "worker.py")
+JOB_TIMEOUT_S = 240
+CUT_DEADLINE_S = 60.0
+#: Strategies whose job is cut mid-training (``HH_MULTIHOST_CUT``, comma-separated, overrides).
+CUT = os.environ.get("HH_MULTIHOST_CUT", "localsgd,esync,wagma").split(",")
+
+why_not = hosts_mod.available()
+pytestmark = pytest.mark.skipif(why_not is not None, reason=str(why_not))
+
+
+def horovodrun(hosts_arg, args):
+    return [HOROVODRUN, "--disable-cache", "-np", "4", "-H", hosts_arg, "--gloo", PY, WORKER, *args]
+
+
+def env_for_job(**extra):
+    return dict(os.environ, PYTHONPATH=ROOT, **extra)
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    with hosts_mod.Hosts() as h:
+        yield h
+
+
+def run(argv, env, timeout=JOB_TIMEOUT_S):
+    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{' '.join(argv[-8:])} failed ({proc.returncode}):\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def results(hosts, tmp_path_factory):
+    """Final parameters of every strategy: {where: {strategy: [rank 0..3 npz]}} for two hosts and one."""
+    out = {}
+    names = list(NAMES)
+    for where in ("two_hosts", "one_host"):
+        d = tmp_path_factory.mktemp(where)
+        if where == "two_hosts":
+            argv = hosts.command("hostA", horovodrun("hostA:2,hostB:2", ["train", str(d), *names]))
+            run(argv, hosts.env(PYTHONPATH=ROOT, HOROVOD_FUSION_THRESHOLD="0"))
+        else:
+            run(horovodrun("localhost:4", ["train", str(d), *names]), env_for_job(HOROVOD_FUSION_THRESHOLD="0"))
+        out[where] = {n: [dict(np.load(d / f"{n}.rank{r}.npz")) for r in range(4)] for n in names}
+    return out
+
+
+def test_servers_bind_each_hosts_address(results):
+    hosts_seen = [str(r["host"]) for r in results["two_hosts"]["sync"]]
+    assert hosts_seen == ["10.77.0.1", "10.77.0.1", "10.77.0.2", "10.77.0.2"]
+    assert [str(r["host"]) for r in results["one_host"]["sync"]] == ["127.0.0.1"] * 4
+
+
+@pytest.mark.parametrize("name", list(NAMES))
+def test_every_strategy_trains_across_hosts(results, name):
+    ranks = results["two_hosts"][name]
+    for r in ranks[1:]:
+        np.testing.assert_array_equal(r["params"], ranks[0]["params"], err_msg=f"{name}: ranks differ")
+    assert np.isfinite(ranks[0]["params"]).all()
+    before, after = np.mean([r["data_loss"] for r in ranks], axis=0)     # over every rank's data
+    assert after < before, f"{name}: loss {before:.4f} -> {after:.4f}"
+    if name in DETERMINISTIC:
+        np.testing.assert_array_equal(ranks[0]["params"], results["one_host"][name][0]["params"],
+                                      err_msg=f"{name}: two hosts and one host differ")
+        for a, b in zip(ranks, results["one_host"][name]):
+            np.testing.assert_array_equal(a["losses"], b["losses"], err_msg=f"{name}: losses differ")
+
+
+def last_line(text):
+    lines = [re.sub(r"^\[\d+\]<std(out|err)>:", "", l).strip() for l in text.splitlines()]
+    lines = [l for l in lines if l]
+    return lines[-1] if lines else ""
+
+
+@pytest.mark.parametrize("name", CUT)
+def test_cut_link_fails_every_rank_on_both_sides(hosts, tmp_path, name):
+    out = tmp_path
+    for ns in hosts.netns.values():          # an earlier case cut the link: up again
+        subprocess.run(["ip", "-n", ns, "link", "set", hosts_mod.IFACE, "up"], check=True)
+    with open(out / "horovodrun.log", "w") as log:
+        job = subprocess.Popen(hosts.command("hostA", horovodrun("hostA:2,hostB:2", ["cut", str(out), name])),
+                               cwd=ROOT, env=hosts.env(PYTHONPATH=ROOT), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while not all(_progress(out, r)[0] >= 20 for r in range(4)):
+            assert job.poll() is None, f"{name}: the job ended before the cut:\n{_tail(out)}"
+            assert time.monotonic() < deadline, f"{name}: no progress to step 20:\n{_tail(out)}"
+            time.sleep(0.1)
+        pids = {r: _progress(out, r)[1] for r in range(4)}
+        hosts.cut()
+        cut_at = time.monotonic()
+        ended = {}
+        while len(ended) < 4 and time.monotonic() - cut_at < CUT_DEADLINE_S + 30:
+            for r, pid in pids.items():
+                if r not in ended and not _alive(pid):
+                    ended[r] = time.monotonic() - cut_at
+            time.sleep(0.1)
+        try:
+            job.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+    finally:
+        for pid in (p for _, p in map(lambda r: _progress(out, r), range(4)) if p and _alive(p)):
+            os.kill(pid, signal.SIGKILL)                # a rank that hung: not left to the next case
+        if job.poll() is None:
+            job.kill()
+    report = _exits(hosts, out, ended)
+    print(f"\n{name}: link cut after step 20")
+    for r, e in sorted(report.items()):
+        print(f"  rank {r} ({e['host']}): exit {e['rc']} {e['after_s']:.1f} s after the cut: {e['line']}")
+    for r, e in sorted(report.items()):
+        assert e["after_s"] <= CUT_DEADLINE_S, f"{name}: rank {r} still running {e['after_s']:.0f} s after the cut"
+        assert e["rc"] not in (None, 0), f"{name}: rank {r} exited with {e['rc']}"
+    for host in ("hostA", "hostB"):
+        own = [e for e in report.values() if e["host"] == host and "SIGTERM" not in e["line"]]
+        assert own, f"{name}: no rank on {host} failed by itself (all ended by the launcher)"
+
+
+def _tail(out):
+    return open(out / "horovodrun.log", errors="replace").read()[-5000:]
+
+
+def _progress(out, rank):
+    """(steps, process id) that ``rank`` reported last, (0, None) before its first step."""
+    try:
+        steps, pid = open(out / f"progress.rank{rank}").read().split()
+        return int(steps), int(pid)
+    except (OSError, ValueError):
+        return 0, None
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _exits(hosts, out, ended):
+    """{rank: host, rc, after_s, line (the rank's error record, else its last output line)}."""
+    report = {}
+    hv = open(out / "horovodrun.log", errors="replace").read()
+    remote = [x for x in hosts.remote_runs() if str(out) in x["command"]]
+    for r in range(4):
+        record = out / f"exit.rank{r}.json"
+        error = json.load(open(record))["error"] if record.exists() else None
+        host = "hostA" if r < 2 else "hostB"
+        if host == "hostA":             # started by horovodrun itself
+            m = re.search(rf"Process {r} exit with status code (-?\d+)", hv)
+            rc = int(m.group(1)) if m else None
+            text = "\n".join(line for line in hv.splitlines() if line.startswith(f"[{r}]<"))
+        else:                           # started through ssh
+            run_ = [x for x in remote if f"HOROVOD_RANK={r} " in x["command"]]
+            rc, text = (run_[0]["rc"], run_[0]["log"]) if run_ else (None, "")
+        report[r] = {"host": host, "rc": rc, "line": error or last_line(text),
+                     "after_s": ended.get(r, float("inf"))}
+    return report
