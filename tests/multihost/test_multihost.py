@@ -32,6 +32,9 @@ HOROVODRUN = os.path.join(ROOT, ".venv", "bin", "horovodrun")
 WORKER = os.path.join("tests", "multihost", "worker.py")
 JOB_TIMEOUT_S = 240
 CUT_DEADLINE_S = 60.0
+#: Horovod's Gloo timeout in the cut jobs. A cut surfaces after one Gloo timeout (two with process
+#: sets: WAGMA's survivors measured 60.0 s at the default 30 s), so the default sits right at the limit.
+GLOO_TIMEOUT_S = 20
 #: Strategies whose job is cut mid-training (``HH_MULTIHOST_CUT``, comma-separated, overrides).
 CUT = os.environ.get("HH_MULTIHOST_CUT", "localsgd,esync,wagma").split(",")
 
@@ -109,7 +112,8 @@ def test_cut_link_fails_every_rank_on_both_sides(hosts, tmp_path, name):
         subprocess.run(["ip", "-n", ns, "link", "set", hosts_mod.IFACE, "up"], check=True)
     with open(out / "horovodrun.log", "w") as log:
         job = subprocess.Popen(hosts.command("hostA", horovodrun("hostA:2,hostB:2", ["cut", str(out), name])),
-                               cwd=ROOT, env=hosts.env(PYTHONPATH=ROOT), stdout=log, stderr=subprocess.STDOUT)
+                               cwd=ROOT, env=hosts.env(PYTHONPATH=ROOT, HOROVOD_GLOO_TIMEOUT_SECONDS=str(GLOO_TIMEOUT_S)),
+                               stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + JOB_TIMEOUT_S
         while not all(_progress(out, r)[0] >= 20 for r in range(4)):
@@ -144,6 +148,8 @@ def test_cut_link_fails_every_rank_on_both_sides(hosts, tmp_path, name):
     for host in ("hostA", "hostB"):
         own = [e for e in report.values() if e["host"] == host and "SIGTERM" not in e["line"]]
         assert own, f"{name}: no rank on {host} failed by itself (all ended by the launcher)"
+        for e in own:
+            assert "horovod_hetero.errors.RankLostError" in e["line"], f"{name}: {host}: {e['line']}"
 
 
 def _tail(out):
