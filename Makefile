@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 READY := $(VENV)/.horovod-hetero-ready
 NP ?= 4
 
-.PHONY: demo test test-single test-parallel test-elastic bench bench-peers bench-wagma bench-planned bench-epochs env clean
+.PHONY: demo test test-single test-parallel test-elastic test-bench bench-publish bench bench-peers bench-wagma bench-planned bench-epochs env clean
 
 $(READY): tools/bootstrap.sh tools/requirements.txt pyproject.toml
 	VENV=$(VENV) bash tools/bootstrap.sh
@@ -14,7 +14,7 @@ env: $(READY)
 demo: $(READY)
 	$(PY) -m horovod_hetero.cli demo
 
-test: test-single test-parallel test-elastic
+test: test-single test-parallel test-elastic test-bench
 
 test-single: $(READY)
 	$(PY) -m pytest -q -p no:cacheprovider tests/single
@@ -34,6 +34,21 @@ test-parallel: $(READY)
 #: Horovod elastic (each case runs its own horovodrun with a host-discovery script)
 test-elastic: $(READY)
 	$(PY) -m pytest -q -p no:cacheprovider --timeout 300 tests/elastic
+
+#: horovod-hetero bench for real (it launches horovodrun itself): a short bench, its report, an interrupted bench
+test-bench: $(READY)
+	$(PY) -m pytest -q -p no:cacheprovider --timeout 300 tests/bench
+
+#: the numbers README.md publishes (about 30 min): three bench runs, then their reports into docs/img
+PUBLISH ?= /tmp/horovod-hetero-publish
+PUBLISH_COMMON = --np 4 --base-step 0.02 --budget 8 --repeat 3 --profile 1,1,1,4
+bench-publish: $(READY)
+	$(PY) -m horovod_hetero.cli bench $(PUBLISH_COMMON) --profile random --task digits --out $(PUBLISH)/torch-digits
+	$(PY) -m horovod_hetero.cli bench $(PUBLISH_COMMON) --profile random --task digits-noniid --out $(PUBLISH)/torch-noniid
+	$(PY) -m horovod_hetero.cli bench $(PUBLISH_COMMON) --framework keras --task digits \
+	  --strategies sync,localsgd,esync,wagma,elasticbsp --out $(PUBLISH)/keras-digits
+	for run in torch-digits torch-noniid keras-digits; do \
+	  $(PY) -m horovod_hetero.cli report $(PUBLISH)/$$run --png-dir docs/img --prefix bench-$$run- || exit 1; done
 
 bench: $(READY)
 	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) benchmarks/averaging_cost.py

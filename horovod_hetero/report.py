@@ -1,0 +1,294 @@
+"""``horovod-hetero report DIR``: tables and the papers' plots from a ``bench`` results directory.
+
+Per group of jobs (framework, task, profile), one row per strategy, medians over the repeats with
+their range: time to the target (and the speedup over Synchronous, the median of the per-repeat
+ratios against the Synchronous job of the same repeat), final quality, samples/s (and its ratio to
+Synchronous's), the simulator's prediction, the share of the bound the strategy would reach with free
+communication, bytes sent per second, each worker's compute-time ratio, and the mean wait per round.
+Plots (matplotlib): quality against wall time (ESync Fig. 3), throughput and traffic (Fig. 4),
+compute-time ratio per worker (Fig. 5), quality against rank 0's local steps (WAGMA's ablation).
+"""
+import base64
+import html
+import json
+import pathlib
+
+import numpy as np
+
+from horovod_hetero.bench import FORMAT, RESULTS, median_range, read_curve
+from horovod_hetero.data import TASKS
+
+COLUMNS = ["strategy", "time to target s", "speedup", "final", "samples/s", "vs sync", "simulated",
+           "share of bound", "MB/s", "compute ratio per worker", "wait/round ms"]
+
+
+class ReportError(Exception):
+    """The directory is not a bench results directory (the message says why)."""
+
+
+def load_results(directory):
+    """The ``results.json`` of a bench directory; a ``ReportError`` for a missing or foreign one."""
+    directory = pathlib.Path(directory)
+    if not directory.is_dir():
+        raise ReportError(f"{directory}: no such directory")
+    path = directory / RESULTS
+    if not path.exists():
+        raise ReportError(f"{directory} is not a horovod-hetero bench directory: it has no {RESULTS} "
+                          f"(make one with horovod-hetero bench --out {directory})")
+    try:
+        results = json.loads(path.read_text())
+    except ValueError as e:
+        raise ReportError(f"{path}: not readable JSON ({e})") from None
+    if not isinstance(results, dict) or results.get("format") != FORMAT:
+        raise ReportError(f"{path} was not written by horovod-hetero bench (format {FORMAT!r} expected)")
+    return results
+
+
+def groups(results):
+    """``{(framework, task, profile): {strategy label: [finished job entries]}}``, in plan order."""
+    out = {}
+    for entry in results["jobs"]:
+        g = out.setdefault((entry["framework"], entry["task"], entry["profile"]), {})
+        g.setdefault(entry["label"], [])
+        if entry["status"] == "done":
+            g[entry["label"]].append(entry)
+    return out
+
+
+def unfinished(results):
+    """The jobs that did not finish: ``[(id, status)]``."""
+    return [(e["id"], e["status"]) for e in results["jobs"] if e["status"] != "done"]
+
+
+def _fmt(value, spec, scale=1.0):
+    return "-" if value is None else format(value * scale, spec)
+
+
+def _cell(values, spec, scale=1.0, unit=""):
+    """``median (low-high)`` of the values, or ``-``."""
+    med, lo, hi = median_range(values)
+    if med is None:
+        return "-"
+    if lo == hi:
+        return _fmt(med, spec, scale) + unit
+    return f"{_fmt(med, spec, scale)}{unit} ({_fmt(lo, spec, scale)}-{_fmt(hi, spec, scale)})"
+
+
+def rows(group):
+    """The table rows of one group (see the module's docstring): a list of lists of strings."""
+    labels = list(group)
+    base = {e["repeat"]: e["summary"] for e in group.get(labels[0], [])} if labels else {}
+    out = []
+    for label in labels:
+        entries = group[label]
+        s = [e["summary"] for e in entries]
+        if not s:
+            out.append([label] + ["not finished"] + ["-"] * (len(COLUMNS) - 2))
+            continue
+        ttt = [x["time_to_target_s"] for x in s]
+        reached = sum(v is not None for v in ttt)
+        speedup, sps_ratio = [], []
+        for e in entries:
+            b = base.get(e["repeat"])
+            if b is None:
+                continue
+            sps_ratio.append(e["summary"]["samples_per_s"] / b["samples_per_s"])
+            if b["time_to_target_s"] is not None and e["summary"]["time_to_target_s"]:
+                speedup.append(b["time_to_target_s"] / e["summary"]["time_to_target_s"])
+        ttt_cell = _cell(ttt, ".1f") + ("" if reached == len(s) else f" [{reached}/{len(s)} reached]")
+        ratios = [x["compute_ratio"] for x in s if x["compute_ratio"] is not None]
+        per_worker = "/".join(f"{np.median(col):.2f}" for col in zip(*ratios)) if ratios else "-"
+        out.append([label, ttt_cell, _cell(speedup, ".2f", unit="x"),
+                    _cell([x["final"] for x in s], ".3f"), _cell([x["samples_per_s"] for x in s], ".0f"),
+                    _cell(sps_ratio, ".2f", unit="x"),
+                    _cell([x["predicted_samples_per_s"] for x in s], ".0f"),
+                    _cell([x["share_of_bound"] for x in s], ".2f"),
+                    _cell([x["bytes_per_s"] for x in s], ".2f", 1e-6), per_worker,
+                    _cell([x["wait_per_round_s"] for x in s], ".1f", 1e3)])
+    return out
+
+
+def group_title(key, results):
+    framework, task, profile = key
+    target = results["settings"]["targets"][task]
+    t = TASKS[task]
+    return f"{framework}, {t.description}, profile {profile} (target {t.metric} {target:g})"
+
+
+def markdown(results):
+    """Every group's table, in Markdown, and the jobs that did not finish."""
+    s = results["settings"]
+    lines = [f"{s['np']} workers, base step {s['base_step'] * 1000:g} ms, budget {s['budget']:g} s per job; "
+             f"medians over repeats (range in brackets)", ""]
+    for key, group in groups(results).items():
+        lines += [f"### {group_title(key, results)}", "", "| " + " | ".join(COLUMNS) + " |",
+                  "| --- |" + " ---: |" * (len(COLUMNS) - 1)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows(group)]
+        lines.append("")
+    missing = unfinished(results)
+    if missing:
+        lines.append(f"Not finished ({len(missing)} of {len(results['jobs'])} jobs): "
+                     + ", ".join(f"{i} ({status})" for i, status in missing))
+    return "\n".join(lines)
+
+
+# -- plots --
+
+def _colors(labels):
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab10"]
+    return {label: cmap(i % 10) for i, label in enumerate(labels)}
+
+
+def _grid(n, plt, width=5.2, height=3.6):
+    cols = min(n, 2)
+    rows_ = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows_, cols, figsize=(width * cols, height * rows_), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:n])
+
+
+def _curves(directory, results, key, path, xlabel, title):
+    import matplotlib.pyplot as plt
+
+    gs = groups(results)
+    fig, axes = _grid(len(gs), plt)
+    for ax, (gkey, group) in zip(axes, gs.items()):
+        colors = _colors(list(group))
+        task = TASKS[gkey[1]]
+        for label, entries in group.items():
+            for i, e in enumerate(entries):
+                curve = read_curve(pathlib.Path(directory) / "jobs" / e["id"] / "curve.jsonl")
+                if curve:
+                    ax.plot([p[key] for p in curve], [p[task.metric] for p in curve], color=colors[label],
+                            alpha=0.85 if i == 0 else 0.35, lw=1.4, label=label if i == 0 else None)
+        ax.axhline(results["settings"]["targets"][gkey[1]], color="grey", ls="--", lw=0.8, label="target")
+        lo = results["settings"]["targets"][gkey[1]]
+        if task.higher_is_better:
+            ax.set_ylim(max(0.0, lo - 0.15), 1.0)
+        else:
+            ax.set_ylim(0.0, max(0.2, 4 * lo))
+        ax.set_title(f"{gkey[0]}, {gkey[1]}, {gkey[2]}", fontsize=10)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"test {task.metric}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right" if task.higher_is_better else "upper right")
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def _bars(results, path):
+    import matplotlib.pyplot as plt
+
+    gs = groups(results)
+    fig, axes = plt.subplots(len(gs), 2, figsize=(11, 3.2 * len(gs)), squeeze=False)
+    for (a, b), (gkey, group) in zip(axes, gs.items()):
+        labels = [label for label, entries in group.items() if entries]
+        x = np.arange(len(labels))
+        for ax, field, scale, ylabel in ((a, "samples_per_s", 1.0, "samples/s"), (b, "bytes_per_s", 1e-6, "MB/s sent")):
+            meds, errs = [], [[], []]
+            for label in labels:
+                med, lo, hi = median_range([e["summary"][field] for e in group[label]])
+                med, lo, hi = (v * scale if v is not None else 0.0 for v in (med, lo, hi))
+                meds.append(med)
+                errs[0].append(med - lo)
+                errs[1].append(hi - med)
+            ax.bar(x, meds, yerr=errs, capsize=3, color=[_colors(list(group))[lab] for lab in labels])
+            if field == "samples_per_s":
+                bounds = [median_range([e["summary"]["bound_samples_per_s"] for e in group[lab]])[0] for lab in labels]
+                ax.scatter([i for i, v in zip(x, bounds) if v], [v for v in bounds if v], marker="_", s=300,
+                           color="black", label="bound (free communication)", zorder=3)
+                if any(bounds):
+                    ax.legend(fontsize=7, loc="upper left")
+            ax.set_xticks(x, labels, rotation=25, ha="right", fontsize=8)
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{gkey[0]}, {gkey[1]}, {gkey[2]}: {ylabel}", fontsize=10)
+            ax.grid(axis="y", alpha=0.3)
+    fig.suptitle("throughput and traffic (ESync Fig. 4); medians, bars: range over repeats", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def _compute_ratio(results, path):
+    import matplotlib.pyplot as plt
+
+    gs = groups(results)
+    fig, axes = _grid(len(gs), plt)
+    for ax, (gkey, group) in zip(axes, gs.items()):
+        labels = [lab for lab, es in group.items() if es and es[0]["summary"]["compute_ratio"]]
+        if not labels:
+            ax.set_visible(False)
+            continue
+        n = max(len(group[lab][0]["summary"]["compute_ratio"]) for lab in labels)
+        width = 0.8 / n
+        for w in range(n):
+            vals = [float(np.median([e["summary"]["compute_ratio"][w] for e in group[lab]])) for lab in labels]
+            ax.bar(np.arange(len(labels)) + (w - (n - 1) / 2) * width, vals, width, label=f"worker {w}")
+        ax.set_xticks(np.arange(len(labels)), labels, rotation=25, ha="right", fontsize=8)
+        ax.set_ylim(0, 1.1)
+        ax.set_ylabel("compute / wall")
+        ax.set_title(f"{gkey[0]}, {gkey[1]}, {gkey[2]}", fontsize=10)
+        ax.legend(fontsize=7, ncol=n, loc="upper left")
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle("compute-time ratio per worker (ESync Fig. 5), medians over repeats", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def plots(directory, results, out=None, prefix="bench-"):
+    """Draw the four figures into ``out`` (default: ``directory``); return their paths."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ReportError("the plots need matplotlib: pip install 'horovod-hetero[plots]'") from None
+
+    matplotlib.use("Agg")
+    out = pathlib.Path(out or directory)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{prefix}{name}.png" for name in ("accuracy-time", "throughput", "compute-ratio", "accuracy-steps")]
+    if not any(groups(results)[k][lab] for k in groups(results) for lab in groups(results)[k]):
+        return []
+    _curves(directory, results, "t", paths[0], "seconds of training (evaluation excluded)",
+            "test quality vs wall time (ESync Fig. 3), every repeat")
+    _bars(results, paths[1])
+    _compute_ratio(results, paths[2])
+    _curves(directory, results, "step", paths[3], "rank 0's local steps",
+            "test quality vs steps (WAGMA's ablation), every repeat")
+    return paths
+
+
+def html_page(results, table_md, pngs):
+    """One self-contained HTML page: the tables and the plots (embedded)."""
+    body = [f"<h1>horovod-hetero bench</h1><p>{html.escape(' '.join(results['command']))}</p>",
+            f"<p>{html.escape(json.dumps(results['versions']))}</p>"]
+    in_table = False
+    for line in table_md.splitlines():
+        if line.startswith("| ---"):
+            continue
+        if line.startswith("|"):
+            cells = [html.escape(c.strip()) for c in line.strip("|").split("|")]
+            tag = "th" if not in_table else "td"
+            body.append(("<table border=1 cellspacing=0 cellpadding=3>" if not in_table else "")
+                        + "<tr>" + "".join(f"<{tag}>{c}</{tag}>" for c in cells) + "</tr>")
+            in_table = True
+            continue
+        if in_table:
+            body.append("</table>")
+            in_table = False
+        if line.startswith("### "):
+            body.append(f"<h3>{html.escape(line[4:])}</h3>")
+        elif line:
+            body.append(f"<p>{html.escape(line)}</p>")
+    if in_table:
+        body.append("</table>")
+    for p in pngs:
+        data = base64.b64encode(pathlib.Path(p).read_bytes()).decode()
+        body.append(f'<p><img src="data:image/png;base64,{data}" alt="{html.escape(pathlib.Path(p).name)}"></p>')
+    return "<!doctype html><html><head><meta charset='utf-8'><title>horovod-hetero bench</title></head><body>" \
+           + "\n".join(body) + "</body></html>"
