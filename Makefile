@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 READY := $(VENV)/.horovod-hetero-ready
 NP ?= 4
 
-.PHONY: demo test test-single test-parallel test-elastic test-bench bench-publish bench bench-peers bench-wagma bench-planned bench-epochs env clean
+.PHONY: demo test test-single test-parallel test-elastic test-bench bench-publish bench-publish-torch-1114 bench-publish-torch-random bench-publish-keras-1114 bench bench-peers bench-wagma bench-planned bench-epochs env clean
 
 $(READY): tools/bootstrap.sh tools/requirements.txt pyproject.toml
 	VENV=$(VENV) bash tools/bootstrap.sh
@@ -39,16 +39,22 @@ test-elastic: $(READY)
 test-bench: $(READY)
 	$(PY) -m pytest -q -p no:cacheprovider --timeout 300 tests/bench
 
-#: the numbers README.md publishes (about 30 min): three bench runs, then their reports into docs/img
+#: the numbers README.md publishes (about 30 min; each bench can run alone): three bench runs, then their
+#: reports (tables on stdout, PNGs into docs/img)
 PUBLISH ?= /tmp/horovod-hetero-publish
-PUBLISH_COMMON = --np 4 --base-step 0.02 --budget 8 --repeat 3 --profile 1,1,1,4
-bench-publish: $(READY)
-	$(PY) -m horovod_hetero.cli bench $(PUBLISH_COMMON) --profile random --task digits --out $(PUBLISH)/torch-digits
-	$(PY) -m horovod_hetero.cli bench $(PUBLISH_COMMON) --profile random --task digits-noniid --out $(PUBLISH)/torch-noniid
-	$(PY) -m horovod_hetero.cli bench $(PUBLISH_COMMON) --framework keras --task digits \
-	  --strategies sync,localsgd,esync,wagma,elasticbsp --out $(PUBLISH)/keras-digits
-	for run in torch-digits torch-noniid keras-digits; do \
+PUBLISH_COMMON = --np 4 --base-step 0.02 --budget 7 --repeat 3
+bench-publish: bench-publish-torch-1114 bench-publish-torch-random bench-publish-keras-1114
+	for run in torch-1114 torch-random keras-1114; do \
 	  $(PY) -m horovod_hetero.cli report $(PUBLISH)/$$run --png-dir docs/img --prefix bench-$$run- || exit 1; done
+bench-publish-torch-1114: $(READY)
+	$(PY) -m horovod_hetero.cli bench $(PUBLISH_COMMON) --task digits,digits-noniid --profile 1,1,1,4 \
+	  --out $(PUBLISH)/torch-1114
+bench-publish-torch-random: $(READY)
+	$(PY) -m horovod_hetero.cli bench $(PUBLISH_COMMON) --task digits,digits-noniid --profile random \
+	  --strategies sync,localsgd,esync,wagma,elasticbsp --out $(PUBLISH)/torch-random
+bench-publish-keras-1114: $(READY)
+	$(PY) -m horovod_hetero.cli bench $(PUBLISH_COMMON) --framework keras --task digits --profile 1,1,1,4 \
+	  --strategies sync,localsgd,esync,elasticbsp --out $(PUBLISH)/keras-1114
 
 bench: $(READY)
 	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) benchmarks/averaging_cost.py

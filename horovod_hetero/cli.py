@@ -2,6 +2,7 @@
 (a preset of ``bench``), ``simulate``, ``plan`` and ``telemetry``."""
 import dataclasses
 import pathlib
+import signal
 import sys
 import tempfile
 
@@ -30,23 +31,30 @@ def csv(text, name):
     return items
 
 
-def run_plan(out, jobs, settings, quiet=False):
+def run_plan(out, jobs, settings):
     """Write the plan, run it with a progress bar per job; returns the results (see ``bench.run_bench``)."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     try:
-        results = bench.new_results(out, jobs, settings, [pathlib.Path(sys.argv[0]).name, *sys.argv[1:]])
         bench.horovodrun(settings["np"])
+        results = bench.new_results(out, jobs, settings, [pathlib.Path(sys.argv[0]).name, *sys.argv[1:]])
     except (ValueError, FileNotFoundError) as e:
         raise click.ClickException(str(e)) from None
-    console = Console(stderr=quiet)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console,
-                  transient=True) as progress:
-        try:
+    console = Console(soft_wrap=True)          # one line per finished job, never wrapped
+    previous = signal.signal(signal.SIGTERM, _interrupt)     # kill PID: as Ctrl-C (SIGINT, ignored in background)
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console,
+                      transient=True) as progress:
             return bench.run_bench(out, results, progress.console.print, progress)
-        except KeyboardInterrupt:
-            raise click.ClickException(f"interrupted; {out} holds what finished (horovod-hetero report {out})")
+    except KeyboardInterrupt:
+        raise click.ClickException(f"interrupted; {out} holds what finished (horovod-hetero report {out})")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 @cli.command("bench")

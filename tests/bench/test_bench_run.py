@@ -1,6 +1,6 @@
 """``horovod-hetero bench`` for real (it launches horovodrun itself, so it runs under plain pytest, not
-inside horovodrun): a short bench, then ``report`` on what it left; and a bench interrupted after its
-first job. Each case is bounded in time."""
+inside horovodrun): a short bench, then ``report`` on what it left; and a bench killed (SIGTERM) during
+its second job. Each case is bounded in time."""
 import json
 import os
 import pathlib
@@ -61,7 +61,7 @@ def test_an_interrupted_bench_leaves_a_directory_the_report_reads(tmp_path):
         else:
             pytest.fail("the first job did not finish in 180 s")
         time.sleep(2)                                          # the second job is running
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)                       # as Ctrl-C: the running job is killed, recorded
         output = proc.communicate(timeout=60)[0]
     finally:
         if proc.poll() is None:
