@@ -246,6 +246,18 @@ def time_to_target(curve, metric, target, higher_is_better=True, key="t"):
     return None
 
 
+def quality_at(curve, metric, step):
+    """The curve's quality at rank 0's local step ``step`` (linear between points; ``None`` past its end).
+
+    Example:
+        >>> quality_at([{"step": 10, "accuracy": 0.5}, {"step": 20, "accuracy": 0.9}], "accuracy", 15)
+        0.7
+    """
+    if not curve or step > curve[-1]["step"]:
+        return None
+    return float(np.interp(step, [p["step"] for p in curve], [p[metric] for p in curve]))
+
+
 def rounds_of(by_rank):
     """``{key: {rank: comm_s}}`` of the collective events every rank took part in: global rounds
     (records with ``round``), or, with no round at all (gradients averaged every step), every step."""

@@ -111,7 +111,7 @@ def report_command(directory, html_path, png_dir, prefix):
         results = report.load_results(directory)
     except report.ReportError as e:
         raise click.ClickException(str(e)) from None
-    table = report.markdown(results)
+    table = report.markdown(results, report.load_curves(directory, results))
     click.echo(table)
     try:
         pngs = report.plots(directory, results, png_dir, prefix)

@@ -105,7 +105,7 @@ def noniid_shard(labels, rank, size, skew=0.8, seed=0):
     return np.flatnonzero(owner == rank)
 
 
-def least_squares(rank=0, size=1, seed=0, features=16, n_train=2048, n_test=512, noise=0.5):
+def least_squares(rank=0, size=1, seed=0, features=16, n_train=2048, n_test=512, noise=0.1):
     """A least-squares problem with a known optimum: this rank's strided training shard, and the test
     inputs with the optimum's outputs (``w*`` solves the full training set's least squares exactly).
 

@@ -15,10 +15,10 @@ import pathlib
 
 import numpy as np
 
-from horovod_hetero.bench import FORMAT, RESULTS, median_range, read_curve
+from horovod_hetero.bench import FORMAT, RESULTS, median_range, quality_at, read_curve
 from horovod_hetero.data import TASKS
 
-COLUMNS = ["strategy", "time to target s", "speedup", "final", "samples/s", "vs sync", "simulated",
+COLUMNS = ["strategy", "time to target s", "speedup", "final", "at equal steps", "samples/s", "vs sync", "simulated",
            "share of bound", "MB/s", "compute ratio per worker", "wait/round ms"]
 
 
@@ -74,8 +74,17 @@ def _cell(values, spec, scale=1.0, unit=""):
     return f"{_fmt(med, spec, scale)}{unit} ({_fmt(lo, spec, scale)}-{_fmt(hi, spec, scale)})"
 
 
-def rows(group):
-    """The table rows of one group (see the module's docstring): a list of lists of strings."""
+def equal_steps(group, curves):
+    """The most local steps of rank 0 every finished job of the group reached (the "at equal steps" column)."""
+    ends = [curves[e["id"]][-1]["step"] for entries in group.values() for e in entries if curves.get(e["id"])]
+    return min(ends) if ends else None
+
+
+def rows(group, curves=None):
+    """The table rows of one group (see the module's docstring): a list of lists of strings.
+    ``curves``: job id -> its curve points (for the quality at equal steps)."""
+    curves = curves or {}
+    steps = equal_steps(group, curves)
     labels = list(group)
     base = {e["repeat"]: e["summary"] for e in group.get(labels[0], [])} if labels else {}
     out = []
@@ -98,8 +107,11 @@ def rows(group):
         ttt_cell = _cell(ttt, ".1f") + ("" if reached == len(s) else f" [{reached}/{len(s)} reached]")
         ratios = [x["compute_ratio"] for x in s if x["compute_ratio"] is not None]
         per_worker = "/".join(f"{np.median(col):.2f}" for col in zip(*ratios)) if ratios else "-"
+        metric = TASKS[entries[0]["task"]].metric
+        at_steps = [quality_at(curves.get(e["id"]), metric, steps) for e in entries] if steps else []
         out.append([label, ttt_cell, _cell(speedup, ".2f", unit="x"),
-                    _cell([x["final"] for x in s], ".3f"), _cell([x["samples_per_s"] for x in s], ".0f"),
+                    _cell([x["final"] for x in s], ".3f"), _cell(at_steps, ".3f"),
+                    _cell([x["samples_per_s"] for x in s], ".0f"),
                     _cell(sps_ratio, ".2f", unit="x"),
                     _cell([x["predicted_samples_per_s"] for x in s], ".0f"),
                     _cell([x["share_of_bound"] for x in s], ".2f"),
@@ -115,15 +127,24 @@ def group_title(key, results):
     return f"{framework}, {t.description}, profile {profile} (target {t.metric} {target:g})"
 
 
-def markdown(results):
+def load_curves(directory, results):
+    """Job id -> its curve points, for every finished job."""
+    return {e["id"]: read_curve(pathlib.Path(directory) / "jobs" / e["id"] / "curve.jsonl")
+            for e in results["jobs"] if e["status"] == "done"}
+
+
+def markdown(results, curves=None):
     """Every group's table, in Markdown, and the jobs that did not finish."""
     s = results["settings"]
     lines = [f"{s['np']} workers, base step {s['base_step'] * 1000:g} ms, budget {s['budget']:g} s per job; "
              f"medians over repeats (range in brackets)", ""]
     for key, group in groups(results).items():
-        lines += [f"### {group_title(key, results)}", "", "| " + " | ".join(COLUMNS) + " |",
-                  "| --- |" + " ---: |" * (len(COLUMNS) - 1)]
-        lines += ["| " + " | ".join(r) + " |" for r in rows(group)]
+        steps = equal_steps(group, curves or {})
+        lines += [f"### {group_title(key, results)}", ""]
+        if steps:
+            lines += [f"At equal steps: the quality at rank 0's local step {steps} (the most every job reached).", ""]
+        lines += ["| " + " | ".join(COLUMNS) + " |", "| --- |" + " ---: |" * (len(COLUMNS) - 1)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows(group, curves)]
         lines.append("")
     missing = unfinished(results)
     if missing:

@@ -87,6 +87,18 @@ def test_prediction_replays_the_measured_step_times():
         (2 * 32 + 2) * 32 / wall, rel=0.05)                              # 0.5 s a step with the round
 
 
+def test_quality_at_equal_steps_in_the_table():
+    jobs = bench.plan(["torch"], ["digits"], ["1,4"], ["sync", "esync"], 1)
+    results = fake_results([(j, "done", summary(1.0, 100)) for j in jobs])
+    curves = {jobs[0].id: [{"step": 0, "accuracy": 0.1}, {"step": 40, "accuracy": 0.9}],
+              jobs[1].id: [{"step": 0, "accuracy": 0.1}, {"step": 10, "accuracy": 0.3}, {"step": 100, "accuracy": 0.99}]}
+    group = report.groups(results)[("torch", "digits", "1,4")]
+    assert report.equal_steps(group, curves) == 40
+    assert [r[4] for r in report.rows(group, curves)] == ["0.900", "0.530"]   # 0.3 + 30/90 * 0.69
+    assert "the quality at rank 0's local step 40" in report.markdown(results, curves)
+    assert bench.quality_at(curves[jobs[0].id], "accuracy", 41) is None
+
+
 def test_median_range():
     assert bench.median_range([None, None]) == (None, None, None)
     assert bench.median_range([1.0, 5.0, 2.0]) == (2.0, 1.0, 5.0)
@@ -158,8 +170,9 @@ def test_table_medians_speedups_and_unfinished_jobs():
     assert rows["Synchronous"][1] == "5.0 (4.0-6.0) [2/3 reached]"
     assert rows["ESync"][1] == "1.5 (1.0-2.0)"
     assert rows["ESync"][2] == "3.50x (3.00-4.00)"           # per repeat: 4/1 and 6/2
-    assert rows["ESync"][5] == "3.15x (3.00-3.30)"
-    assert rows["ESync"][9] == "0.90/0.90"
+    assert rows["ESync"][6] == "3.15x (3.00-3.30)"
+    assert rows["ESync"][10] == "0.90/0.90"
+    assert rows["ESync"][4] == "-"                            # no curves given
     text = report.markdown(results)
     assert "Not finished (1 of 6 jobs): torch-digits-1_4-r2-esync (interrupted)" in text
 
