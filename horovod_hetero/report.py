@@ -171,31 +171,54 @@ def _grid(n, plt, width=5.2, height=3.6):
     return fig, list(axes.flat[:n])
 
 
+def median_curve(curves, metric, key):
+    """``(grid, median)``: the median over ``curves`` of their quality at each grid point of ``key``
+    (each curve holding its last value; a grid up to the shortest curve's end).
+
+    Example:
+        >>> a = [{"t": 0.0, "accuracy": 0.2}, {"t": 1.0, "accuracy": 0.6}]
+        >>> b = [{"t": 0.0, "accuracy": 0.4}, {"t": 2.0, "accuracy": 1.0}]
+        >>> grid, med = median_curve([a, b], "accuracy", "t")
+        >>> float(grid[-1]), float(med[0]), float(med[-1])
+        (1.0, 0.30000000000000004, 0.5)
+    """
+    end = min(c[-1][key] for c in curves)
+    grid = np.linspace(min(c[0][key] for c in curves), end, 200)
+    values = []
+    for c in curves:
+        xs = np.array([p[key] for p in c], dtype=float)
+        idx = np.clip(np.searchsorted(xs, grid, side="right") - 1, 0, len(c) - 1)
+        values.append(np.array([c[i][metric] for i in idx]))
+    return grid, np.median(values, axis=0)
+
+
 def _curves(directory, results, key, path, xlabel, title):
     import matplotlib.pyplot as plt
 
     gs = groups(results)
-    fig, axes = _grid(len(gs), plt)
+    fig, axes = _grid(len(gs), plt, width=6.6)
     for ax, (gkey, group) in zip(axes, gs.items()):
         colors = _colors(list(group))
         task = TASKS[gkey[1]]
         for label, entries in group.items():
-            for i, e in enumerate(entries):
-                curve = read_curve(pathlib.Path(directory) / "jobs" / e["id"] / "curve.jsonl")
-                if curve:
-                    ax.plot([p[key] for p in curve], [p[task.metric] for p in curve], color=colors[label],
-                            alpha=0.85 if i == 0 else 0.35, lw=1.4, label=label if i == 0 else None)
-        ax.axhline(results["settings"]["targets"][gkey[1]], color="grey", ls="--", lw=0.8, label="target")
-        lo = results["settings"]["targets"][gkey[1]]
+            curves = [c for c in (read_curve(pathlib.Path(directory) / "jobs" / e["id"] / "curve.jsonl")
+                                  for e in entries) if c]
+            for c in curves:
+                ax.plot([p[key] for p in c], [p[task.metric] for p in c], color=colors[label], alpha=0.25, lw=0.8)
+            if curves:
+                grid, med = median_curve(curves, task.metric, key)
+                ax.plot(grid, med, color=colors[label], lw=1.8, label=label)
+        target = results["settings"]["targets"][gkey[1]]
+        ax.axhline(target, color="grey", ls="--", lw=0.8, label="target")
         if task.higher_is_better:
-            ax.set_ylim(max(0.0, lo - 0.15), 1.0)
+            ax.set_ylim(max(0.0, target - 0.15), 1.0)
         else:
-            ax.set_ylim(0.0, max(0.2, 4 * lo))
+            ax.set_ylim(0.0, max(0.2, 4 * target))
         ax.set_title(f"{gkey[0]}, {gkey[1]}, {gkey[2]}", fontsize=10)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(f"test {task.metric}")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right" if task.higher_is_better else "upper right")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
@@ -225,6 +248,7 @@ def _bars(results, path):
                            color="black", label="bound (free communication)", zorder=3)
                 if any(bounds):
                     ax.legend(fontsize=7, loc="upper left")
+                ax.set_ylim(0, 1.3 * max([v for v in bounds if v] + [m + e for m, e in zip(meds, errs[1])]))
             ax.set_xticks(x, labels, rotation=25, ha="right", fontsize=8)
             ax.set_ylabel(ylabel)
             ax.set_title(f"{gkey[0]}, {gkey[1]}, {gkey[2]}: {ylabel}", fontsize=10)
@@ -251,7 +275,8 @@ def _compute_ratio(results, path):
             vals = [float(np.median([e["summary"]["compute_ratio"][w] for e in group[lab]])) for lab in labels]
             ax.bar(np.arange(len(labels)) + (w - (n - 1) / 2) * width, vals, width, label=f"worker {w}")
         ax.set_xticks(np.arange(len(labels)), labels, rotation=25, ha="right", fontsize=8)
-        ax.set_ylim(0, 1.1)
+        ax.set_ylim(0, 1.25)
+        ax.set_yticks(np.arange(0, 1.01, 0.2))
         ax.set_ylabel("compute / wall")
         ax.set_title(f"{gkey[0]}, {gkey[1]}, {gkey[2]}", fontsize=10)
         ax.legend(fontsize=7, ncol=n, loc="upper left")
@@ -276,11 +301,11 @@ def plots(directory, results, out=None, prefix="bench-"):
     if not any(groups(results)[k][lab] for k in groups(results) for lab in groups(results)[k]):
         return []
     _curves(directory, results, "t", paths[0], "seconds of training (evaluation excluded)",
-            "test quality vs wall time (ESync Fig. 3), every repeat")
+            "test quality vs wall time (ESync Fig. 3): median over repeats, each repeat faint")
     _bars(results, paths[1])
     _compute_ratio(results, paths[2])
     _curves(directory, results, "step", paths[3], "rank 0's local steps",
-            "test quality vs steps (WAGMA's ablation), every repeat")
+            "test quality vs steps (WAGMA's ablation): median over repeats, each repeat faint")
     return paths
 
 
