@@ -1,4 +1,4 @@
-"""Small bundled datasets for examples, the demo and tests (nothing is downloaded)."""
+"""Small bundled datasets for examples, the demo, tests and the bench's tasks (``TASKS``; nothing is downloaded)."""
 from dataclasses import dataclass
 
 import numpy as np
