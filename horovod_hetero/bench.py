@@ -71,9 +71,15 @@ class Profile:
     text: str
     env: tuple
 
-    @property
-    def slug(self):
-        return "".join(c if c.isalnum() else "_" for c in self.text)
+
+def slug(text):
+    """``text`` with every character that is not a letter or a digit replaced by ``_`` (for job ids).
+
+    Example:
+        >>> slug("1,1;5:1,4")
+        '1_1_5_1_4'
+    """
+    return "".join(c if c.isalnum() else "_" for c in text)
 
 
 def parse_profile(text, num_proc, base_step):
@@ -117,7 +123,9 @@ class Job:
 
 def plan(frameworks, tasks, profiles, strategies, repeats):
     """Every job, in the order they run: per framework, task and profile, ``repeats`` rounds of
-    every strategy (Synchronous first, whatever order they are given in).
+    every strategy (Synchronous first, whatever order they are given in). A framework, task, profile or
+    strategy given twice runs once; two profiles whose ids coincide (``1.5,1,1,4`` and ``1,5,1,1,4``)
+    are a ``ValueError``, as their jobs would write into one directory.
 
     Example:
         >>> [j.id for j in plan(["torch"], ["digits"], ["1,4"], ["esync", "sync"], 2)]
@@ -134,14 +142,19 @@ def plan(frameworks, tasks, profiles, strategies, repeats):
         check_task(t, "--task")
     ordered = sorted(dict.fromkeys(strategies), key=lambda s: s != "sync")
     jobs = []
-    for framework in frameworks:
-        for task in tasks:
-            for profile in profiles:
-                slug = "".join(c if c.isalnum() else "_" for c in profile)
+    for framework in dict.fromkeys(frameworks):
+        for task in dict.fromkeys(tasks):
+            for profile in dict.fromkeys(profiles):
                 for r in range(repeats):
                     for s in ordered:
-                        jobs.append(Job(f"{framework}-{task}-{slug}-r{r}-{s}", framework, task, profile, r, s,
-                                        STRATEGIES[s][0]))
+                        jobs.append(Job(f"{framework}-{task}-{slug(profile)}-r{r}-{s}", framework, task, profile,
+                                        r, s, STRATEGIES[s][0]))
+    seen = {}
+    for j in jobs:
+        other = seen.setdefault(j.id, j)
+        if other is not j:
+            raise ValueError(f"--profile {other.profile!r} and {j.profile!r} give the same job id {j.id!r}: "
+                             f"write one of them differently")
     return jobs
 
 
@@ -367,11 +380,17 @@ def summarize_job(job, job_dir, settings):
 def settings_of(num_proc, base_step, budget, targets=None, eval_interval=0.5, batch_size=32, hosts=None):
     """The bench's settings, checked (a ``ValueError`` names the option); ``targets``: task -> target."""
     targets = dict(targets or {})
-    return {"np": check_int("--np", num_proc, 1), "base_step": check_float("--base-step", base_step, 0.0),
+    for name, value in targets.items():
+        task = check_task(name, "--target TASK")
+        # accuracy: in (0, 1]; a distance: > 0
+        targets[name] = check_float(f"--target {name}", value, 0.0, 1.0 if task.higher_is_better else None,
+                                    min_exclusive=True)
+    return {"np": check_int("--np", num_proc, 1),
+            "base_step": check_float("--base-step", base_step, 0.0, min_exclusive=True),
             "budget": check_float("--budget", budget, 0.0, min_exclusive=True),
             "eval_interval": check_float("--eval-interval", eval_interval, 0.0),
             "batch_size": check_int("--batch-size", batch_size, 1), "hosts": hosts,
-            "targets": {name: float(targets.get(name, task.target)) for name, task in TASKS.items()}}
+            "targets": {name: targets.get(name, task.target) for name, task in TASKS.items()}}
 
 
 def new_results(out, jobs, settings, command):
@@ -420,14 +439,22 @@ def run_bench(out, results, echo, progress=None):
         finally:
             if progress:
                 progress.remove_task(bar)
+        summary = error = None
         if code == 0 and (job_dir / "result.json").exists():
-            summary = summarize_job(job, job_dir, settings)
+            try:
+                summary = summarize_job(job, job_dir, settings)
+            except Exception as e:      # one job's unreadable output fails that job, not the bench
+                error = f"{type(e).__name__}: {e}"
+        if summary is not None:
             write_json(job_dir / "summary.json", summary)
             entry.update(status="done", summary=summary)
             ttt = summary["time_to_target_s"]
             echo(f"{name}: done in {time.monotonic() - t0:.0f} s, {summary['samples_per_s']:.0f} samples/s, "
                  f"{summary['metric']} {summary['final']:.3f}, target {summary['target']:g} "
                  + (f"at {ttt:.1f} s" if ttt is not None else "not reached"))
+        elif error is not None:
+            entry.update(status="failed", exit=code, error=error)
+            echo(f"{name}: FAILED (its results could not be summarised: {error}); see {job_dir}")
         else:
             entry.update(status="failed", exit=code)
             echo(f"{name}: FAILED (exit {code}); see {job_dir / 'output.log'}")

@@ -83,7 +83,10 @@ def bench_command(strategies, tasks, profiles, num_proc, frameworks, hosts, repe
             name, eq, value = t.partition("=")
             if not eq or name not in TASKS:
                 raise ValueError(f"--target must be TASK=VALUE with TASK one of {', '.join(TASKS)}, got {t!r}")
-            parsed[name] = float(value)
+            try:
+                parsed[name] = float(value)
+            except ValueError:
+                raise ValueError(f"--target {t!r}: VALUE must be a number") from None
         settings = bench.settings_of(num_proc, base_step, budget, parsed, eval_interval, hosts=hosts)
         for prof in profiles:
             bench.parse_profile(prof, num_proc, base_step)

@@ -11,11 +11,12 @@ compute-time ratio per worker (Fig. 5), quality against rank 0's local steps (WA
 import base64
 import html
 import json
+import math
 import pathlib
 
 import numpy as np
 
-from horovod_hetero.bench import FORMAT, RESULTS, median_range, quality_at, read_curve
+from horovod_hetero.bench import FORMAT, RESULTS, STRATEGIES, median_range, quality_at, read_curve
 from horovod_hetero.data import TASKS
 
 COLUMNS = ["strategy", "time to target s", "speedup", "final", "at equal steps", "samples/s", "vs sync", "simulated",
@@ -64,14 +65,59 @@ def _fmt(value, spec, scale=1.0):
     return "-" if value is None else format(value * scale, spec)
 
 
-def _cell(values, spec, scale=1.0, unit=""):
-    """``median (low-high)`` of the values, or ``-``."""
+def _cell(values, spec, scale=1.0, unit="", missing="-"):
+    """``median (low-high)`` of the values, or ``missing`` when there are none."""
     med, lo, hi = median_range(values)
     if med is None:
-        return "-"
+        return missing
     if lo == hi:
         return _fmt(med, spec, scale) + unit
     return f"{_fmt(med, spec, scale)}{unit} ({_fmt(lo, spec, scale)}-{_fmt(hi, spec, scale)})"
+
+
+def ttt_cell(times, budget):
+    """``median (low-high)`` of the times to the target, a miss (``None``) counting as more than the
+    budget: printed ``>B``, in the median too (a median over misses is a miss).
+
+    Example:
+        >>> ttt_cell([2.0, None, 4.0], 7), ttt_cell([2.0, None, None], 7), ttt_cell([None], 7)
+        ('4.0 (2.0->7) [2/3 reached]', '>7 (2.0->7) [1/3 reached]', '>7 [0/1 reached]')
+    """
+    values = [math.inf if t is None else float(t) for t in times]
+    if not values:
+        return "-"
+    med, lo, hi = float(np.median(values)), min(values), max(values)
+    fmt = lambda v: f">{budget:g}" if math.isinf(v) else f"{v:.1f}"      # noqa: E731
+    cell = fmt(med) if lo == hi else f"{fmt(med)} ({fmt(lo)}-{fmt(hi)})"
+    reached = sum(t is not None for t in times)
+    return cell + ("" if reached == len(times) else f" [{reached}/{len(times)} reached]")
+
+
+def speedup_cell(pairs, budget):
+    """The median over repeats of Synchronous's time to the target over the strategy's, from
+    ``(sync's time, the strategy's time)`` pairs (``None``: missed within the budget). A miss counts as
+    the budget: where Synchronous missed, the ratio is a lower bound, where the strategy missed, an upper
+    bound (where both missed, the repeat says nothing). The median is marked ``>=`` (``<=``) when lower
+    (upper) bounds entered it, ``~`` when both did.
+
+    Example:
+        >>> speedup_cell([(4.0, 1.0), (None, 2.0), (6.0, 2.0)], 8)
+        '>=4.00x (3.00-4.00)'
+        >>> speedup_cell([(4.0, 1.0), (4.0, 2.0)], 8), speedup_cell([(None, None)], 8)
+        ('3.00x (2.00-4.00)', '-')
+    """
+    ratios, kinds = [], set()
+    for base, t in pairs:
+        if base is None and t is None:
+            continue
+        if base is None:
+            kinds.add(">=")
+        elif t is None:
+            kinds.add("<=")
+        ratios.append((budget if base is None else base) / (budget if t is None else t))
+    mark = "~" if len(kinds) == 2 else "".join(kinds)
+    cell = _cell(ratios, ".2f", unit="x")
+    return cell if cell == "-" else mark + cell
 
 
 def equal_steps(group, curves):
@@ -80,43 +126,40 @@ def equal_steps(group, curves):
     return min(ends) if ends else None
 
 
-def rows(group, curves=None):
+def rows(group, curves=None, budget=None):
     """The table rows of one group (see the module's docstring): a list of lists of strings.
-    ``curves``: job id -> its curve points (for the quality at equal steps)."""
+    ``curves``: job id -> its curve points (for the quality at equal steps); ``budget``: the seconds per
+    job (a miss of the target counts as more than that). Speedups and ratios are against the group's
+    Synchronous jobs of the same repeat (``-`` without them). Columns from the telemetry read ``n/a``
+    for jobs that wrote none."""
     curves = curves or {}
+    budget = math.inf if budget is None else budget
     steps = equal_steps(group, curves)
-    labels = list(group)
-    base = {e["repeat"]: e["summary"] for e in group.get(labels[0], [])} if labels else {}
+    base = {e["repeat"]: e["summary"] for e in group.get(STRATEGIES["sync"][0], [])}
     out = []
-    for label in labels:
-        entries = group[label]
+    for label, entries in group.items():
         s = [e["summary"] for e in entries]
         if not s:
             out.append([label] + ["not finished"] + ["-"] * (len(COLUMNS) - 2))
             continue
-        ttt = [x["time_to_target_s"] for x in s]
-        reached = sum(v is not None for v in ttt)
-        speedup, sps_ratio = [], []
+        pairs, sps_ratio = [], []
         for e in entries:
             b = base.get(e["repeat"])
-            if b is None:
-                continue
-            sps_ratio.append(e["summary"]["samples_per_s"] / b["samples_per_s"])
-            if b["time_to_target_s"] is not None and e["summary"]["time_to_target_s"]:
-                speedup.append(b["time_to_target_s"] / e["summary"]["time_to_target_s"])
-        ttt_cell = _cell(ttt, ".1f") + ("" if reached == len(s) else f" [{reached}/{len(s)} reached]")
+            if b is not None:
+                sps_ratio.append(e["summary"]["samples_per_s"] / b["samples_per_s"])
+                pairs.append((b["time_to_target_s"], e["summary"]["time_to_target_s"]))
         ratios = [x["compute_ratio"] for x in s if x["compute_ratio"] is not None]
-        per_worker = "/".join(f"{np.median(col):.2f}" for col in zip(*ratios)) if ratios else "-"
+        per_worker = "/".join(f"{np.median(col):.2f}" for col in zip(*ratios)) if ratios else "n/a"
         metric = TASKS[entries[0]["task"]].metric
         at_steps = [quality_at(curves.get(e["id"]), metric, steps) for e in entries] if steps else []
-        out.append([label, ttt_cell, _cell(speedup, ".2f", unit="x"),
+        out.append([label, ttt_cell([x["time_to_target_s"] for x in s], budget), speedup_cell(pairs, budget),
                     _cell([x["final"] for x in s], ".3f"), _cell(at_steps, ".3f"),
                     _cell([x["samples_per_s"] for x in s], ".0f"),
                     _cell(sps_ratio, ".2f", unit="x"),
-                    _cell([x["predicted_samples_per_s"] for x in s], ".0f"),
-                    _cell([x["share_of_bound"] for x in s], ".2f"),
-                    _cell([x["bytes_per_s"] for x in s], ".2f", 1e-6), per_worker,
-                    _cell([x["wait_per_round_s"] for x in s], ".1f", 1e3)])
+                    _cell([x["predicted_samples_per_s"] for x in s], ".0f", missing="n/a"),
+                    _cell([x["share_of_bound"] for x in s], ".2f", missing="n/a"),
+                    _cell([x["bytes_per_s"] for x in s], ".2f", 1e-6, missing="n/a"), per_worker,
+                    _cell([x["wait_per_round_s"] for x in s], ".1f", 1e3, missing="n/a")])
     return out
 
 
@@ -144,7 +187,7 @@ def markdown(results, curves=None):
         if steps:
             lines += [f"At equal steps: the quality at rank 0's local step {steps} (the most every job reached).", ""]
         lines += ["| " + " | ".join(COLUMNS) + " |", "| --- |" + " ---: |" * (len(COLUMNS) - 1)]
-        lines += ["| " + " | ".join(r) + " |" for r in rows(group, curves)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows(group, curves, s["budget"])]
         lines.append("")
     missing = unfinished(results)
     if missing:
@@ -192,6 +235,21 @@ def median_curve(curves, metric, key):
     return grid, np.median(values, axis=0)
 
 
+def y_limits(target, ends, higher_is_better):
+    """The quality axis of the curve plots: around the target, widened so that every curve's last point
+    (``ends``) shows (a non-iid run ending well below the target is not clipped).
+
+    Example:
+        >>> y_limits(0.95, [0.97, 0.62], True), y_limits(0.95, [0.97], True)
+        ((0.57, 1.0), (0.8, 1.0))
+        >>> y_limits(0.05, [0.01, 0.5], False)
+        (0.0, 0.55)
+    """
+    if higher_is_better:
+        return round(max(0.0, min([target - 0.15] + [v - 0.05 for v in ends])), 6), 1.0
+    return 0.0, round(max([0.2, 4 * target] + [v + 0.05 for v in ends]), 6)
+
+
 def _curves(directory, results, key, path, xlabel, title):
     import matplotlib.pyplot as plt
 
@@ -200,9 +258,11 @@ def _curves(directory, results, key, path, xlabel, title):
     for ax, (gkey, group) in zip(axes, gs.items()):
         colors = _colors(list(group))
         task = TASKS[gkey[1]]
+        ends = []
         for label, entries in group.items():
             curves = [c for c in (read_curve(pathlib.Path(directory) / "jobs" / e["id"] / "curve.jsonl")
                                   for e in entries) if c]
+            ends += [c[-1][task.metric] for c in curves]
             for c in curves:
                 ax.plot([p[key] for p in c], [p[task.metric] for p in c], color=colors[label], alpha=0.25, lw=0.8)
             if curves:
@@ -210,10 +270,7 @@ def _curves(directory, results, key, path, xlabel, title):
                 ax.plot(grid, med, color=colors[label], lw=1.8, label=label)
         target = results["settings"]["targets"][gkey[1]]
         ax.axhline(target, color="grey", ls="--", lw=0.8, label="target")
-        if task.higher_is_better:
-            ax.set_ylim(max(0.0, target - 0.15), 1.0)
-        else:
-            ax.set_ylim(0.0, max(0.2, 4 * target))
+        ax.set_ylim(*y_limits(target, ends, task.higher_is_better))
         ax.set_title(f"{gkey[0]}, {gkey[1]}, {gkey[2]}", fontsize=10)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(f"test {task.metric}")
@@ -235,12 +292,14 @@ def _bars(results, path):
         x = np.arange(len(labels))
         for ax, field, scale, ylabel in ((a, "samples_per_s", 1.0, "samples/s"), (b, "bytes_per_s", 1e-6, "MB/s sent")):
             meds, errs = [], [[], []]
-            for label in labels:
+            for i, label in enumerate(labels):
                 med, lo, hi = median_range([e["summary"][field] for e in group[label]])
-                med, lo, hi = (v * scale if v is not None else 0.0 for v in (med, lo, hi))
-                meds.append(med)
-                errs[0].append(med - lo)
-                errs[1].append(hi - med)
+                if med is None:       # not measured (no telemetry): no bar, "n/a"
+                    ax.text(i, 0, "n/a", ha="center", va="bottom", fontsize=8)
+                    med = lo = hi = float("nan")
+                meds.append(med * scale)
+                errs[0].append((med - lo) * scale)
+                errs[1].append((hi - med) * scale)
             ax.bar(x, meds, yerr=errs, capsize=3, color=[_colors(list(group))[lab] for lab in labels])
             if field == "samples_per_s":
                 bounds = [median_range([e["summary"]["bound_samples_per_s"] for e in group[lab]])[0] for lab in labels]
@@ -248,7 +307,7 @@ def _bars(results, path):
                            color="black", label="bound (free communication)", zorder=3)
                 if any(bounds):
                     ax.legend(fontsize=7, loc="upper left")
-                ax.set_ylim(0, 1.3 * max([v for v in bounds if v] + [m + e for m, e in zip(meds, errs[1])]))
+                ax.set_ylim(0, 1.3 * np.nanmax([v for v in bounds if v] + [m + e for m, e in zip(meds, errs[1])]))
             ax.set_xticks(x, labels, rotation=25, ha="right", fontsize=8)
             ax.set_ylabel(ylabel)
             ax.set_title(f"{gkey[0]}, {gkey[1]}, {gkey[2]}: {ylabel}", fontsize=10)
@@ -265,14 +324,16 @@ def _compute_ratio(results, path):
     gs = groups(results)
     fig, axes = _grid(len(gs), plt)
     for ax, (gkey, group) in zip(axes, gs.items()):
-        labels = [lab for lab, es in group.items() if es and es[0]["summary"]["compute_ratio"]]
+        measured = {lab: [e["summary"]["compute_ratio"] for e in es if e["summary"]["compute_ratio"]]
+                    for lab, es in group.items()}
+        labels = [lab for lab in group if measured[lab]]
         if not labels:
             ax.set_visible(False)
             continue
-        n = max(len(group[lab][0]["summary"]["compute_ratio"]) for lab in labels)
+        n = max(len(r) for lab in labels for r in measured[lab])
         width = 0.8 / n
         for w in range(n):
-            vals = [float(np.median([e["summary"]["compute_ratio"][w] for e in group[lab]])) for lab in labels]
+            vals = [float(np.median([r[w] for r in measured[lab] if w < len(r)])) for lab in labels]
             ax.bar(np.arange(len(labels)) + (w - (n - 1) / 2) * width, vals, width, label=f"worker {w}")
         ax.set_xticks(np.arange(len(labels)), labels, rotation=25, ha="right", fontsize=8)
         ax.set_ylim(0, 1.25)

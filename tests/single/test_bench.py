@@ -1,5 +1,6 @@
 """horovod-hetero bench and report: the pure parts (planning, curves, the simulator's prediction, tables)."""
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -166,14 +167,15 @@ def test_table_medians_speedups_and_unfinished_jobs():
          ("esync", 1): summary(2.0, 330), ("sync", 2): summary(None, 90)}
     results = fake_results([(j, "done" if (j.strategy, j.repeat) in s else "interrupted", s.get((j.strategy, j.repeat)))
                             for j in jobs])
-    rows = {r[0]: r for r in report.rows(report.groups(results)[("torch", "digits", "1,4")])}
-    assert rows["Synchronous"][1] == "5.0 (4.0-6.0) [2/3 reached]"
+    rows = {r[0]: r for r in report.rows(report.groups(results)[("torch", "digits", "1,4")], budget=5)}
+    assert rows["Synchronous"][1] == "6.0 (4.0->5) [2/3 reached]"        # the miss counts as > 5 s
     assert rows["ESync"][1] == "1.5 (1.0-2.0)"
     assert rows["ESync"][2] == "3.50x (3.00-4.00)"           # per repeat: 4/1 and 6/2
     assert rows["ESync"][6] == "3.15x (3.00-3.30)"
     assert rows["ESync"][10] == "0.90/0.90"
     assert rows["ESync"][4] == "-"                            # no curves given
     text = report.markdown(results)
+    assert "| Synchronous | 6.0 (4.0->5) [2/3 reached] |" in text
     assert "Not finished (1 of 6 jobs): torch-digits-1_4-r2-esync (interrupted)" in text
 
 
@@ -199,3 +201,81 @@ def test_bench_refuses_bad_options_before_running(tmp_path):
     full = runner.invoke(cli, ["bench", "--strategies", "sync", "--out", str(tmp_path / "full")])
     assert full.exit_code == 1 and "is not empty" in full.output
     assert not (tmp_path / "o").exists()
+
+
+def test_misses_count_as_beyond_the_budget_and_speedups_against_synchronous_only(tmp_path):
+    jobs = bench.plan(["torch"], ["digits"], ["1,4"], ["sync", "esync", "wagma"], 3)
+    s = {("sync", 0): summary(4.0, 100), ("esync", 0): summary(1.0, 300), ("wagma", 0): summary(None, 200),
+         ("sync", 1): summary(None, 100), ("esync", 1): summary(2.0, 330), ("wagma", 1): summary(None, 200),
+         ("sync", 2): summary(None, 100), ("esync", 2): summary(2.5, 330), ("wagma", 2): summary(3.0, 200)}
+    results = fake_results([(j, "done", s[j.strategy, j.repeat]) for j in jobs])
+    rows = {r[0]: r for r in report.rows(report.groups(results)[("torch", "digits", "1,4")], budget=5)}
+    assert rows["Synchronous"][1] == ">5 (4.0->5) [1/3 reached]"
+    assert rows["ESync"][2] == ">=2.50x (2.00-4.00)"        # 4/1, >=5/2, >=5/2.5
+    assert rows["WAGMA(S=2,8)"][1] == ">5 (3.0->5) [1/3 reached]"
+    assert rows["WAGMA(S=2,8)"][2] == "~1.23x (0.80-1.67)"   # <=4/5, (both missed: none), >=5/3
+    # without Synchronous in the group, no speedup (not a ratio against whatever ran first)
+    results["jobs"] = [e for e in results["jobs"] if e["strategy"] != "sync"]
+    rows = {r[0]: r for r in report.rows(report.groups(results)[("torch", "digits", "1,4")], budget=5)}
+    assert rows["ESync"][2] == "-" and rows["ESync"][6] == "-"
+
+
+def test_jobs_without_telemetry_read_n_a_and_are_not_drawn_as_zero(tmp_path):
+    pytest.importorskip("matplotlib")
+    jobs = bench.plan(["keras"], ["digits"], ["1,4"], ["sync", "esync"], 2)
+    no_telemetry = dict(summary(2.0, 100), predicted_samples_per_s=None, share_of_bound=None, bytes_per_s=None,
+                        compute_ratio=None, wait_per_round_s=None, bound_samples_per_s=None)
+    s = {("sync", 0): no_telemetry, ("sync", 1): no_telemetry, ("esync", 0): summary(1.0, 300),
+         ("esync", 1): dict(summary(1.0, 300), compute_ratio=None)}        # one repeat without telemetry
+    results = fake_results([(j, "done", s[j.strategy, j.repeat]) for j in jobs])
+    rows = {r[0]: r for r in report.rows(report.groups(results)[("keras", "digits", "1,4")], budget=5)}
+    assert rows["Synchronous"][7:] == ["n/a"] * 5
+    assert rows["ESync"][10] == "0.90/0.90"
+    paths = report.plots(tmp_path, results)
+    assert all(p.exists() for p in paths)
+
+
+def test_plan_dedupes_and_refuses_colliding_job_ids():
+    jobs = bench.plan(["torch", "torch"], ["digits", "digits"], ["1,4", "1,4"], ["sync"], 1)
+    assert [j.id for j in jobs] == ["torch-digits-1_4-r0-sync"]
+    with pytest.raises(ValueError, match="--profile '1.5,1,1,4' and '1,5,1,1,4' give the same job id"):
+        bench.plan(["torch"], ["digits"], ["1.5,1,1,4", "1,5,1,1,4"], ["sync"], 1)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--base-step", "0"], "--base-step must be > 0.0"),
+    (["--target", "digits=abc"], "--target 'digits=abc': VALUE must be a number"),
+    (["--target", "digits=nan"], "--target digits must be a finite number"),
+    (["--target", "digits=1.5"], "--target digits must be <= 1.0"),
+    (["--target", "digits=0"], "--target digits must be > 0.0"),
+    (["--target", "synthetic=-1"], "--target synthetic must be > 0.0"),
+])
+def test_bench_refuses_bad_base_step_and_targets(tmp_path, args, message):
+    bad = CliRunner().invoke(cli, ["bench", *args, "--out", str(tmp_path / "o")])
+    assert bad.exit_code == 2
+    assert message in bad.output, bad.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_job_whose_summary_fails_is_marked_failed_and_the_bench_goes_on(tmp_path, monkeypatch):
+    jobs = bench.plan(["torch"], ["digits"], ["1,4"], ["sync", "esync"], 1)
+    settings = bench.settings_of(2, 0.025, 1.0)
+    results = bench.new_results(tmp_path / "out", jobs, settings, ["horovod-hetero", "bench"])
+
+    def fake_run(cmd, env, log_path, timeout_s, tick=None):
+        (pathlib.Path(log_path).parent / "result.json").write_text("{}")
+        return 0
+
+    def fake_summary(job, job_dir, settings):
+        if job.strategy == "sync":
+            raise KeyError("accuracy")
+        return dict(summary(1.0, 300), metric="accuracy", target=0.95)
+
+    monkeypatch.setattr(bench, "run_process", fake_run)
+    monkeypatch.setattr(bench, "summarize_job", fake_summary)
+    lines = []
+    results = bench.run_bench(tmp_path / "out", results, lines.append)
+    assert [e["status"] for e in results["jobs"]] == ["failed", "done"]
+    assert results["jobs"][0]["error"] == "KeyError: 'accuracy'"
+    assert "could not be summarised: KeyError" in lines[0]
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["jobs"][0]["status"] == "failed"
