@@ -197,31 +197,48 @@ def job_command(job, settings, job_dir):
 
 def run_process(cmd, env, log_path, timeout_s, tick=None):
     """Run ``cmd`` in its own process group, its output to ``log_path``; call ``tick()`` about 5 times a
-    second. Past ``timeout_s``, or on ``KeyboardInterrupt``, the whole group is killed (the interrupt is
-    raised again). Returns the exit status (``None`` if it was killed for the timeout)."""
+    second. Past ``timeout_s``, or on ``KeyboardInterrupt``, every process it started is killed and
+    waited for (the interrupt is raised again). Returns the exit status (``None`` if it was killed for
+    the timeout)."""
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         try:
             while proc.poll() is None:
                 if time.monotonic() > deadline:
-                    _kill_group(proc)
+                    kill_tree(proc)
                     return None
                 if tick is not None:
                     tick()
                 time.sleep(0.2)
         except BaseException:
-            _kill_group(proc)
+            kill_tree(proc)
             raise
     return proc.returncode
 
 
-def _kill_group(proc):
+def kill_tree(proc, timeout_s=30):
+    """Kill ``proc`` (a ``Popen`` started in a new session), its process group and every descendant,
+    and wait for them all. The descendants are listed before anything is killed: Horovod's launcher
+    starts each rank under a middleman that calls ``os.setsid()``, so the ranks are in neither the
+    group of ``proc`` nor, once it is dead, anywhere beneath it."""
+    import psutil
+
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    proc.wait(timeout=30)
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait(timeout=timeout_s)
+    psutil.wait_procs(tree, timeout=timeout_s)
 
 
 # -- results --

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -32,7 +33,7 @@ def test_a_short_bench_then_its_report(tmp_path):
     for job in results["jobs"]:
         s = job["summary"]
         assert job["status"] == "done" and s["samples_per_s"] > 0 and 0 < s["final"] <= 1
-        assert len(s["compute_ratio"]) == 2 and s["predicted_samples_per_s"] > 0 and 0 < s["share_of_bound"] < 1.5
+        assert len(s["compute_ratio"]) == 2 and s["predicted_samples_per_s"] > 0 and 0 < s["share_of_bound"] <= 1.05
         assert (out / "jobs" / job["id"] / "telemetry" / "rank1.jsonl").exists()
         curve = (out / "jobs" / job["id"] / "curve.jsonl").read_text().splitlines()
         assert json.loads(curve[-1])["final"] and len(curve) >= 2
@@ -67,6 +68,8 @@ def test_an_interrupted_bench_leaves_a_directory_the_report_reads(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 1 and "interrupted" in output, output[-2000:]
+    survivors = [p.info for p in psutil.process_iter(["pid", "cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])]
+    assert not survivors, f"processes of the interrupted job survive (orphaned ranks): {survivors}"
     statuses = [j["status"] for j in json.loads((out / "results.json").read_text())["jobs"]]
     assert statuses == ["done", "interrupted", "planned"]
     rep = cli("report", str(out))

@@ -1,6 +1,8 @@
 """horovod-hetero bench and report: the pure parts (planning, curves, the simulator's prediction, tables)."""
 import json
+import os
 import pathlib
+import sys
 
 import numpy as np
 import pytest
@@ -279,3 +281,17 @@ def test_a_job_whose_summary_fails_is_marked_failed_and_the_bench_goes_on(tmp_pa
     assert results["jobs"][0]["error"] == "KeyError: 'accuracy'"
     assert "could not be summarised: KeyError" in lines[0]
     assert json.loads((tmp_path / "out" / "results.json").read_text())["jobs"][0]["status"] == "failed"
+
+
+def test_a_timed_out_job_leaves_no_process_even_one_in_its_own_session(tmp_path):
+    """Horovod's middleman calls os.setsid(): a rank is outside the launcher's process group."""
+    psutil = pytest.importorskip("psutil")
+    pid_file = tmp_path / "rank.pid"
+    rank = "import os, sys, time; os.setsid(); open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)"
+    launcher = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {rank!r}, {str(pid_file)!r}]); "
+                "time.sleep(60)")
+    started = __import__("time").monotonic()
+    code = bench.run_process([sys.executable, "-c", launcher], dict(os.environ), tmp_path / "log", 3.0)
+    assert code is None and __import__("time").monotonic() - started < 30
+    pid = int(pid_file.read_text())
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
