@@ -161,7 +161,9 @@ def plan(frameworks, tasks, profiles, strategies, repeats):
 def versions():
     """Versions of what produced the numbers."""
     out = {"horovod_hetero": horovod_hetero.__version__, "python": platform.python_version(),
-           "platform": platform.platform()}
+           "platform": platform.platform(),
+           # which Keras the Keras jobs ran: Keras 3's backend, or Keras 2 through tf.keras
+           **{var: os.environ.get(var) for var in ("KERAS_BACKEND", "TF_USE_LEGACY_KERAS")}}
     for dist in ("horovod", "torch", "tensorflow", "keras"):
         try:
             out[dist] = metadata.version(dist)
@@ -259,21 +261,19 @@ def read_curve(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def time_to_target(curve, metric, target, higher_is_better=True, key="t"):
-    """The first ``key`` (seconds ``"t"`` or ``"step"``) at which the curve reaches ``target``; ``None`` if never.
+def time_to_target(curve, task, target, key="t"):
+    """The first ``key`` (seconds ``"t"`` or ``"step"``) at which the curve reaches ``target`` (``task.reached``);
+    ``None`` if never. ``task``: a ``data.Task`` or its name.
 
     Example:
         >>> c = [{"t": 1.0, "step": 5, "accuracy": 0.5}, {"t": 2.0, "step": 9, "accuracy": 0.92}]
-        >>> time_to_target(c, "accuracy", 0.9), time_to_target(c, "accuracy", 0.9, key="step")
+        >>> time_to_target(c, "digits", 0.9), time_to_target(c, "digits", 0.9, key="step")
         (2.0, 9)
-        >>> time_to_target(c, "accuracy", 0.95) is None
+        >>> time_to_target(c, "digits", 0.95) is None
         True
     """
-    for point in curve:
-        value = point[metric]
-        if (value >= target) if higher_is_better else (value <= target):
-            return point[key]
-    return None
+    task = check_task(task) if isinstance(task, str) else task
+    return next((point[key] for point in curve if task.reached(point[task.metric], target)), None)
 
 
 def quality_at(curve, metric, step):
@@ -375,8 +375,8 @@ def summarize_job(job, job_dir, settings):
     out = {"samples_per_s": result["samples_per_s"], "wall_s": wall, "final": result[task.metric],
            "metric": task.metric, "target": target, "steps_rank0": result.get("steps_rank0"),
            "eval_s": result.get("eval_s"),
-           "time_to_target_s": time_to_target(curve, task.metric, target, task.higher_is_better),
-           "steps_to_target": time_to_target(curve, task.metric, target, task.higher_is_better, key="step"),
+           "time_to_target_s": time_to_target(curve, task, target),
+           "steps_to_target": time_to_target(curve, task, target, key="step"),
            "compute_ratio": None, "bytes_per_s": None, "wait_per_round_s": None, "round_cost_s": None,
            "predicted_samples_per_s": None, "bound_samples_per_s": None, "share_of_bound": None,
            "median_rtt_s": None}

@@ -38,7 +38,7 @@ def run_plan(out, jobs, settings):
 
     try:
         bench.horovodrun(settings["np"])
-        results = bench.new_results(out, jobs, settings, [pathlib.Path(sys.argv[0]).name, *sys.argv[1:]])
+        results = bench.new_results(out, jobs, settings, ["horovod-hetero", *sys.argv[1:]])
     except (ValueError, FileNotFoundError) as e:
         raise click.ClickException(str(e)) from None
     console = Console(soft_wrap=True)          # one line per finished job, never wrapped

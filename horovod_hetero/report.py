@@ -13,6 +13,7 @@ import html
 import json
 import math
 import pathlib
+import shlex
 
 import numpy as np
 
@@ -372,7 +373,7 @@ def plots(directory, results, out=None, prefix="bench-"):
 
 def html_page(results, table_md, pngs):
     """One self-contained HTML page: the tables and the plots (embedded)."""
-    body = [f"<h1>horovod-hetero bench</h1><p>{html.escape(' '.join(results['command']))}</p>",
+    body = [f"<h1>horovod-hetero bench</h1><p>{html.escape(shlex.join(results['command']))}</p>",
             f"<p>{html.escape(json.dumps(results['versions']))}</p>"]
     in_table = False
     for line in table_md.splitlines():

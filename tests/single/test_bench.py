@@ -46,14 +46,16 @@ def test_profiles():
         bench.parse_profile("random:x", 4, 0.025)
 
 
-def test_time_to_target_in_seconds_and_steps_either_direction():
+def test_time_to_target_in_seconds_and_steps_either_direction(monkeypatch):
     curve = [{"t": 0.5, "step": 4, "distance": 0.5}, {"t": 1.5, "step": 12, "distance": 0.04},
              {"t": 2.5, "step": 20, "distance": 0.06}]
-    assert bench.time_to_target(curve, "distance", 0.05, higher_is_better=False) == 1.5
-    assert bench.time_to_target(curve, "distance", 0.05, higher_is_better=False, key="step") == 12
-    assert bench.time_to_target(curve, "distance", 0.01, higher_is_better=False) is None
-    assert bench.time_to_target(curve, "distance", 0.3) == 0.5
-    assert bench.time_to_target([], "accuracy", 0.9) is None
+    assert bench.time_to_target(curve, "synthetic", 0.05) == 1.5
+    assert bench.time_to_target(curve, TASKS["synthetic"], 0.05, key="step") == 12
+    assert bench.time_to_target(curve, "synthetic", 0.01) is None
+    assert bench.time_to_target([dict(p, accuracy=1 - p["distance"]) for p in curve], "digits", 0.9) == 1.5
+    assert bench.time_to_target([], "digits", 0.9) is None
+    monkeypatch.setenv("KERAS_BACKEND", "torch")
+    assert bench.versions()["KERAS_BACKEND"] == "torch"
 
 
 def records(step_s, comm, rounds=True, steps=20):
@@ -295,3 +297,10 @@ def test_a_timed_out_job_leaves_no_process_even_one_in_its_own_session(tmp_path)
     assert code is None and __import__("time").monotonic() - started < 30
     pid = int(pid_file.read_text())
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_the_page_shows_the_command_as_a_shell_would_run_it():
+    results = fake_results([])
+    results["command"] = ["horovod-hetero", "bench", "--profile", "1,1;5:1,4", "--out", "my dir"]
+    page = report.html_page(results, "", [])
+    assert "horovod-hetero bench --profile &#x27;1,1;5:1,4&#x27; --out &#x27;my dir&#x27;" in page
