@@ -9,7 +9,7 @@ import tempfile
 import click
 
 from horovod_hetero import bench
-from horovod_hetero.data import TASKS
+from horovod_hetero.data import TASKS, task_data
 from horovod_hetero.runtime.straggler import parse_slowdown
 from horovod_hetero.runtime.telemetry import format_summary, load, summarize
 
@@ -90,6 +90,9 @@ def bench_command(strategies, tasks, profiles, num_proc, frameworks, hosts, repe
         settings = bench.settings_of(num_proc, base_step, budget, parsed, eval_interval, hosts=hosts)
         for prof in profiles:
             bench.parse_profile(prof, num_proc, base_step)
+        for t in csv(tasks, "--task"):
+            if t in TASKS and TASKS[t].noniid:
+                task_data(t, 0, num_proc)        # the non-iid split refuses more workers than classes
         jobs = bench.plan(csv(frameworks, "--framework"), csv(tasks, "--task"), list(profiles),
                           csv(strategies, "--strategies"), repeat)
     except (TypeError, ValueError) as e:

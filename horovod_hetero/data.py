@@ -90,7 +90,9 @@ def noniid_shard(labels, rank, size, skew=0.8, seed=0):
     """Indices of this rank's non-iid share of ``labels``: a sample of class c goes to rank
     ``c % size`` with probability ``skew``, otherwise to a rank drawn uniformly (the same draw on
     every rank, so shards are disjoint and cover every sample). As the ESync paper's non-iid
-    experiment, each worker sees mostly a few classes.
+    experiment, each worker sees mostly a few classes: ``ceil(C/size)`` or ``floor(C/size)`` of the
+    C classes (with 10 classes and 4 workers, 3,3,2,2; with 8 workers, 2,2,1,...). More workers
+    than classes: a ``ValueError``.
 
     Example:
         >>> labels = np.arange(1000) % 10
@@ -98,6 +100,10 @@ def noniid_shard(labels, rank, size, skew=0.8, seed=0):
         >>> sorted(set(labels[shard].tolist()) & {1, 5, 9}), round(float(np.isin(labels[shard], [1, 5, 9]).mean()), 1)
         ([1, 5, 9], 0.9)
     """
+    classes = len(np.unique(labels))
+    if size > classes:
+        raise ValueError(f"the non-iid split needs at most one worker per class ({classes} classes), got {size} "
+                         f"workers: a worker past the last class would get only the scattered {1 - skew:.0%}")
     rng = np.random.default_rng(seed + 1)
     home = np.asarray(labels) % size
     anywhere = rng.integers(0, size, len(home))

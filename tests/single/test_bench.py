@@ -304,3 +304,13 @@ def test_the_page_shows_the_command_as_a_shell_would_run_it():
     results["command"] = ["horovod-hetero", "bench", "--profile", "1,1;5:1,4", "--out", "my dir"]
     page = report.html_page(results, "", [])
     assert "horovod-hetero bench --profile &#x27;1,1;5:1,4&#x27; --out &#x27;my dir&#x27;" in page
+
+
+def test_the_noniid_split_refuses_more_workers_than_classes(tmp_path):
+    with pytest.raises(ValueError, match="at most one worker per class \\(10 classes\\), got 11 workers"):
+        task_data("digits-noniid", 0, 11)
+    bad = CliRunner().invoke(cli, ["bench", "--np", "11", "--profile", "random", "--task", "digits-noniid",
+                                   "--out", str(tmp_path / "o")])
+    assert bad.exit_code == 2 and "got 11 workers" in bad.output and not (tmp_path / "o").exists()
+    assert [len(set(np.arange(1000)[noniid_shard(np.arange(1000) % 10, r, 8)] % 10) & set(range(r, 10, 8)))
+            for r in range(8)] == [2, 2, 1, 1, 1, 1, 1, 1]
