@@ -296,7 +296,7 @@ def _bars(results, path):
             for i, label in enumerate(labels):
                 med, lo, hi = median_range([e["summary"][field] for e in group[label]])
                 if med is None:       # not measured (no telemetry): no bar, "n/a"
-                    ax.text(i, 0, "n/a", ha="center", va="bottom", fontsize=8)
+                    ax.text(i, 0.02, "n/a", ha="center", va="bottom", fontsize=9, transform=ax.get_xaxis_transform())
                     med = lo = hi = float("nan")
                 meds.append(med * scale)
                 errs[0].append((med - lo) * scale)
@@ -310,6 +310,7 @@ def _bars(results, path):
                     ax.legend(fontsize=7, loc="upper left")
                 ax.set_ylim(0, 1.3 * np.nanmax([v for v in bounds if v] + [m + e for m, e in zip(meds, errs[1])]))
             ax.set_xticks(x, labels, rotation=25, ha="right", fontsize=8)
+            ax.set_xlim(-0.6, len(labels) - 0.4)
             ax.set_ylabel(ylabel)
             ax.set_title(f"{gkey[0]}, {gkey[1]}, {gkey[2]}: {ylabel}", fontsize=10)
             ax.grid(axis="y", alpha=0.3)
