@@ -121,7 +121,8 @@ def main():
     model.compile(optimizer=optimizer, loss=loss)
     model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs,
               callbacks=callbacks, verbose=2 if hvd.rank() == 0 and args.time_budget is None else 0)
-    wall = budget.wall                   # fit's training, after its build and tracing, to its last sync
+    wall = budget.wall                   # from fit's start barrier (before the first batch traces the
+                                         # train function: tracing is inside) to its last batch
     curve.final(budget.steps)
     quality = evaluate()
     samples = sum(hvd.allgather_object(budget.samples, name="samples"))
