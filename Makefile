@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 READY := $(VENV)/.horovod-hetero-ready
 NP ?= 4
 
-.PHONY: demo test test-single test-parallel test-elastic test-faults test-multihost bench bench-peers bench-wagma bench-planned bench-epochs bench-state-server env clean
+.PHONY: demo test test-single test-parallel test-elastic test-faults test-multihost test-bench bench-publish bench-publish-torch-1114 bench-publish-torch-random bench-publish-keras-1114 bench bench-peers bench-wagma bench-planned bench-epochs bench-state-server env clean
 
 $(READY): tools/bootstrap.sh tools/requirements.txt pyproject.toml
 	VENV=$(VENV) bash tools/bootstrap.sh
@@ -14,7 +14,7 @@ env: $(READY)
 demo: $(READY)
 	$(PY) -m horovod_hetero.cli demo
 
-test: test-single test-parallel test-elastic test-faults test-multihost
+test: test-single test-parallel test-elastic test-bench test-faults test-multihost
 
 test-single: $(READY)
 	$(PY) -m pytest -q -p no:cacheprovider tests/single
@@ -43,6 +43,27 @@ test-faults: $(READY)
 #: iproute2; skipped otherwise): every strategy, results against one host, then a cut link
 test-multihost: $(READY)
 	$(PY) -m pytest -q -s -p no:cacheprovider --timeout 600 tests/multihost
+
+#: horovod-hetero bench for real (it launches horovodrun itself): a short bench, its report, an interrupted bench
+test-bench: $(READY)
+	$(PY) -m pytest -q -p no:cacheprovider --timeout 300 tests/bench
+
+#: the numbers README.md publishes (about 30 min; each bench can run alone): three bench runs, then their
+#: reports (tables on stdout, PNGs into docs/img)
+PUBLISH ?= /tmp/horovod-hetero-publish
+PUBLISH_COMMON = --np 4 --base-step 0.02 --budget 7 --repeat 3
+bench-publish: bench-publish-torch-1114 bench-publish-torch-random bench-publish-keras-1114
+	for run in torch-1114 torch-random keras-1114; do \
+	  $(PY) -m horovod_hetero.cli report $(PUBLISH)/$$run --png-dir docs/img --prefix bench-$$run- || exit 1; done
+bench-publish-torch-1114: $(READY)
+	$(PY) -m horovod_hetero.cli bench $(PUBLISH_COMMON) --task digits,digits-noniid --profile 1,1,1,4 \
+	  --out $(PUBLISH)/torch-1114
+bench-publish-torch-random: $(READY)
+	$(PY) -m horovod_hetero.cli bench $(PUBLISH_COMMON) --task digits,digits-noniid --profile random \
+	  --strategies sync,localsgd,esync,wagma,elasticbsp --out $(PUBLISH)/torch-random
+bench-publish-keras-1114: $(READY)
+	$(PY) -m horovod_hetero.cli bench $(PUBLISH_COMMON) --framework keras --task digits --profile 1,1,1,4 \
+	  --strategies sync,localsgd,esync,elasticbsp --out $(PUBLISH)/keras-1114
 
 bench: $(READY)
 	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) benchmarks/averaging_cost.py

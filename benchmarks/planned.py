@@ -39,10 +39,6 @@ SIMULATED = {"sync": lib.Synchronous, "esync": lib.ESync, "localsgd": lambda: li
              "adsp": lambda: lib.ADSP("10steps")}
 
 
-def folder(label):
-    return "".join(c if c.isalnum() else "_" for c in label)
-
-
 def analyse(key, out, batch):
     by_rank = load(str(out / "telemetry"))
     result = json.loads((out / "result.json").read_text())
@@ -98,7 +94,8 @@ def main():
                     "--slowdown", args.slowdown, "--budget", str(args.budget), "--keep", str(root)],
                    check=True, env=env)
     keys = [k.strip() for k in args.strategies.split(",")]
-    rows = {k: analyse(k, root / folder(DEMO_STRATEGIES[k][0]), batch=32) for k in keys}
+    jobs = {j["label"]: root / "jobs" / j["id"] for j in json.loads((root / "results.json").read_text())["jobs"]}
+    rows = {k: analyse(k, jobs[DEMO_STRATEGIES[k][0]], batch=32) for k in keys}
     base = rows[keys[0]]["samples_per_s"]
     esync = rows.get("esync", {}).get("samples_per_s")
     print(f"\nslowdown {args.slowdown}" + (f", random delay {args.random_delay}" if args.random_delay else ""))

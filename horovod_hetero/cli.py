@@ -1,33 +1,21 @@
-"""The ``horovod-hetero`` command: ``demo`` (a real comparison on this machine) and ``telemetry``."""
-import json
-import os
+"""The ``horovod-hetero`` command: ``bench`` and ``report`` (time to accuracy, measured and drawn), ``demo``
+(a preset of ``bench``), ``simulate``, ``plan`` and ``telemetry``."""
+import dataclasses
 import pathlib
-import shutil
-import statistics
-import subprocess
+import signal
 import sys
 import tempfile
-import time
 
 import click
 
-import horovod_hetero
+from horovod_hetero import bench
+from horovod_hetero.data import TASKS, task_data
 from horovod_hetero.runtime.straggler import parse_slowdown
 from horovod_hetero.runtime.telemetry import format_summary, load, summarize
 
-#: The directory holding the ``horovod_hetero`` package this command runs (a checkout or site-packages):
-#: the demo's workers import the same copy.
-PACKAGE_PARENT = pathlib.Path(horovod_hetero.__file__).resolve().parent.parent
-TORCH, KERAS = "horovod_hetero.examples.torch_digits", "horovod_hetero.examples.keras_digits"
-#: name -> (row label, example module, its arguments)
-DEMO_STRATEGIES = {"sync": ("Synchronous", TORCH, ["--strategy", "sync"]),
-                   "localsgd": ("LocalSGD(8)", TORCH, ["--strategy", "localsgd", "--period", "8"]),
-                   "esync": ("ESync", TORCH, ["--strategy", "esync"]),
-                   "wagma": ("WAGMA(S=2,8)", TORCH, ["--strategy", "wagma", "--period", "8"]),
-                   "elasticbsp": ("ElasticBSP(15)", TORCH, ["--strategy", "elasticbsp", "--lookahead", "15"]),
-                   "dssp": ("DSSP(3,15)", TORCH, ["--strategy", "dssp", "--staleness", "3", "15"]),
-                   "adsp": ("ADSP(10steps)", TORCH, ["--strategy", "adsp", "--check-period", "10steps"]),
-                   "keras-esync": ("ESync, Keras 3", KERAS, ["--strategy", "esync"])}
+#: demo rows: name -> (row label, framework, strategy); the strategies are bench's
+DEMO_STRATEGIES = {**{name: (label, "torch", name) for name, (label, _) in bench.STRATEGIES.items()},
+                   "keras-esync": ("ESync, Keras 3", "keras", "esync")}
 
 
 @click.group()
@@ -36,34 +24,110 @@ def cli():
     """Heterogeneity-aware synchronisation for Horovod."""
 
 
-def horovodrun(num_proc):
-    """The horovodrun command: beside this interpreter (a virtual environment), else on PATH."""
-    exe = pathlib.Path(sys.executable).with_name("horovodrun")
-    if not exe.exists():
-        exe = shutil.which("horovodrun")
-        if exe is None:
-            raise click.ClickException("horovodrun not found beside this Python or on PATH: install Horovod")
-    return [str(exe), "-np", str(num_proc), "-H", f"localhost:{num_proc}", "--gloo"]
+def csv(text, name):
+    items = [v.strip() for v in str(text).split(",") if v.strip()]
+    if not items:
+        raise click.BadParameter("give a comma-separated list", param_hint=name)
+    return items
 
 
-def run_worker_job(cmd, env, label, timeout_s):
-    """Run a horovodrun job, echoing rank 0's progress lines; return (returncode, output)."""
-    lines = []
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + timeout_s
+def run_plan(out, jobs, settings):
+    """Write the plan, run it with a progress bar per job; returns the results (see ``bench.run_bench``)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     try:
-        for line in proc.stdout:
-            lines.append(line)
-            if line.startswith("[0]<stdout>:  ["):
-                click.echo(f"    {label}: {line.split(':', 1)[1].strip()}")
-            if time.monotonic() > deadline:
-                proc.kill()
-                break
-        proc.wait(timeout=30)
+        bench.horovodrun(settings["np"])
+        results = bench.new_results(out, jobs, settings, ["horovod-hetero", *sys.argv[1:]])
+    except (ValueError, FileNotFoundError) as e:
+        raise click.ClickException(str(e)) from None
+    console = Console(soft_wrap=True)          # one line per finished job, never wrapped
+    previous = signal.signal(signal.SIGTERM, _interrupt)     # kill PID: as Ctrl-C (SIGINT, ignored in background)
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console,
+                      transient=True) as progress:
+            return bench.run_bench(out, results, progress.console.print, progress)
+    except KeyboardInterrupt:
+        raise click.ClickException(f"interrupted; {out} holds what finished (horovod-hetero report {out})")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    return proc.returncode, "".join(lines)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+@cli.command("bench")
+@click.option("--strategies", default=",".join(bench.STRATEGIES), show_default=True,
+              help="comma list; Synchronous runs first in every group")
+@click.option("--task", "tasks", default="digits", show_default=True,
+              help=f"comma list of {', '.join(TASKS)}")
+@click.option("--profile", "profiles", multiple=True, default=["1,1,1,4"], show_default=True,
+              help="slowdown per worker (1,1,1,4), changing over time (1,1,1,1;10:1,1,1,4), or random "
+                   "(2 random workers delayed 3 base steps each step; random:COUNT:SECONDS); repeat the option for several")
+@click.option("--np", "num_proc", default=4, show_default=True, help="number of workers")
+@click.option("--framework", "frameworks", default="torch", show_default=True, help="torch, keras or torch,keras")
+@click.option("--hosts", default=None, help="horovodrun -H (default localhost:NP)")
+@click.option("--repeat", default=1, show_default=True, help="repetitions of every job")
+@click.option("--budget", default=10.0, show_default=True, help="seconds of training per job")
+@click.option("--base-step", default=0.025, show_default=True, help="seconds of a factor-1 step (padded)")
+@click.option("--target", "targets", multiple=True, help="TASK=VALUE, the quality to reach (default: the task's)")
+@click.option("--eval-interval", default=0.5, show_default=True, help="seconds at least between two evaluations")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="results directory (new or empty)")
+def bench_command(strategies, tasks, profiles, num_proc, frameworks, hosts, repeat, budget, base_step, targets,
+                  eval_interval, out):
+    """Time to a target accuracy of each strategy, under horovodrun with simulated stragglers."""
+    try:
+        parsed = {}
+        for t in targets:
+            name, eq, value = t.partition("=")
+            if not eq or name not in TASKS:
+                raise ValueError(f"--target must be TASK=VALUE with TASK one of {', '.join(TASKS)}, got {t!r}")
+            try:
+                parsed[name] = float(value)
+            except ValueError:
+                raise ValueError(f"--target {t!r}: VALUE must be a number") from None
+        settings = bench.settings_of(num_proc, base_step, budget, parsed, eval_interval, hosts=hosts)
+        for prof in profiles:
+            bench.parse_profile(prof, num_proc, base_step)
+        for t in csv(tasks, "--task"):
+            if t in TASKS and TASKS[t].noniid:
+                task_data(t, 0, num_proc)        # the non-iid split refuses more workers than classes
+        jobs = bench.plan(csv(frameworks, "--framework"), csv(tasks, "--task"), list(profiles),
+                          csv(strategies, "--strategies"), repeat)
+    except (TypeError, ValueError) as e:
+        raise click.UsageError(str(e)) from None
+    click.echo(f"horovod-hetero bench: {len(jobs)} jobs of {budget:g} s, {num_proc} workers -> {out}")
+    results = run_plan(out, jobs, settings)
+    done = sum(e["status"] == "done" for e in results["jobs"])
+    click.echo(f"{done}/{len(jobs)} jobs done; horovod-hetero report {out}")
+
+
+@cli.command("report")
+@click.argument("directory", type=click.Path())
+@click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None,
+              help="also write one self-contained HTML page here")
+@click.option("--png-dir", type=click.Path(file_okay=False), default=None, help="where the PNGs go (default: DIRECTORY)")
+@click.option("--prefix", default="bench-", show_default=True, help="PNG file name prefix")
+def report_command(directory, html_path, png_dir, prefix):
+    """Tables (Markdown) and plots of a bench results directory."""
+    from horovod_hetero import report
+
+    try:
+        results = report.load_results(directory)
+    except report.ReportError as e:
+        raise click.ClickException(str(e)) from None
+    table = report.markdown(results, report.load_curves(directory, results))
+    click.echo(table)
+    try:
+        pngs = report.plots(directory, results, png_dir, prefix)
+    except report.ReportError as e:
+        raise click.ClickException(str(e)) from None
+    for p in pngs:
+        click.echo(f"plot: {p}")
+    if html_path:
+        pathlib.Path(html_path).write_text(report.html_page(results, table, pngs))
+        click.echo(f"page: {html_path}")
 
 
 @cli.command()
@@ -73,55 +137,46 @@ def run_worker_job(cmd, env, label, timeout_s):
 @click.option("--base-step", default=0.1, show_default=True,
               help="seconds one step takes on a factor-1 worker (steps are padded to factor x this)")
 @click.option("--budget", default=25.0, show_default=True, help="wall-clock seconds of training per strategy")
-@click.option("--keep", type=click.Path(file_okay=False), default=None, help="keep telemetry in this folder")
+@click.option("--keep", type=click.Path(file_okay=False), default=None, help="keep the results in this (new) folder")
 @click.option("--strategies", default=",".join(DEMO_STRATEGIES), show_default=True,
               help=f"comma list of {', '.join(DEMO_STRATEGIES)} (the first is the baseline)")
 def demo(num_proc, slowdown, base_step, budget, keep, strategies):
-    """Compare strategies on this machine: digits MLP, simulated stragglers, fixed time budget."""
-    chosen = [name.strip() for name in strategies.split(",")]
+    """Compare strategies on this machine: digits MLP, simulated stragglers, fixed time budget
+    (a preset of ``bench``: one repeat, the rows in the order given)."""
+    chosen = csv(strategies, "--strategies")
     unknown = [name for name in chosen if name not in DEMO_STRATEGIES]
-    if unknown or not chosen:
-        raise click.UsageError(f"--strategies: unknown {', '.join(unknown) or 'empty list'}; "
-                               f"choose from {', '.join(DEMO_STRATEGIES)}")
+    if unknown:
+        raise click.UsageError(f"--strategies: unknown {', '.join(unknown)}; choose from {', '.join(DEMO_STRATEGIES)}")
     try:
         factors = parse_slowdown(slowdown, name="--slowdown")[0][1]   # the fast workers: the smallest first factor
+        settings = bench.settings_of(num_proc, base_step, budget)
+        bench.parse_profile(slowdown, num_proc, base_step)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
+    jobs = [bench.plan([DEMO_STRATEGIES[k][1]], ["digits"], [slowdown], [DEMO_STRATEGIES[k][2]], 1)[0] for k in chosen]
+    jobs = [dataclasses.replace(j, label=DEMO_STRATEGIES[k][0]) for j, k in zip(jobs, chosen)]
     root = pathlib.Path(keep or tempfile.mkdtemp(prefix="horovod-hetero-demo-"))
     click.echo(f"horovod-hetero demo: {num_proc} workers, slowdown {slowdown} (base step {base_step * 1000:g} ms), "
                f"digits MLP, {budget:g} s of training per strategy")
+    results = run_plan(root, jobs, settings)
+    failed = [e["id"] for e in results["jobs"] if e["status"] != "done"]
+    if failed:
+        raise click.ClickException(f"{', '.join(failed)} failed: see {root}/jobs/*/output.log")
     rows = []
-    for i, key in enumerate(chosen, start=1):
-        label, module, args = DEMO_STRATEGIES[key]
-        out = root / "".join(c if c.isalnum() else "_" for c in label)
-        out.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ, HOROVOD_HETERO_SLOWDOWN=slowdown, HOROVOD_HETERO_BASE_STEP_S=str(base_step),
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(PACKAGE_PARENT), os.environ.get("PYTHONPATH")])),
-                   HOROVOD_HETERO_TELEMETRY=str(out / "telemetry"), PYTHONUNBUFFERED="1")
-        cmd = horovodrun(num_proc) + [sys.executable, "-m", module, *args, "--time-budget", str(budget),
-                                      "--epochs", "100000", "--result", str(out / "result.json")]
-        click.echo(f"[{i}/{len(chosen)}] {label}: starting {num_proc} workers ...")
-        t0 = time.perf_counter()
-        code, output = run_worker_job(cmd, env, label, timeout_s=budget + 120)
-        if code != 0 or not (out / "result.json").exists():
-            click.echo(output[-3000:], err=True)
-            raise click.ClickException(f"{label} run failed (exit {code})")
-        result = json.loads((out / "result.json").read_text())
-        summary = summarize(load(str(out / "telemetry")))
-        fast = [s["compute_ratio"] for r, s in summary.items() if factors[int(r)] == min(factors)]
-        rtts = [s["median_rtt_s"] for s in summary.values() if s["median_rtt_s"] is not None]
-        rows.append((label, result["samples_per_s"], result["accuracy"], sum(fast) / len(fast),
-                     statistics.median_high(rtts) if rtts else None))
-        click.echo(f"[{i}/{len(chosen)}] {label}: done in {time.perf_counter() - t0:.0f} s, "
-                   f"test accuracy {result['accuracy']:.3f}")
+    for e in results["jobs"]:
+        s = e["summary"]
+        fast = [r for w, r in enumerate(s["compute_ratio"] or []) if factors[w] == min(factors)]
+        rows.append((e["label"], s["samples_per_s"], s["final"], sum(fast) / len(fast) if fast else None,
+                     s["median_rtt_s"]))
     base = rows[0][1]
     click.echo("")
     click.echo(f"{'strategy':<14} {'samples/s':>10} {'vs sync':>8} {'test acc':>9} "
                f"{'fast workers compute ratio':>29} {'state server RTT':>17}")
     for label, sps, acc, ratio, rtt in rows:
         rtt_text = f"{rtt * 1000:.2f} ms" if rtt is not None else "-"
-        click.echo(f"{label:<14} {sps:>10.0f} {sps / base:>7.2f}x {acc:>9.3f} {ratio:>29.2f} {rtt_text:>17}")
-    click.echo(f"\ntelemetry: {root} (horovod-hetero telemetry DIR prints per-worker figures)")
+        ratio_text = f"{ratio:.2f}" if ratio is not None else "-"
+        click.echo(f"{label:<14} {sps:>10.0f} {sps / base:>7.2f}x {acc:>9.3f} {ratio_text:>29} {rtt_text:>17}")
+    click.echo(f"\nresults: {root} (horovod-hetero report {root}; horovod-hetero telemetry {root}/jobs/ID/telemetry)")
 
 
 def parse_speeds(text):

@@ -1,4 +1,4 @@
-"""Train an MLP on scikit-learn's digits with horovod-hetero (Keras 3 with TensorFlow or PyTorch, or Keras 2).
+"""Train an MLP on scikit-learn's digits (or another ``--task``) with horovod-hetero (Keras 3 with TensorFlow or PyTorch, or Keras 2).
 
     horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.keras_digits --strategy localsgd --period 8
     KERAS_BACKEND=torch horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.keras_digits --strategy esync
@@ -6,7 +6,8 @@
 
 The model is compiled with a plain local optimizer (``--strategy sync``: ``hh.DistributedOptimizer``,
 gradients averaged every step); a callback averages it as the strategy decides and leaves identical
-weights on every rank at the end, whatever batch each rank stopped at (``--time-budget``).
+weights on every rank at the end, whatever batch each rank stopped at (``--time-budget``; with
+``--strategy sync`` rank 0 decides when the budget is spent and every rank stops at that batch).
 """
 import argparse
 import json
@@ -16,8 +17,8 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import horovod_hetero.keras as hh  # noqa: E402
-from horovod_hetero.data import digits  # noqa: E402
-from horovod_hetero.examples import add_strategy_arguments, build_strategy  # noqa: E402
+from horovod_hetero.data import TASKS, score, task_data  # noqa: E402
+from horovod_hetero.examples import Curve, add_run_arguments, add_strategy_arguments, build_strategy  # noqa: E402
 
 keras = hh.keras_module()
 if keras.backend.backend() == "torch":
@@ -27,18 +28,31 @@ else:
 
 
 class TimeBudget(keras.callbacks.Callback):
-    """Stop training after ``seconds``; count the samples trained and the training time."""
+    """Stop training after ``seconds``; count the samples trained and the training time. ``together``:
+    rank 0 decides and every rank stops at the same batch (ranks that average gradients every step
+    must run the same batches); the start is after a common barrier. ``curve`` gets every step, with
+    ``synced()`` telling whether the model was just averaged over every rank."""
 
-    def __init__(self, seconds, batch_size, n):
+    def __init__(self, seconds, batch_size, n, together, curve, synced):
         super().__init__()
-        self.seconds, self.batch_size, self.n, self.samples = seconds, batch_size, n, 0
+        self.seconds, self.batch_size, self.n, self.samples, self.steps = seconds, batch_size, n, 0, 0
+        self.together, self.curve, self.synced = together, curve, synced
 
     def on_train_begin(self, logs=None):
+        hvd.allgather_object(None, name="horovod_hetero.example.start")   # a barrier (TF's Horovod has no hvd.barrier)
         self.start = time.perf_counter()
+        self.curve.begin()
 
     def on_train_batch_end(self, batch, logs=None):
         self.samples += min(self.batch_size, self.n - batch * self.batch_size)    # the last batch is partial
-        if self.seconds is not None and time.perf_counter() - self.start >= self.seconds:
+        self.steps += 1
+        self.curve.after_step(self.steps, self.synced())
+        if self.seconds is None:
+            return
+        stop = time.perf_counter() - self.start >= self.seconds
+        if self.together:
+            stop = hvd.broadcast_object(stop, root_rank=0, name="horovod_hetero.example.stop")
+        if stop:
             self.model.stop_training = True
 
     def on_train_end(self, logs=None):
@@ -56,46 +70,67 @@ def one_thread():
         tf.config.threading.set_inter_op_parallelism_threads(1)
 
 
+def build_model(task, features):
+    """The task's model (``Task.model``), as the torch example's."""
+    layers = keras.layers
+    if task.model == "cnn":
+        body = [layers.Reshape((8, 8, 1)), layers.Conv2D(16, 3, padding="same", activation="relu"),
+                layers.MaxPooling2D(2), layers.Flatten(), layers.Dense(10)]
+    elif task.model == "linear":
+        body = [layers.Dense(1, use_bias=False)]
+    else:
+        body = [layers.Dense(128, activation="relu"), layers.Dense(10)]
+    return keras.Sequential([keras.Input((features,)), *body])
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_strategy_arguments(p)
-    p.add_argument("--epochs", type=int, default=30, help="(with --time-budget: at most)")
-    p.add_argument("--time-budget", type=float, default=None,
-                   help="stop after this many seconds (model-averaging strategies: ranks may stop at any batch)")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--result", default=None, help="rank 0 writes a JSON summary here")
+    add_run_arguments(p)
     args = p.parse_args()
-    if args.strategy == "sync" and args.time_budget is not None:
-        p.error("--time-budget needs a model-averaging strategy: synchronous ranks must run the same batches")
+    task = TASKS[args.task]
 
     if args.strategy == "wagma":         # WAGMA's group process sets are registered at init
         hvd.init(process_sets=hh.wagma_process_sets(group_size=args.group_size))
     else:
         hvd.init()
     one_thread()
-    keras.utils.set_random_seed(hvd.rank())
-    x, y, x_test, y_test = digits(hvd.rank(), hvd.size())
-    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(128, activation="relu"), keras.layers.Dense(10)])
+    keras.utils.set_random_seed(args.seed * 1000 + hvd.rank())
+    x, y, x_test, y_test = task_data(task, hvd.rank(), hvd.size(), args.seed, args.skew)
+    model = build_model(task, x.shape[1])
     optimizer = keras.optimizers.SGD(args.lr, momentum=0.9)
-    budget = TimeBudget(args.time_budget, args.batch_size, len(y))
-    callbacks = [hh.callbacks.BroadcastGlobalVariablesCallback(0), budget]
+    callbacks = [hh.callbacks.BroadcastGlobalVariablesCallback(0)]
+    sync = None
     if args.strategy == "sync":
         optimizer = hh.DistributedOptimizer(optimizer)
+        callbacks.append(hh.callbacks.SlowdownCallback())    # HOROVOD_HETERO_SLOWDOWN/_RANDOM_DELAY, as the strategies'
     else:
         # ranks stop on their own clock (--time-budget), at any batch: rounds run on across epochs
-        callbacks.append(hh.callbacks.HeteroSyncCallback(build_strategy(args), batch_size=args.batch_size,
-                                                         epoch_sync=False))
-    model.compile(optimizer=optimizer, metrics=["accuracy"],
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        sync = hh.callbacks.HeteroSyncCallback(build_strategy(args), batch_size=args.batch_size, epoch_sync=False)
+        callbacks.append(sync)
+
+    def evaluate():
+        return score(task, keras.ops.convert_to_numpy(model(x_test, training=False)), y_test)
+
+    curve = Curve(args.curve if hvd.rank() == 0 else None, args.eval_interval, evaluate, task.metric)
+    budget = TimeBudget(args.time_budget, args.batch_size, len(y), together=sync is None, curve=curve,
+                        synced=lambda: sync is None or sync.telemetry.records[-1]["synced"])
+    callbacks.append(budget)             # after the strategy's callback: it sees the step's averaging
+    loss = (keras.losses.MeanSquaredError() if task.loss == "mse"
+            else keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.compile(optimizer=optimizer, loss=loss)
     model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs,
               callbacks=callbacks, verbose=2 if hvd.rank() == 0 and args.time_budget is None else 0)
-    wall = budget.wall                   # fit's training, after its build and tracing, to its last sync
-    _, accuracy = model.evaluate(x_test, y_test, verbose=0)
+    wall = budget.wall                   # from fit's start barrier (before the first batch traces the
+                                         # train function: tracing is inside) to its last batch
+    curve.final(budget.steps)
+    quality = evaluate()
     samples = sum(hvd.allgather_object(budget.samples, name="samples"))
     if hvd.rank() == 0:
-        result = {"strategy": args.strategy, "keras": f"{keras.__version__} ({keras.backend.backend()})",
-                  "accuracy": float(accuracy), "samples": samples, "wall_s": wall, "samples_per_s": samples / wall}
+        result = {"strategy": args.strategy, "task": task.name,
+                  "keras": f"{keras.__version__} ({keras.backend.backend()})", task.metric: quality,
+                  "steps_rank0": budget.steps, "samples": samples, "wall_s": wall, "samples_per_s": samples / wall,
+                  "eval_s": curve.eval_s}
         print(json.dumps(result), flush=True)
         if args.result:
             with open(args.result, "w") as f:

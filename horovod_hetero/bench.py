@@ -1,0 +1,496 @@
+"""``horovod-hetero bench``: time-to-accuracy of the strategies, measured under ``horovodrun``.
+
+A bench is a plan of jobs (framework x task x slowdown profile x repeat x strategy, Synchronous
+first in each group, repeats interleaved so that a drift of the machine's speed spreads over every
+strategy), each one ``horovodrun`` of ``horovod_hetero.examples.torch_digits`` or ``keras_digits``
+to a wall-clock budget. Every job leaves, under ``DIR/jobs/<id>/``: the per-rank telemetry
+(``telemetry/rank<r>.jsonl``), rank 0's evaluation curve (``curve.jsonl``: test quality against
+seconds since the common start barrier and against rank 0's local steps, evaluated right after a
+global averaging round, evaluation time left out of the clock; see ``examples.Curve``), the example's
+``result.json``, the job's output (``output.log``) and ``summary.json``. ``DIR/results.json`` holds
+the command line, the versions, the settings and every planned job with its status (``planned``,
+``running``, ``done``, ``failed``, ``interrupted``) and summary; it is written before the first job
+and replaced atomically after each, so an interrupted bench leaves a directory ``report`` reads.
+
+The time to the target is read from the curve after the run (the first point at or past the
+target): every job runs its whole budget, so the final quality is measured at equal wall time.
+
+Beside each measured samples/s the summary puts the simulator's prediction: ``simulate.simulate``
+of the same strategy on a cluster that replays each rank's measured step times (``compute_s`` of
+its telemetry, step by step) with the measured cost of one averaging round; and the bound the
+strategy would reach if communication were free (the same replay, rounds costing nothing).
+"""
+import dataclasses
+import json
+import os
+import pathlib
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from importlib import metadata
+
+import numpy as np
+
+import horovod_hetero
+from horovod_hetero import simulate as sim
+from horovod_hetero.data import TASKS, check_task
+from horovod_hetero.runtime.straggler import parse_random_delay, parse_slowdown
+from horovod_hetero.runtime.telemetry import load, summarize
+from horovod_hetero.validation import check_float, check_int
+
+#: The directory holding the ``horovod_hetero`` package this command runs (a checkout or site-packages):
+#: the jobs' workers import the same copy.
+PACKAGE_PARENT = pathlib.Path(horovod_hetero.__file__).resolve().parent.parent
+MODULES = {"torch": "horovod_hetero.examples.torch_digits", "keras": "horovod_hetero.examples.keras_digits"}
+#: name -> (row label, the examples' strategy options); Synchronous first
+STRATEGIES = {"sync": ("Synchronous", ["--strategy", "sync"]),
+              "localsgd": ("LocalSGD(8)", ["--strategy", "localsgd", "--period", "8"]),
+              "esync": ("ESync", ["--strategy", "esync"]),
+              "wagma": ("WAGMA(S=2,8)", ["--strategy", "wagma", "--period", "8"]),
+              "elasticbsp": ("ElasticBSP(15)", ["--strategy", "elasticbsp", "--lookahead", "15"]),
+              "dssp": ("DSSP(3,15)", ["--strategy", "dssp", "--staleness", "3", "15"]),
+              "adsp": ("ADSP(10steps)", ["--strategy", "adsp", "--check-period", "10steps"])}
+RESULTS = "results.json"
+FORMAT = "horovod-hetero-bench/1"
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """A simulated-heterogeneity profile: the text given, and the environment the workers get.
+
+    ``"1,1,1,4"`` (per-rank slowdown factors), ``"1,1,1,1;15:1,1,1,4"`` (factors changing over time,
+    see ``runtime.straggler``), ``"random"`` (two ranks drawn at random each step are delayed by
+    3 base steps, so a delayed step takes 4x: the WAGMA paper's transient stragglers) or
+    ``"random:COUNT:SECONDS"``.
+    """
+
+    text: str
+    env: tuple
+
+
+def slug(text):
+    """``text`` with every character that is not a letter or a digit replaced by ``_`` (for job ids).
+
+    Example:
+        >>> slug("1,1;5:1,4")
+        '1_1_5_1_4'
+    """
+    return "".join(c if c.isalnum() else "_" for c in text)
+
+
+def parse_profile(text, num_proc, base_step):
+    """The ``Profile`` of ``text`` for ``num_proc`` workers; a ``ValueError`` naming ``--profile`` otherwise.
+
+    Example:
+        >>> parse_profile("random", 4, 0.02).env
+        (('HOROVOD_HETERO_RANDOM_DELAY', '2:0.06'),)
+        >>> parse_profile("1,4", 2, 0.02).env
+        (('HOROVOD_HETERO_SLOWDOWN', '1,4'),)
+    """
+    text = str(text).strip()
+    if text == "random" or text.startswith("random:"):
+        spec = text.partition(":")[2] or f"2:{3 * base_step:g}"
+        count, seconds = parse_random_delay(spec, name="--profile random:COUNT:SECONDS")
+        return Profile(text, (("HOROVOD_HETERO_RANDOM_DELAY", f"{count}:{seconds:g}"),))
+    schedule = parse_slowdown(text, name="--profile")
+    if len(schedule[0][1]) < num_proc:
+        raise ValueError(f"--profile {text!r} gives {len(schedule[0][1])} factors; --np is {num_proc} "
+                         f"(one factor per worker, the first NP used; or 'random')")
+    return Profile(text, (("HOROVOD_HETERO_SLOWDOWN", text),))
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One ``horovodrun`` of one strategy."""
+
+    id: str
+    framework: str
+    task: str
+    profile: str
+    repeat: int
+    strategy: str
+    label: str
+
+    @property
+    def group(self):
+        """The jobs compared with each other: same framework, task and profile."""
+        return (self.framework, self.task, self.profile)
+
+
+def plan(frameworks, tasks, profiles, strategies, repeats):
+    """Every job, in the order they run: per framework, task and profile, ``repeats`` rounds of
+    every strategy (Synchronous first, whatever order they are given in). A framework, task, profile or
+    strategy given twice runs once; two profiles whose ids coincide (``1.5,1,1,4`` and ``1,5,1,1,4``)
+    are a ``ValueError``, as their jobs would write into one directory.
+
+    Example:
+        >>> [j.id for j in plan(["torch"], ["digits"], ["1,4"], ["esync", "sync"], 2)]
+        ['torch-digits-1_4-r0-sync', 'torch-digits-1_4-r0-esync', 'torch-digits-1_4-r1-sync', 'torch-digits-1_4-r1-esync']
+    """
+    repeats = check_int("repeats", repeats, 1)
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown or not strategies:
+        raise ValueError(f"strategies: unknown {', '.join(unknown) or 'empty list'}; choose from {', '.join(STRATEGIES)}")
+    bad = [f for f in frameworks if f not in MODULES]
+    if bad:
+        raise ValueError(f"framework must be one of {', '.join(MODULES)}, got {', '.join(bad)}")
+    for t in tasks:
+        check_task(t, "--task")
+    ordered = sorted(dict.fromkeys(strategies), key=lambda s: s != "sync")
+    jobs = []
+    for framework in dict.fromkeys(frameworks):
+        for task in dict.fromkeys(tasks):
+            for profile in dict.fromkeys(profiles):
+                for r in range(repeats):
+                    for s in ordered:
+                        jobs.append(Job(f"{framework}-{task}-{slug(profile)}-r{r}-{s}", framework, task, profile,
+                                        r, s, STRATEGIES[s][0]))
+    seen = {}
+    for j in jobs:
+        other = seen.setdefault(j.id, j)
+        if other is not j:
+            raise ValueError(f"--profile {other.profile!r} and {j.profile!r} give the same job id {j.id!r}: "
+                             f"write one of them differently")
+    return jobs
+
+
+def versions():
+    """Versions of what produced the numbers."""
+    out = {"horovod_hetero": horovod_hetero.__version__, "python": platform.python_version(),
+           "platform": platform.platform(),
+           # which Keras the Keras jobs ran: Keras 3's backend, or Keras 2 through tf.keras
+           **{var: os.environ.get(var) for var in ("KERAS_BACKEND", "TF_USE_LEGACY_KERAS")}}
+    for dist in ("horovod", "torch", "tensorflow", "keras"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def horovodrun(num_proc, hosts=None):
+    """The horovodrun command: beside this interpreter (a virtual environment), else on PATH."""
+    exe = pathlib.Path(sys.executable).with_name("horovodrun")
+    if not exe.exists():
+        exe = shutil.which("horovodrun")
+        if exe is None:
+            raise FileNotFoundError("horovodrun not found beside this Python or on PATH: install Horovod")
+    return [str(exe), "-np", str(num_proc), "-H", hosts or f"localhost:{num_proc}", "--gloo"]
+
+
+def job_command(job, settings, job_dir):
+    """``(argv, env)`` of one job."""
+    profile = parse_profile(job.profile, settings["np"], settings["base_step"])
+    env = dict(os.environ, HOROVOD_HETERO_BASE_STEP_S=str(settings["base_step"]), PYTHONUNBUFFERED="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(PACKAGE_PARENT), os.environ.get("PYTHONPATH")])),
+               HOROVOD_HETERO_TELEMETRY=str(job_dir / "telemetry"))
+    env.update(dict(profile.env))        # a variable of the other kind set in the environment adds to it
+    cmd = horovodrun(settings["np"], settings.get("hosts")) + [
+        sys.executable, "-m", MODULES[job.framework], *STRATEGIES[job.strategy][1], "--task", job.task,
+        "--seed", str(job.repeat), "--time-budget", str(settings["budget"]), "--epochs", "1000000",
+        "--eval-interval", str(settings["eval_interval"]), "--batch-size", str(settings["batch_size"]),
+        "--curve", str(job_dir / "curve.jsonl"), "--result", str(job_dir / "result.json")]
+    return cmd, env
+
+
+def run_process(cmd, env, log_path, timeout_s, tick=None):
+    """Run ``cmd`` in its own process group, its output to ``log_path``; call ``tick()`` about 5 times a
+    second. Past ``timeout_s``, or on ``KeyboardInterrupt``, every process it started is killed and
+    waited for (the interrupt is raised again). Returns the exit status (``None`` if it was killed for
+    the timeout)."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while proc.poll() is None:
+                if time.monotonic() > deadline:
+                    kill_tree(proc)
+                    return None
+                if tick is not None:
+                    tick()
+                time.sleep(0.2)
+        except BaseException:
+            kill_tree(proc)
+            raise
+    return proc.returncode
+
+
+def kill_tree(proc, timeout_s=30):
+    """Kill ``proc`` (a ``Popen`` started in a new session), its process group and every descendant,
+    and wait for them all. The descendants are listed before anything is killed: Horovod's launcher
+    starts each rank under a middleman that calls ``os.setsid()``, so the ranks are in neither the
+    group of ``proc`` nor, once it is dead, anywhere beneath it."""
+    import psutil
+
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        tree = []
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    proc.wait(timeout=timeout_s)
+    psutil.wait_procs(tree, timeout=timeout_s)
+
+
+# -- results --
+
+def write_json(path, data):
+    """Replace ``path`` with ``data`` atomically (a reader sees the old file or the new one)."""
+    path = pathlib.Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=float))
+    os.replace(tmp, path)
+
+
+def read_curve(path):
+    """The points of a ``curve.jsonl`` (a list of dicts; empty if the file is missing)."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def time_to_target(curve, task, target, key="t"):
+    """The first ``key`` (seconds ``"t"`` or ``"step"``) at which the curve reaches ``target`` (``task.reached``);
+    ``None`` if never. ``task``: a ``data.Task`` or its name.
+
+    Example:
+        >>> c = [{"t": 1.0, "step": 5, "accuracy": 0.5}, {"t": 2.0, "step": 9, "accuracy": 0.92}]
+        >>> time_to_target(c, "digits", 0.9), time_to_target(c, "digits", 0.9, key="step")
+        (2.0, 9)
+        >>> time_to_target(c, "digits", 0.95) is None
+        True
+    """
+    task = check_task(task) if isinstance(task, str) else task
+    return next((point[key] for point in curve if task.reached(point[task.metric], target)), None)
+
+
+def quality_at(curve, metric, step):
+    """The curve's quality at rank 0's local step ``step`` (linear between points; ``None`` past its end).
+
+    Example:
+        >>> quality_at([{"step": 10, "accuracy": 0.5}, {"step": 20, "accuracy": 0.9}], "accuracy", 15)
+        0.7
+    """
+    if not curve or step > curve[-1]["step"]:
+        return None
+    return float(np.interp(step, [p["step"] for p in curve], [p[metric] for p in curve]))
+
+
+def rounds_of(by_rank):
+    """``{key: {rank: comm_s}}`` of the collective events every rank took part in: global rounds
+    (records with ``round``), or, with no round at all (gradients averaged every step), every step."""
+    events = {}
+    with_rounds = any("round" in r for recs in by_rank.values() for r in recs)
+    for rank, recs in by_rank.items():
+        for r in recs:
+            if with_rounds and "round" in r:
+                events.setdefault(r["round"], {})[rank] = r["comm_s"]
+            elif not with_rounds and r.get("bytes_sent", 0) > 0:
+                events.setdefault(r["step"], {})[rank] = r["comm_s"]
+    full = [v for v in events.values() if len(v) == len(by_rank)]
+    return full[1:]                  # the first waits for every process to start
+
+
+def round_cost_and_wait(by_rank):
+    """``(cost, wait)``: the mean seconds of one global round for the rank that arrived last (it
+    waits for nobody: pure communication), and every rank's mean time waiting for others in a round
+    (its time in the round minus that).
+
+    Example:
+        >>> recs = {0: [{"round": i, "comm_s": 0.3} for i in range(3)], 1: [{"round": i, "comm_s": 0.1} for i in range(3)]}
+        >>> [round(v, 3) for v in round_cost_and_wait(recs)]
+        [0.1, 0.1]
+    """
+    full = rounds_of(by_rank)
+    if not full:
+        return None, None
+    cost = statistics.fmean(min(v.values()) for v in full)
+    waits = [c - min(v.values()) for v in full for c in v.values()]
+    return cost, statistics.fmean(waits)
+
+
+class _Replay(sim.Cluster):
+    """A simulated cluster whose worker q's steps take, in turn, the seconds measured for rank q."""
+
+    def __init__(self, traces, **kwargs):
+        super().__init__(step_times=[statistics.fmean(t) for t in traces], **kwargs)
+        self.traces, self._next = [list(t) for t in traces], [0] * len(traces)
+
+    def draw_one(self, t, q):
+        trace = self.traces[q]
+        self._next[q] += 1
+        return trace[(self._next[q] - 1) % len(trace)]
+
+
+def predict(by_rank, strategy, wall, batch_size, round_cost):
+    """Samples/s the simulator predicts for ``strategy`` over a run of ``wall`` seconds whose ranks'
+    steps took what they took (``compute_s``, step by step) and whose global rounds cost ``round_cost``
+    seconds (``0``: free communication, the bound). The simulation covers the steady part of the run,
+    from the end of the last rank's first step (start-up: process start, the first collective) to the
+    last record; the first steps' samples count, the rest of the wall time (start-up, the final
+    synchronisation) trains nothing, as in the run."""
+    ranks = sorted(by_rank, key=int)
+    begin = max(by_rank[k][0]["time"] for k in ranks)
+    end = max(r["time"] for k in ranks for r in by_rank[k])
+    traces = [[r["compute_s"] for r in by_rank[k][1:]] or [by_rank[k][0]["compute_s"]] for k in ranks]
+    n = len(traces)
+    cluster = _Replay(traces, model_bytes=0.0, latency_s=(round_cost or 0.0) / (2 * (n - 1)) if n > 1 else 0.0,
+                      samples_per_step=batch_size)
+    steady = sim.simulate(cluster, strategy, max(end - begin, 1e-3))
+    return (steady.steps.sum() + n) * batch_size / wall
+
+
+def strategy_object(name):
+    """The strategy object a job of ``name`` runs (built from the same options as the example)."""
+    import argparse
+
+    from horovod_hetero.examples import add_strategy_arguments, build_strategy
+
+    parser = argparse.ArgumentParser()
+    add_strategy_arguments(parser)
+    return build_strategy(parser.parse_args(STRATEGIES[name][1]))
+
+
+def summarize_job(job, job_dir, settings):
+    """The summary of a finished job: measured figures, the time to the target, the simulator's prediction."""
+    task = TASKS[job.task]
+    result = json.loads((job_dir / "result.json").read_text())
+    curve = read_curve(job_dir / "curve.jsonl")
+    target = settings["targets"][job.task]
+    by_rank = load(str(job_dir / "telemetry"))
+    per_rank = summarize(by_rank)
+    wall = result["wall_s"]
+    out = {"samples_per_s": result["samples_per_s"], "wall_s": wall, "final": result[task.metric],
+           "metric": task.metric, "target": target, "steps_rank0": result.get("steps_rank0"),
+           "eval_s": result.get("eval_s"),
+           "time_to_target_s": time_to_target(curve, task, target),
+           "steps_to_target": time_to_target(curve, task, target, key="step"),
+           "compute_ratio": None, "bytes_per_s": None, "wait_per_round_s": None, "round_cost_s": None,
+           "predicted_samples_per_s": None, "bound_samples_per_s": None, "share_of_bound": None,
+           "median_rtt_s": None}
+    if len(by_rank) == settings["np"]:
+        cost, wait = round_cost_and_wait(by_rank)
+        rtts = [s["median_rtt_s"] for s in per_rank.values() if s["median_rtt_s"] is not None]
+        strategy = strategy_object(job.strategy)
+        predicted = predict(by_rank, strategy, wall, settings["batch_size"], cost)   # a fresh copy per worker
+        bound = predict(by_rank, strategy, wall, settings["batch_size"], 0.0)
+        out.update(compute_ratio=[per_rank[k]["compute_ratio"] for k in sorted(per_rank, key=int)],
+                   bytes_per_s=sum(s["bytes_sent"] for s in per_rank.values()) / wall,
+                   wait_per_round_s=wait, round_cost_s=cost, predicted_samples_per_s=predicted,
+                   bound_samples_per_s=bound, share_of_bound=result["samples_per_s"] / bound if bound else None,
+                   median_rtt_s=statistics.median_high(rtts) if rtts else None)
+    return out
+
+
+def settings_of(num_proc, base_step, budget, targets=None, eval_interval=0.5, batch_size=32, hosts=None):
+    """The bench's settings, checked (a ``ValueError`` names the option); ``targets``: task -> target."""
+    targets = dict(targets or {})
+    for name, value in targets.items():
+        task = check_task(name, "--target TASK")
+        # accuracy: in (0, 1]; a distance: > 0
+        targets[name] = check_float(f"--target {name}", value, 0.0, 1.0 if task.higher_is_better else None,
+                                    min_exclusive=True)
+    return {"np": check_int("--np", num_proc, 1),
+            "base_step": check_float("--base-step", base_step, 0.0, min_exclusive=True),
+            "budget": check_float("--budget", budget, 0.0, min_exclusive=True),
+            "eval_interval": check_float("--eval-interval", eval_interval, 0.0),
+            "batch_size": check_int("--batch-size", batch_size, 1), "hosts": hosts,
+            "targets": {name: targets.get(name, task.target) for name, task in TASKS.items()}}
+
+
+def new_results(out, jobs, settings, command):
+    """Create ``out`` and write its ``results.json`` with every job planned; refuses a directory that
+    already holds files (a ``ValueError``)."""
+    out = pathlib.Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise ValueError(f"--out {str(out)!r} is not empty: give a new directory")
+    (out / "jobs").mkdir(parents=True, exist_ok=True)
+    results = {"format": FORMAT, "command": command, "versions": versions(), "settings": settings,
+               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "jobs": [dict(dataclasses.asdict(j), status="planned") for j in jobs]}
+    write_json(out / RESULTS, results)
+    return results
+
+
+def run_bench(out, results, echo, progress=None):
+    """Run every planned job of ``results`` (see ``new_results``), updating ``out/results.json`` after
+    each; ``echo(line)`` gets one line per finished job; ``progress`` a rich ``Progress`` (or None).
+    On ``KeyboardInterrupt`` the running job is killed and marked ``interrupted``, then the interrupt
+    is raised again."""
+    out = pathlib.Path(out)
+    settings = results["settings"]
+    entries = results["jobs"]
+    overall = progress.add_task("bench", total=len(entries)) if progress else None
+    for i, entry in enumerate(entries, start=1):
+        job = Job(**{f.name: entry[f.name] for f in dataclasses.fields(Job)})
+        job_dir = out / "jobs" / job.id
+        job_dir.mkdir(parents=True, exist_ok=True)
+        entry["status"] = "running"
+        write_json(out / RESULTS, results)
+        cmd, env = job_command(job, settings, job_dir)
+        name = f"[{i}/{len(entries)}] {job.framework} {job.task} {job.profile} r{job.repeat} {job.label}"
+        bar = progress.add_task(name, total=settings["budget"]) if progress else None
+        t0 = time.monotonic()
+
+        def tick():
+            if progress:
+                progress.update(bar, completed=min(time.monotonic() - t0, settings["budget"]))
+        try:
+            code = run_process(cmd, env, job_dir / "output.log", settings["budget"] + 180, tick)
+        except KeyboardInterrupt:
+            entry["status"] = "interrupted"
+            write_json(out / RESULTS, results)
+            raise
+        finally:
+            if progress:
+                progress.remove_task(bar)
+        summary = error = None
+        if code == 0 and (job_dir / "result.json").exists():
+            try:
+                summary = summarize_job(job, job_dir, settings)
+            except Exception as e:      # one job's unreadable output fails that job, not the bench
+                error = f"{type(e).__name__}: {e}"
+        if summary is not None:
+            write_json(job_dir / "summary.json", summary)
+            entry.update(status="done", summary=summary)
+            ttt = summary["time_to_target_s"]
+            echo(f"{name}: done in {time.monotonic() - t0:.0f} s, {summary['samples_per_s']:.0f} samples/s, "
+                 f"{summary['metric']} {summary['final']:.3f}, target {summary['target']:g} "
+                 + (f"at {ttt:.1f} s" if ttt is not None else "not reached"))
+        elif error is not None:
+            entry.update(status="failed", exit=code, error=error)
+            echo(f"{name}: FAILED (its results could not be summarised: {error}); see {job_dir}")
+        else:
+            entry.update(status="failed", exit=code)
+            echo(f"{name}: FAILED (exit {code}); see {job_dir / 'output.log'}")
+        write_json(out / RESULTS, results)
+        if progress:
+            progress.advance(overall)
+    results["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    write_json(out / RESULTS, results)
+    return results
+
+
+def median_range(values):
+    """``(median, low, high)`` of the values that are not None; ``(None, None, None)`` if none are.
+
+    Example:
+        >>> median_range([3.0, None, 1.0, 2.0])
+        (2.0, 1.0, 3.0)
+    """
+    values = [v for v in values if v is not None]
+    if not values:
+        return None, None, None
+    return float(np.median(values)), float(min(values)), float(max(values))

@@ -1,0 +1,316 @@
+"""horovod-hetero bench and report: the pure parts (planning, curves, the simulator's prediction, tables)."""
+import json
+import os
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from horovod_hetero import bench, report
+from horovod_hetero.cli import cli
+from horovod_hetero.data import TASKS, noniid_shard, score, task_data
+from horovod_hetero.examples import Curve
+from horovod_hetero.strategies import ESync, Synchronous
+
+
+def test_plan_runs_synchronous_first_and_interleaves_repeats():
+    jobs = bench.plan(["torch", "keras"], ["digits"], ["1,1,1,4", "random"], ["esync", "wagma", "sync"], 2)
+    assert len(jobs) == 2 * 2 * 2 * 3
+    assert [j.strategy for j in jobs[:6]] == ["sync", "esync", "wagma"] * 2
+    assert [j.repeat for j in jobs[:6]] == [0, 0, 0, 1, 1, 1]
+    assert jobs[6].profile == "random" and jobs[-1].framework == "keras"
+    assert len({j.id for j in jobs}) == len(jobs)
+
+
+@pytest.mark.parametrize("args, message", [
+    ((["torch"], ["digits"], ["1,4"], ["magic"], 1), "unknown magic"),
+    ((["torch"], ["digits"], ["1,4"], [], 1), "empty list"),
+    ((["jax"], ["digits"], ["1,4"], ["sync"], 1), "framework must be one of torch, keras"),
+    ((["torch"], ["mnist"], ["1,4"], ["sync"], 1), "--task must be one of digits"),
+    ((["torch"], ["digits"], ["1,4"], ["sync"], 0), "repeats"),
+])
+def test_plan_refuses_bad_input_by_name(args, message):
+    with pytest.raises(ValueError, match=message):
+        bench.plan(*args)
+
+
+def test_profiles():
+    assert bench.parse_profile("random", 4, 0.025).env == (("HOROVOD_HETERO_RANDOM_DELAY", "2:0.075"),)
+    assert bench.parse_profile("random:1:0.5", 4, 0.025).env == (("HOROVOD_HETERO_RANDOM_DELAY", "1:0.5"),)
+    assert bench.parse_profile("1,1,1,1;5:1,1,1,4", 4, 0.025).env == (("HOROVOD_HETERO_SLOWDOWN", "1,1,1,1;5:1,1,1,4"),)
+    with pytest.raises(ValueError, match="gives 2 factors; --np is 4"):
+        bench.parse_profile("1,4", 4, 0.025)
+    with pytest.raises(ValueError, match="COUNT:SECONDS"):
+        bench.parse_profile("random:x", 4, 0.025)
+
+
+def test_time_to_target_in_seconds_and_steps_either_direction(monkeypatch):
+    curve = [{"t": 0.5, "step": 4, "distance": 0.5}, {"t": 1.5, "step": 12, "distance": 0.04},
+             {"t": 2.5, "step": 20, "distance": 0.06}]
+    assert bench.time_to_target(curve, "synthetic", 0.05) == 1.5
+    assert bench.time_to_target(curve, TASKS["synthetic"], 0.05, key="step") == 12
+    assert bench.time_to_target(curve, "synthetic", 0.01) is None
+    assert bench.time_to_target([dict(p, accuracy=1 - p["distance"]) for p in curve], "digits", 0.9) == 1.5
+    assert bench.time_to_target([], "digits", 0.9) is None
+    monkeypatch.setenv("KERAS_BACKEND", "torch")
+    assert bench.versions()["KERAS_BACKEND"] == "torch"
+
+
+def records(step_s, comm, rounds=True, steps=20):
+    """Telemetry of ranks stepping in lockstep: rank r's steps take step_s[r], each step one round."""
+    out = {}
+    for r, s in enumerate(step_s):
+        recs = []
+        for k in range(steps):
+            rec = {"rank": r, "time": 100.0 + k * max(step_s), "step": k + 1, "compute_s": s,
+                   "comm_s": comm + max(step_s) - s, "bytes_sent": 100, "synced": rounds, "samples": 32}
+            if rounds:
+                rec["round"] = k + 1
+            recs.append(rec)
+        out[r] = recs
+    return out
+
+
+def test_round_cost_and_wait_from_rounds_or_steps():
+    for rounds in (True, False):
+        cost, wait = bench.round_cost_and_wait(records([0.1, 0.1, 0.1, 0.4], 0.01, rounds))
+        assert cost == pytest.approx(0.01)
+        assert wait == pytest.approx(3 * 0.3 / 4)          # three ranks wait 0.3 s, the slow one nothing
+    assert bench.round_cost_and_wait({0: [{"step": 1, "comm_s": 0.0, "bytes_sent": 0}]}) == (None, None)
+
+
+def test_prediction_replays_the_measured_step_times():
+    by_rank = records([0.1, 0.4], 0.0, rounds=False, steps=41)          # 40 steady steps of 0.4 s: 16 s
+    wall = 16.0
+    sync = bench.predict(by_rank, Synchronous(), wall, 32, 0.0)
+    assert sync == pytest.approx((2 * 40 + 2) * 32 / wall, rel=0.03)     # every step waits for the slow one
+    esync = bench.predict(by_rank, ESync(), wall, 32, 0.0)
+    assert esync > 2 * sync                                              # the fast rank keeps stepping
+    assert bench.predict(by_rank, Synchronous(), wall, 32, 0.1) == pytest.approx(
+        (2 * 32 + 2) * 32 / wall, rel=0.05)                              # 0.5 s a step with the round
+
+
+def test_quality_at_equal_steps_in_the_table():
+    jobs = bench.plan(["torch"], ["digits"], ["1,4"], ["sync", "esync"], 1)
+    results = fake_results([(j, "done", summary(1.0, 100)) for j in jobs])
+    curves = {jobs[0].id: [{"step": 0, "accuracy": 0.1}, {"step": 40, "accuracy": 0.9}],
+              jobs[1].id: [{"step": 0, "accuracy": 0.1}, {"step": 10, "accuracy": 0.3}, {"step": 100, "accuracy": 0.99}]}
+    group = report.groups(results)[("torch", "digits", "1,4")]
+    assert report.equal_steps(group, curves) == 40
+    assert [r[4] for r in report.rows(group, curves)] == ["0.900", "0.530"]   # 0.3 + 30/90 * 0.69
+    assert "the quality at rank 0's local step 40" in report.markdown(results, curves)
+    assert bench.quality_at(curves[jobs[0].id], "accuracy", 41) is None
+
+
+def test_median_range():
+    assert bench.median_range([None, None]) == (None, None, None)
+    assert bench.median_range([1.0, 5.0, 2.0]) == (2.0, 1.0, 5.0)
+
+
+def test_noniid_shards_are_disjoint_cover_everything_and_are_skewed():
+    y = task_data("digits", 0, 1)[1]
+    shards = [noniid_shard(y, r, 4, skew=0.8) for r in range(4)]
+    assert sorted(np.concatenate(shards).tolist()) == list(range(len(y)))
+    for r, shard in enumerate(shards):
+        home = np.isin(y[shard], [c for c in range(10) if c % 4 == r]).mean()
+        assert home > 0.75
+    iid = task_data("digits", 1, 4)[1]
+    assert np.isin(iid, [1, 5, 9]).mean() < 0.4
+    noniid = task_data("digits-noniid", 1, 4)[1]
+    assert np.isin(noniid, [1, 5, 9]).mean() > 0.8
+
+
+def test_tasks_data_and_score():
+    for name, task in TASKS.items():
+        x, y, xt, yt = task_data(name, 0, 2)
+        assert x.dtype == np.float32 and len(x) == len(y) and len(xt) == len(yt)
+    x, y, xt, yt = task_data("synthetic", 0, 1)
+    w = np.linalg.lstsq(x, y, rcond=None)[0]                 # the whole training set: the optimum itself
+    assert score(TASKS["synthetic"], xt @ w, yt) < 1e-4
+    assert score(TASKS["synthetic"], np.zeros(len(yt)), yt) == pytest.approx(1.0)
+    assert TASKS["synthetic"].reached(0.04) and not TASKS["synthetic"].reached(0.06)
+
+
+def test_curve_evaluates_after_averaging_at_most_every_interval(tmp_path):
+    values = iter([0.5, 0.6, 0.7, 0.8])
+    path = tmp_path / "curve.jsonl"
+    curve = Curve(str(path), 1000.0, lambda: next(values), "accuracy")
+    curve.begin()
+    curve.after_step(1, averaged=False)                      # a local model: not evaluated
+    curve.after_step(2, averaged=True)
+    curve.after_step(3, averaged=True)                       # within the interval
+    curve.final(4)
+    points = bench.read_curve(path)
+    assert [(p["step"], p["accuracy"], p["final"]) for p in points] == [(2, 0.5, False), (4, 0.6, True)]
+    assert points[1]["t"] >= points[0]["t"] >= 0
+
+
+def summary(ttt, sps, final=0.97, ratio=(0.9, 0.9)):
+    return {"time_to_target_s": ttt, "samples_per_s": sps, "final": final, "predicted_samples_per_s": sps * 1.1,
+            "share_of_bound": 0.8, "bytes_per_s": 2e6, "compute_ratio": list(ratio), "wait_per_round_s": 0.01,
+            "bound_samples_per_s": sps * 1.2}
+
+
+def fake_results(jobs):
+    settings = bench.settings_of(2, 0.025, 5.0)
+    entries = []
+    for job, status, s in jobs:
+        entry = dict(job.__dict__, status=status)
+        if s:
+            entry["summary"] = s
+        entries.append(entry)
+    return {"format": bench.FORMAT, "command": ["horovod-hetero", "bench"], "versions": {}, "settings": settings,
+            "jobs": entries}
+
+
+def test_table_medians_speedups_and_unfinished_jobs():
+    jobs = bench.plan(["torch"], ["digits"], ["1,4"], ["sync", "esync"], 3)
+    s = {("sync", 0): summary(4.0, 100), ("esync", 0): summary(1.0, 300), ("sync", 1): summary(6.0, 100),
+         ("esync", 1): summary(2.0, 330), ("sync", 2): summary(None, 90)}
+    results = fake_results([(j, "done" if (j.strategy, j.repeat) in s else "interrupted", s.get((j.strategy, j.repeat)))
+                            for j in jobs])
+    rows = {r[0]: r for r in report.rows(report.groups(results)[("torch", "digits", "1,4")], budget=5)}
+    assert rows["Synchronous"][1] == "6.0 (4.0->5) [2/3 reached]"        # the miss counts as > 5 s
+    assert rows["ESync"][1] == "1.5 (1.0-2.0)"
+    assert rows["ESync"][2] == "3.50x (3.00-4.00)"           # per repeat: 4/1 and 6/2
+    assert rows["ESync"][6] == "3.15x (3.00-3.30)"
+    assert rows["ESync"][10] == "0.90/0.90"
+    assert rows["ESync"][4] == "-"                            # no curves given
+    text = report.markdown(results)
+    assert "| Synchronous | 6.0 (4.0->5) [2/3 reached] |" in text
+    assert "Not finished (1 of 6 jobs): torch-digits-1_4-r2-esync (interrupted)" in text
+
+
+def test_report_refuses_a_missing_or_foreign_directory(tmp_path):
+    runner = CliRunner()
+    missing = runner.invoke(cli, ["report", str(tmp_path / "nope")])
+    assert missing.exit_code == 1 and "no such directory" in missing.output
+    empty = runner.invoke(cli, ["report", str(tmp_path)])
+    assert empty.exit_code == 1 and "is not a horovod-hetero bench directory: it has no results.json" in empty.output
+    (tmp_path / "results.json").write_text(json.dumps({"jobs": []}))
+    foreign = runner.invoke(cli, ["report", str(tmp_path)])
+    assert foreign.exit_code == 1 and "was not written by horovod-hetero bench" in foreign.output
+
+
+def test_bench_refuses_bad_options_before_running(tmp_path):
+    runner = CliRunner()
+    bad = runner.invoke(cli, ["bench", "--np", "8", "--out", str(tmp_path / "o")])
+    assert bad.exit_code == 2 and "--profile '1,1,1,4' gives 4 factors; --np is 8" in bad.output
+    bad = runner.invoke(cli, ["bench", "--target", "digits:0.9", "--out", str(tmp_path / "o")])
+    assert bad.exit_code == 2 and "--target must be TASK=VALUE" in bad.output
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    full = runner.invoke(cli, ["bench", "--strategies", "sync", "--out", str(tmp_path / "full")])
+    assert full.exit_code == 1 and "is not empty" in full.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_misses_count_as_beyond_the_budget_and_speedups_against_synchronous_only(tmp_path):
+    jobs = bench.plan(["torch"], ["digits"], ["1,4"], ["sync", "esync", "wagma"], 3)
+    s = {("sync", 0): summary(4.0, 100), ("esync", 0): summary(1.0, 300), ("wagma", 0): summary(None, 200),
+         ("sync", 1): summary(None, 100), ("esync", 1): summary(2.0, 330), ("wagma", 1): summary(None, 200),
+         ("sync", 2): summary(None, 100), ("esync", 2): summary(2.5, 330), ("wagma", 2): summary(3.0, 200)}
+    results = fake_results([(j, "done", s[j.strategy, j.repeat]) for j in jobs])
+    rows = {r[0]: r for r in report.rows(report.groups(results)[("torch", "digits", "1,4")], budget=5)}
+    assert rows["Synchronous"][1] == ">5 (4.0->5) [1/3 reached]"
+    assert rows["ESync"][2] == ">=2.50x (2.00-4.00)"        # 4/1, >=5/2, >=5/2.5
+    assert rows["WAGMA(S=2,8)"][1] == ">5 (3.0->5) [1/3 reached]"
+    assert rows["WAGMA(S=2,8)"][2] == "~1.23x (0.80-1.67)"   # <=4/5, (both missed: none), >=5/3
+    # without Synchronous in the group, no speedup (not a ratio against whatever ran first)
+    results["jobs"] = [e for e in results["jobs"] if e["strategy"] != "sync"]
+    rows = {r[0]: r for r in report.rows(report.groups(results)[("torch", "digits", "1,4")], budget=5)}
+    assert rows["ESync"][2] == "-" and rows["ESync"][6] == "-"
+
+
+def test_jobs_without_telemetry_read_n_a_and_are_not_drawn_as_zero(tmp_path):
+    pytest.importorskip("matplotlib")
+    jobs = bench.plan(["keras"], ["digits"], ["1,4"], ["sync", "esync"], 2)
+    no_telemetry = dict(summary(2.0, 100), predicted_samples_per_s=None, share_of_bound=None, bytes_per_s=None,
+                        compute_ratio=None, wait_per_round_s=None, bound_samples_per_s=None)
+    s = {("sync", 0): no_telemetry, ("sync", 1): no_telemetry, ("esync", 0): summary(1.0, 300),
+         ("esync", 1): dict(summary(1.0, 300), compute_ratio=None)}        # one repeat without telemetry
+    results = fake_results([(j, "done", s[j.strategy, j.repeat]) for j in jobs])
+    rows = {r[0]: r for r in report.rows(report.groups(results)[("keras", "digits", "1,4")], budget=5)}
+    assert rows["Synchronous"][7:] == ["n/a"] * 5
+    assert rows["ESync"][10] == "0.90/0.90"
+    paths = report.plots(tmp_path, results)
+    assert all(p.exists() for p in paths)
+
+
+def test_plan_dedupes_and_refuses_colliding_job_ids():
+    jobs = bench.plan(["torch", "torch"], ["digits", "digits"], ["1,4", "1,4"], ["sync"], 1)
+    assert [j.id for j in jobs] == ["torch-digits-1_4-r0-sync"]
+    with pytest.raises(ValueError, match="--profile '1.5,1,1,4' and '1,5,1,1,4' give the same job id"):
+        bench.plan(["torch"], ["digits"], ["1.5,1,1,4", "1,5,1,1,4"], ["sync"], 1)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--base-step", "0"], "--base-step must be > 0.0"),
+    (["--target", "digits=abc"], "--target 'digits=abc': VALUE must be a number"),
+    (["--target", "digits=nan"], "--target digits must be a finite number"),
+    (["--target", "digits=1.5"], "--target digits must be <= 1.0"),
+    (["--target", "digits=0"], "--target digits must be > 0.0"),
+    (["--target", "synthetic=-1"], "--target synthetic must be > 0.0"),
+])
+def test_bench_refuses_bad_base_step_and_targets(tmp_path, args, message):
+    bad = CliRunner().invoke(cli, ["bench", *args, "--out", str(tmp_path / "o")])
+    assert bad.exit_code == 2
+    assert message in bad.output, bad.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_job_whose_summary_fails_is_marked_failed_and_the_bench_goes_on(tmp_path, monkeypatch):
+    jobs = bench.plan(["torch"], ["digits"], ["1,4"], ["sync", "esync"], 1)
+    settings = bench.settings_of(2, 0.025, 1.0)
+    results = bench.new_results(tmp_path / "out", jobs, settings, ["horovod-hetero", "bench"])
+
+    def fake_run(cmd, env, log_path, timeout_s, tick=None):
+        (pathlib.Path(log_path).parent / "result.json").write_text("{}")
+        return 0
+
+    def fake_summary(job, job_dir, settings):
+        if job.strategy == "sync":
+            raise KeyError("accuracy")
+        return dict(summary(1.0, 300), metric="accuracy", target=0.95)
+
+    monkeypatch.setattr(bench, "run_process", fake_run)
+    monkeypatch.setattr(bench, "summarize_job", fake_summary)
+    lines = []
+    results = bench.run_bench(tmp_path / "out", results, lines.append)
+    assert [e["status"] for e in results["jobs"]] == ["failed", "done"]
+    assert results["jobs"][0]["error"] == "KeyError: 'accuracy'"
+    assert "could not be summarised: KeyError" in lines[0]
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["jobs"][0]["status"] == "failed"
+
+
+def test_a_timed_out_job_leaves_no_process_even_one_in_its_own_session(tmp_path):
+    """Horovod's middleman calls os.setsid(): a rank is outside the launcher's process group."""
+    psutil = pytest.importorskip("psutil")
+    pid_file = tmp_path / "rank.pid"
+    rank = "import os, sys, time; os.setsid(); open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(60)"
+    launcher = (f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {rank!r}, {str(pid_file)!r}]); "
+                "time.sleep(60)")
+    started = __import__("time").monotonic()
+    code = bench.run_process([sys.executable, "-c", launcher], dict(os.environ), tmp_path / "log", 3.0)
+    assert code is None and __import__("time").monotonic() - started < 30
+    pid = int(pid_file.read_text())
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_the_page_shows_the_command_as_a_shell_would_run_it():
+    results = fake_results([])
+    results["command"] = ["horovod-hetero", "bench", "--profile", "1,1;5:1,4", "--out", "my dir"]
+    page = report.html_page(results, "", [])
+    assert "horovod-hetero bench --profile &#x27;1,1;5:1,4&#x27; --out &#x27;my dir&#x27;" in page
+
+
+def test_the_noniid_split_refuses_more_workers_than_classes(tmp_path):
+    with pytest.raises(ValueError, match="at most one worker per class \\(10 classes\\), got 11 workers"):
+        task_data("digits-noniid", 0, 11)
+    bad = CliRunner().invoke(cli, ["bench", "--np", "11", "--profile", "random", "--task", "digits-noniid",
+                                   "--out", str(tmp_path / "o")])
+    assert bad.exit_code == 2 and "got 11 workers" in bad.output and not (tmp_path / "o").exists()
+    assert [len(set(np.arange(1000)[noniid_shard(np.arange(1000) % 10, r, 8)] % 10) & set(range(r, 10, 8)))
+            for r in range(8)] == [2, 2, 1, 1, 1, 1, 1, 1]
