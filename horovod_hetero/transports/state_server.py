@@ -262,8 +262,11 @@ class StateServer:
             self._pending[peer] = None
             self._selector.register(sock, selectors.EVENT_READ, peer)
             if len(self._pending) > self.max_pending:
-                self.refused += 1
-                self._drop(self._pending.popitem(last=False)[0])
+                oldest = next(iter(self._pending))
+                self._serve_peer(oldest, selectors.EVENT_READ)   # what it sent already is judged first
+                if oldest in self._pending:                      # still not authenticated: ended
+                    self.refused += 1
+                    self._drop(oldest)
             peer.outbox += GREETING + challenge + b"\n"
             self._flush(peer)
 

@@ -125,7 +125,7 @@ def test_a_foreign_process_attacking_the_state_server_changes_nothing():
     if RANK == 0:
         returncode, out, err, server = attacks[0]
         assert returncode == 0 and int(out) >= 25, err
-        assert server.rejected >= 30 and server.refused >= 36                 # 100 held, 64 may wait
+        assert server.rejected >= 30 and server.refused >= 100 - (SIZE + 64), (server.rejected, server.refused, server.failures)  # 100 held, P + 64 may wait
     afters = [e[0] for e in everyone]
     assert all(a == afters[0] for a in afters) and len(afters[0]) == 12
     assert everyone[3][1][2:] == [1] * 10 and not any(e[2] for e in everyone)
