@@ -5,13 +5,19 @@ import time
 import psutil
 
 
+#: Not a strategy's: the watchdog that process sets start once per process (``_horovod.guard_gil``: this
+#: Python thread and faulthandler's C thread), which lives, as Horovod's own threads do, until exit.
+GUARD = "horovod_hetero-gil-guard"
+
+
 def opened():
     process = psutil.Process()
     listening = sorted(f"{c.laddr.ip}:{c.laddr.port}" for c in process.net_connections(kind="inet")
                        if c.status == psutil.CONN_LISTEN)
     sockets = len(process.net_connections(kind="inet"))
-    return {"listening": listening, "sockets": sockets, "threads": sorted(t.name for t in threading.enumerate()),
-            "os_threads": process.num_threads()}
+    names = [t.name for t in threading.enumerate()]
+    return {"listening": listening, "sockets": sockets, "threads": sorted(n for n in names if n != GUARD),
+            "os_threads": process.num_threads() - (2 if GUARD in names else 0)}
 
 
 def settled(before, timeout=5.0):
