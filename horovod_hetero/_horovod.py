@@ -5,6 +5,7 @@ and ``horovod.tensorflow``, so one base class serves both; a framework's ``Colle
 ``hvd`` and adds the tensor operations (``allreduce_sum``, ``copy``).
 """
 import atexit
+import contextlib
 import ctypes
 import faulthandler
 import functools
@@ -289,11 +290,12 @@ def catch_background_abort():
     atexit.register(at_exit)                        # registered after Horovod's: runs before its shutdown
 
 
-def process_state(pid):
-    """``"died"`` or ``"stopped"`` for a process of this host that cannot take part any more, else None."""
+def process_state(process):
+    """``"died"`` or ``"stopped"`` for a process of this host (a pid or a ``psutil.Process``) that
+    cannot take part any more, else None."""
     import psutil
     try:
-        status = psutil.Process(pid).status()
+        status = (process if isinstance(process, psutil.Process) else psutil.Process(process)).status()
     except psutil.NoSuchProcess:
         return "died"
     return {psutil.STATUS_ZOMBIE: "died", psutil.STATUS_DEAD: "died", psutil.STATUS_STOPPED: "stopped"}.get(status)
@@ -332,6 +334,7 @@ class HorovodCollectives(Collectives):
 
     hvd = None          # horovod.torch or horovod.tensorflow, set by the subclass
     _peers = None       # every rank's (host, pid), from know_peers()
+    _watched = None     # {rank: psutil.Process} of this host's other ranks, when process sets are registered
 
     def __init__(self, process_set=None, timeout=DEFAULT_TIMEOUT_S, owner="horovod_hetero", members_only=True):
         hvd = self.hvd
@@ -374,12 +377,43 @@ class HorovodCollectives(Collectives):
         if self.process_set == self.hvd.global_process_set and self._peers is None:
             self._peers = self.allgather_object((socket.gethostname(), os.getpid()),
                                                 what="the exchange of the ranks' process ids")
+            if len(self.hvd.mpi_ops._basics._get_process_set_ids_and_ranks()) > 1:
+                self.watch_peers()
+
+    def _local_peers(self):
+        here = socket.gethostname()
+        return {rank: pid for rank, (host, pid) in enumerate(self._peers or ()) if host == here and rank != self.rank}
 
     def lost_ranks(self):
-        here = socket.gethostname()
-        states = {rank: process_state(pid) for rank, (host, pid) in enumerate(self._peers or ())
-                  if host == here and rank != self.rank}
+        states = {rank: process_state(pid) for rank, pid in self._local_peers().items()}
         return {rank: state for rank, state in states.items() if state}
+
+    def watch_peers(self):
+        """Check this host's other ranks before every enqueue (``check_enqueue``) and end a process
+        whose Python code stops running (``guard_gil``): needed once Horovod holds process sets
+        besides the global one (``catch_background_abort`` says why)."""
+        import psutil
+        guard_gil()
+        if self._watched is None and self._peers:
+            self._watched = {}
+            for rank, pid in self._local_peers().items():
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    self._watched[rank] = psutil.Process(pid)
+
+    def check_enqueue(self, what):
+        """Raise ``RankLostError`` naming ``what`` rather than enqueue a collective that would block.
+
+        Horovod's background thread failed (``check_background``); or, with process sets registered,
+        a rank of this host died: Horovod's thread then fails and, removing the process sets, holds
+        the lock that every enqueue takes, while the enqueue holds the GIL (torch's are pybind calls),
+        so no Python code would run again until ``guard_gil`` ended the process. About 8 us per rank
+        of this host; a rank on another host is not seen (``guard_gil`` remains)."""
+        check_background(what)
+        if self._watched:
+            dead = sorted(rank for rank, process in self._watched.items() if process_state(process) == "died")
+            if dead:
+                raise RankLostError(f"{what} cannot complete: {', '.join(f'rank {r}' for r in dead)} of this "
+                                    f"host died")
 
     def require_groups(self, rank_lists, init_call):
         if self.process_set != self.hvd.global_process_set:
@@ -393,7 +427,7 @@ class HorovodCollectives(Collectives):
             for ranks in (list(r) for r in rank_lists if list(r) not in registered):
                 call_with_timeout(lambda: self.hvd.add_process_set(ranks), self.timeout,
                                   f"adding the process set {ranks}")
-        guard_gil()
+        self.watch_peers()
         for ranks, set_id in registered_ids(table(), rank_lists, init_call).items():
             self._sets[ranks] = ps = ProcessSet(list(ranks))
             ps.process_set_id = set_id

@@ -61,9 +61,19 @@ class Membership:
         try:
             yield controller
         except Exception as e:
-            if isinstance(e, self._failure):
-                self._failed = True
-            replacement = self._lost(controller, e) if self._lost is not None else None
-            if replacement is None:
-                raise
-            raise replacement from e
+            self.reraise(e, controller)
+
+    def reraise(self, error, controller=None):
+        """Raise what ``error`` (raised by a collective of ``controller``, default: the current one)
+        means: the same error after noting a failed collective, or ``lost``'s ``RankLostError``.
+
+        For collectives Horovod enqueues outside a guarded call: the gradient hooks that
+        ``loss.backward()`` runs (``hvd.DistributedOptimizer``'s), which must fail as a step does.
+        """
+        controller = self.controller if controller is None else controller
+        if isinstance(error, self._failure):
+            self._failed = True
+        replacement = self._lost(controller, error) if self._lost is not None and controller is not None else None
+        if replacement is None:
+            raise error
+        raise replacement from error

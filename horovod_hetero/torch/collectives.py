@@ -36,7 +36,7 @@ class TorchCollectives(HorovodCollectives):
 
     @torch.no_grad()
     def allreduce_sum(self, tensors, control, *, ranks=None, name, what, inplace=False):
-        check_background(what)                  # never enqueue into a failed Horovod: it would block
+        self.check_enqueue(what)                # never enqueue into a failed Horovod: it would block
         device = tensors[0].device if len(tensors) else torch.device("cpu")
         group = list(tensors) + [torch.tensor(control, dtype=torch.float64, device=device)]
         enqueue = hvd.grouped_allreduce_async_ if inplace else hvd.grouped_allreduce_async
@@ -48,13 +48,13 @@ class TorchCollectives(HorovodCollectives):
         return [t.clone() for t in tensors]
 
     def broadcast(self, tensors, root_rank, *, name, what):
-        check_background(what)
+        self.check_enqueue(what)
         handles = [hvd.broadcast_async(t.detach(), root_rank, name=f"{name}.{i}", process_set=self.process_set)
                    for i, t in enumerate(tensors)]
         return [wait(h, self.timeout, what) for h in handles]
 
     def mean(self, tensors, *, name):
-        check_background("the gradient average")
+        self.check_enqueue("the gradient average")
         handle = hvd.grouped_allreduce_async(list(tensors), op=hvd.Average, name=name, process_set=self.process_set)
         return wait(handle, self.timeout, "the gradient average")
 

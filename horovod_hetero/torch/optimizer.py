@@ -163,6 +163,20 @@ class _SynchronousOptimizer(_HeteroMethods):
     """Horovod's own optimizer (``_hh_base``: gradient averaging, or Adasum), plus telemetry,
     slowdown and ``sync_model()``; every method it does not name is Horovod's."""
 
+    def _allreduce_grad_async(self, p):
+        # Horovod's gradient hooks enqueue here during loss.backward(), outside step()'s guard: a
+        # lost rank must fail there as it fails in step() (RankLostError, or elastic's reset)
+        try:
+            return self._hh_base._allreduce_grad_async(self, p)
+        except Exception as e:
+            self._hh_membership.reraise(e)
+
+    def _grouped_allreduce_grad_async(self, ps):
+        try:
+            return self._hh_base._grouped_allreduce_grad_async(self, ps)
+        except Exception as e:
+            self._hh_membership.reraise(e)
+
     def synchronize(self):
         t0 = time.perf_counter()
         try:

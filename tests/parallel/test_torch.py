@@ -161,6 +161,27 @@ def test_one_fused_collective_per_averaging_step(monkeypatch):
     assert offset == flat.numel()
 
 
+@pytest.mark.parametrize("groups", [None, 1])
+def test_a_failed_gradient_enqueue_in_backward_is_a_lost_rank(monkeypatch, groups):
+    """Horovod's gradient hooks enqueue during loss.backward(), before step(): a collective that fails
+    there (Horovod shut down by a dead rank) raises RankLostError, as it would in step()."""
+    import horovod.torch.optimizer as hvd_optimizer
+    from horovod.common.exceptions import HorovodInternalError
+    from horovod_hetero.errors import RankLostError
+
+    def shut_down(*args, **kwargs):
+        raise HorovodInternalError("Horovod has been shut down")
+
+    model = torch.nn.Linear(3, 2)
+    opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  named_parameters=model.named_parameters(), groups=groups)
+    monkeypatch.setattr(hvd_optimizer, "allreduce_async_", shut_down)
+    monkeypatch.setattr(hvd_optimizer, "grouped_allreduce_async_", shut_down)
+    with pytest.raises(RankLostError, match=r"^the gradient allreduce of step 1 \(round 0, step 1\) failed on "
+                                            rf"rank {RANK}: .*Cause: HorovodInternalError: Horovod has been shut"):
+        model(torch.ones(1, 3)).sum().backward()
+
+
 def test_telemetry_counts_local_steps_and_syncs():
     p = torch.nn.Parameter(torch.zeros(2))
     opt = hh.DistributedOptimizer(torch.optim.SGD([p], lr=1.0), named_parameters=[("p", p)],

@@ -116,3 +116,33 @@ def test_a_dead_or_stopped_process_of_this_host_is_named():
         if child.poll() is None:
             child.kill()
 
+
+
+def test_with_process_sets_an_enqueue_is_refused_once_a_rank_of_this_host_died(monkeypatch):
+    """With process sets, Horovod's failed thread holds the lock a torch enqueue waits on while that
+    enqueue holds the GIL: a rank of this host that died is seen before the enqueue, a stopped one is not."""
+    import socket
+
+    from horovod_hetero.torch.collectives import TorchCollectives
+    monkeypatch.setattr(_horovod, "guard_gil", lambda: None)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        c = object.__new__(TorchCollectives)
+        c.rank = 0
+        here = socket.gethostname()
+        c._peers = [(here, 0), (here, stopped.pid), ("another-host", 1), (here, dead.pid)]
+        c.check_enqueue("the test round")                    # not watched: nothing is checked
+        c.watch_peers()
+        assert sorted(c._watched) == [1]                      # the dead one is gone already, the other host's unseen
+        c._watched[3] = __import__("psutil").Process(stopped.pid)
+        stopped.send_signal(signal.SIGSTOP)
+        c.check_enqueue("the test round")                    # stopped: it may come back
+        stopped.kill()
+        stopped.wait()
+        with pytest.raises(RankLostError, match=r"^the test round cannot complete: rank 1, rank 3 of this host died$"):
+            c.check_enqueue("the test round")
+    finally:
+        if stopped.poll() is None:
+            stopped.kill()

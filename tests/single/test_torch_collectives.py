@@ -26,6 +26,7 @@ class RecordingHorovod:
         monkeypatch.setattr(hvd, "synchronize", lambda handle: self._out.pop(handle))
         monkeypatch.setattr(hvd, "broadcast_object", lambda obj, **kw: obj)     # the first start's counters
         monkeypatch.setattr(hvd, "allgather_object", lambda obj, **kw: [obj])    # ... and its ranks' pids
+        monkeypatch.setattr(hvd.mpi_ops._basics, "_get_process_set_ids_and_ranks", lambda: {0: [0]})  # no sets
 
     def _enqueue(self, tensors, kwargs, inplace):
         self.groups.append((kwargs["name"], [(t.device, t.dtype) for t in tensors]))
