@@ -207,26 +207,38 @@ def collective_failed(error):
 HOLD_S = 20.0
 #: Seconds without the GIL after which a process with process sets ends (``guard_gil``).
 GIL_LIMIT_S = 45.0
+#: The name of ``guard_gil``'s thread.
+GIL_GUARD_THREAD = "horovod_hetero-gil-guard"
 _hook = {}
+_guard, _guard_lock = {"running": False}, threading.Lock()
 
 
-def guard_gil():
+def guard_gil(running):
     """End the process (exit code 1, every thread's traceback on stderr) if no Python code could run
-    for ``GIL_LIMIT_S`` s: Python's ``faulthandler`` watchdog, a C thread that needs no GIL, re-armed
-    every second by a daemon thread of ours. Started when process sets are used: there a main thread
-    that enqueued a collective while Horovod's failed background thread holds the process-set lock
-    waits for it forever holding the GIL, and the terminate handler (``catch_background_abort``),
-    which needs the GIL, never runs."""
-    if _hook.get("gil") or sys.__stderr__ is None:
-        return
-    _hook["gil"] = True
+    for ``GIL_LIMIT_S`` s while Horovod runs (``running()``: ``hvd.is_initialized``): Python's
+    ``faulthandler`` watchdog, a C thread that needs no GIL, re-armed every second by a daemon thread
+    of ours, which cancels it and ends when Horovod shuts down (the next adapter that needs it starts
+    it again). Started when process sets are used: there a main thread that enqueued a collective
+    while Horovod's failed background thread holds the process-set lock waits for it forever holding
+    the GIL, and the terminate handler (``catch_background_abort``), which needs the GIL, never runs.
+    (``check_enqueue`` keeps this rank's own enqueues out of that lock when it sees a rank of this
+    host die; the watchdog covers the rest: a rank lost on another host, a user's own collective.)"""
+    with _guard_lock:
+        if _guard["running"] or sys.__stderr__ is None:
+            return
+        _guard["running"] = True
 
     def rearm():
-        while True:
-            faulthandler.dump_traceback_later(GIL_LIMIT_S, exit=True, file=sys.__stderr__)
-            time.sleep(1.0)
+        try:
+            while running():
+                faulthandler.dump_traceback_later(GIL_LIMIT_S, exit=True, file=sys.__stderr__)
+                time.sleep(1.0)
+        finally:
+            with _guard_lock:
+                faulthandler.cancel_dump_traceback_later()
+                _guard["running"] = False
 
-    threading.Thread(target=rearm, name="horovod_hetero-gil-guard", daemon=True).start()
+    threading.Thread(target=rearm, name=GIL_GUARD_THREAD, daemon=True).start()
 
 
 def catch_background_abort():
@@ -393,7 +405,7 @@ class HorovodCollectives(Collectives):
         whose Python code stops running (``guard_gil``): needed once Horovod holds process sets
         besides the global one (``catch_background_abort`` says why)."""
         import psutil
-        guard_gil()
+        guard_gil(self.hvd.is_initialized)
         if self._watched is None and self._peers:
             self._watched = {}
             for rank, pid in self._local_peers().items():

@@ -134,16 +134,15 @@ def wait_for(predicate, limit_s):
 
 
 def rate(ranks, start, end):
-    """The job's samples/s between two unix times (every rank's PROGRESS lines), None if too few."""
-    total = 0.0
-    for r in ranks:
-        points = [(s, t) for s, t in r.progress() if start <= t <= end]
-        if len(points) >= 2:
-            (s0, t0), (s1, t1) = points[0], points[-1]
-            total += (s1 - s0) * BATCH / (t1 - t0) if t1 > t0 else 0.0
-        else:
-            return None
-    return total
+    """The job's samples/s between two unix times: every rank's steps in that window (from its
+    PROGRESS lines, every 5 steps) over the window's length; None for a window under 0.5 s."""
+    if end - start < 0.5:
+        return None
+
+    def steps_by(r, t):
+        return max([s for s, at in r.progress() if at <= t], default=0)
+
+    return sum(steps_by(r, end) - steps_by(r, start) for r in ranks) * BATCH / (end - start)
 
 
 def run(case, start_limit_s=120):
@@ -187,7 +186,10 @@ def run(case, start_limit_s=120):
         after = None
         if case.survives:
             after = rate(ranks, fault_end + 0.5, min(r.progress()[-1][1] for r in ranks))
-        rates = (rate(ranks, 0, fault), rate(ranks, fault, fault_end) if fault_end > fault + 0.5 else None, after)
+        else:                   # "during": from the fault to the last survivor's exit (no step should count)
+            fault_end = max((r.ended or time.time()) for r in others)
+        first = min((r.progress()[0][1] for r in ranks if r.progress()), default=fault)
+        rates = (rate(ranks, first, fault), rate(ranks, fault, fault_end), after)
         ends = {r.rank: (r.ended or time.time()) - fault for r in ranks}
         codes = {r.rank: r.proc.returncode for r in ranks}
         errors = {r.rank: (r.find("ERROR ") or [None])[0] and r.find("ERROR ")[0].split()[0] for r in ranks}

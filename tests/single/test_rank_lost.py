@@ -124,7 +124,7 @@ def test_with_process_sets_an_enqueue_is_refused_once_a_rank_of_this_host_died(m
     import socket
 
     from horovod_hetero.torch.collectives import TorchCollectives
-    monkeypatch.setattr(_horovod, "guard_gil", lambda: None)
+    monkeypatch.setattr(_horovod, "guard_gil", lambda running: None)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
@@ -146,3 +146,25 @@ def test_with_process_sets_an_enqueue_is_refused_once_a_rank_of_this_host_died(m
     finally:
         if stopped.poll() is None:
             stopped.kill()
+
+
+def test_the_gil_watchdog_follows_horovod_and_ends_a_process_whose_python_cannot_run():
+    import threading
+    import time
+
+    def guards():
+        return [t for t in threading.enumerate() if t.name == _horovod.GIL_GUARD_THREAD]
+
+    running = [True]
+    _horovod.guard_gil(lambda: running[0])
+    _horovod.guard_gil(lambda: running[0])                   # once per process
+    assert len(guards()) == 1
+    running[0] = False                                       # Horovod shut down: the watchdog ends
+    guards()[0].join(5)
+    assert guards() == []
+    # a main thread that holds the GIL in C for 3 s (PyDLL keeps it), the limit at 1 s: exit 1 with a dump
+    code = ("import ctypes, time; from horovod_hetero import _horovod; _horovod.GIL_LIMIT_S = 1.0; "
+            "_horovod.guard_gil(lambda: True); time.sleep(0.2); ctypes.PyDLL(None).sleep(3); print('survived')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "survived" not in done.stdout, (done.returncode, done.stdout)
+    assert "Timeout (0:00:01)!" in done.stderr and "in <module>" in done.stderr
