@@ -16,10 +16,22 @@ from horovod_hetero import strategies
 from horovod_hetero.data import TASKS
 
 
+#: ``--strategy`` name -> the strategy, from the parsed options (``build_strategy``); one table for the
+#: examples' choices and ``horovod-hetero bench``'s strategies.
+BUILDERS = {
+    "sync": lambda args: strategies.Synchronous(),
+    "localsgd": lambda args: strategies.LocalSGD(period=args.period, warmup_steps=args.warmup_steps),
+    "esync": lambda args: strategies.ESync(global_lr=args.global_lr, mode=args.mode),
+    "wagma": lambda args: strategies.WAGMA(group_size=args.group_size, sync_period=args.period),
+    "elasticbsp": lambda args: strategies.ElasticBSP(lookahead=args.lookahead),
+    "dssp": lambda args: strategies.DSSP(staleness=tuple(args.staleness)),
+    "adsp": lambda args: strategies.ADSP(check_period=args.check_period, search_every=args.search_every),
+}
+
+
 def add_strategy_arguments(parser):
     """The options that choose and configure a strategy, on an ``argparse`` parser."""
-    parser.add_argument("--strategy", choices=["sync", "localsgd", "esync", "wagma", "elasticbsp", "dssp", "adsp"],
-                        default="localsgd")
+    parser.add_argument("--strategy", choices=list(BUILDERS), default="localsgd")
     parser.add_argument("--period", type=int, default=8, help="LocalSGD period, WAGMA sync_period")
     parser.add_argument("--warmup-steps", type=int, default=0, help="LocalSGD steps averaged each")
     parser.add_argument("--mode", choices=["blocking", "delayed_ack"], default="blocking", help="ESync mode")
@@ -33,19 +45,7 @@ def add_strategy_arguments(parser):
 
 def build_strategy(args):
     """The strategy ``args`` (parsed with ``add_strategy_arguments``) name."""
-    if args.strategy == "sync":
-        return strategies.Synchronous()
-    if args.strategy == "esync":
-        return strategies.ESync(global_lr=args.global_lr, mode=args.mode)
-    if args.strategy == "wagma":
-        return strategies.WAGMA(group_size=args.group_size, sync_period=args.period)
-    if args.strategy == "elasticbsp":
-        return strategies.ElasticBSP(lookahead=args.lookahead)
-    if args.strategy == "dssp":
-        return strategies.DSSP(staleness=tuple(args.staleness))
-    if args.strategy == "adsp":
-        return strategies.ADSP(check_period=args.check_period, search_every=args.search_every)
-    return strategies.LocalSGD(period=args.period, warmup_steps=args.warmup_steps)
+    return BUILDERS[args.strategy](args)
 
 
 def add_run_arguments(parser):

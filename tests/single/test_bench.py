@@ -314,3 +314,11 @@ def test_the_noniid_split_refuses_more_workers_than_classes(tmp_path):
     assert bad.exit_code == 2 and "got 11 workers" in bad.output and not (tmp_path / "o").exists()
     assert [len(set(np.arange(1000)[noniid_shard(np.arange(1000) % 10, r, 8)] % 10) & set(range(r, 10, 8)))
             for r in range(8)] == [2, 2, 1, 1, 1, 1, 1, 1]
+
+
+def test_the_bench_runs_every_strategy_the_examples_build_each_from_its_own_options():
+    from horovod_hetero import examples
+    assert list(bench.STRATEGIES) == list(examples.BUILDERS)
+    for name, (label, options) in bench.STRATEGIES.items():
+        assert options[:2] == ["--strategy", name]
+        assert label.startswith(type(bench.strategy_object(name)).__name__), (name, label)
