@@ -135,8 +135,8 @@ def wait_for(predicate, limit_s):
 
 def rate(ranks, start, end):
     """The job's samples/s between two unix times: every rank's steps in that window (from its
-    PROGRESS lines, every 5 steps) over the window's length; None for a window under 0.5 s."""
-    if end - start < 0.5:
+    PROGRESS lines, every 5 steps) over the window's length; None for a window under 0.2 s."""
+    if end - start < 0.2:
         return None
 
     def steps_by(r, t):
