@@ -195,11 +195,13 @@ def follow_ranks(hvd, process_set, telemetry, build):
 
 def collective_failed(error):
     """True if ``error`` is Horovod's report of a failed collective: ``HorovodInternalError``
-    (torch, object collectives), TensorFlow's ``OpError`` from a Horovod op, or a timeout of ours."""
+    (torch, object collectives), TensorFlow's ``OpError`` from a Horovod op, or a timeout of ours.
+    (In a compiled function the op that was running when Horovod failed reports Gloo's error under
+    its node's name, ``horovod_hetero.*``; ops after it, "Horovod has been shut down".)"""
     if isinstance(error, (HorovodInternalError, RankLostError)):
         return True
     op_error = any(c.__name__ == "OpError" for c in type(error).__mro__)    # no TensorFlow import here
-    return op_error and "Horovod" in str(error)
+    return op_error and ("Horovod" in str(error) or "{{node horovod_hetero." in str(error))
 
 
 #: Seconds Horovod's failed background thread is held for the main thread to raise ``RankLostError``

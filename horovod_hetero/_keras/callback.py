@@ -9,7 +9,7 @@ import numpy as np
 
 from horovod_hetero._horovod import check_process_set, check_run_options, follow_ranks
 from horovod_hetero._keras import collectives_class, value, weights
-from horovod_hetero._keras.horovod_layer import check_optimizer
+from horovod_hetero._keras.horovod_layer import begin_training
 from horovod_hetero.rules.partition import epoch_indices, step_times_of
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, Model
 from horovod_hetero.runtime.controller import HeteroController
@@ -136,7 +136,7 @@ class HeteroSyncCallbackImpl:
         return self._hh_controller().telemetry
 
     def on_train_begin(self, logs=None):
-        check_optimizer(self.model)
+        begin_training(self.model, self.timeout)
         self._hh_controller().start()
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -215,6 +215,7 @@ class SlowdownCallbackImpl:
         self._slowdown, self._pacer = slowdown, None
 
     def on_train_begin(self, logs=None):
+        begin_training(self.model)
         hvd = collectives_class().hvd
         self._pacer = Pacer(Slowdown(hvd.rank(), self._slowdown, size=hvd.size()))
 

@@ -1,17 +1,20 @@
 """What Horovod's Keras layer gives on Keras 2, for any Keras: synchronous training, the initial
-broadcast, metric averaging, learning-rate warm-up; and the refusal of what would go wrong silently.
+broadcast, metric averaging, learning-rate warm-up; the refusal of what would go wrong silently; and
+a lost rank named (``RankLostError``) when synchronous training's average fails inside ``fit``.
 
 Horovod 0.28.1 hooks Keras 2's optimizer methods and variable API: on Keras 3 its
 ``DistributedOptimizer`` averages nothing and its callbacks raise. Everything here works on Keras 3
 with the TensorFlow or PyTorch backend and on Keras 2, through the backend's ``Collectives``.
 """
 import logging
+import os
 
 import numpy as np
 
-from horovod_hetero._horovod import check_process_set
+from horovod_hetero._horovod import check_process_set, collective_failed
 from horovod_hetero._keras import collectives_class, keras_major, keras_module, value, weights
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S
+from horovod_hetero.runtime.controller import rank_lost_error
 from horovod_hetero.validation import check_bool, check_float, check_int
 
 log = logging.getLogger("horovod_hetero")
@@ -83,9 +86,95 @@ def averaging_optimizer(optimizer, collectives):
         return base.apply(self, collectives.mean(grads, name="horovod_hetero.gradients"), trainable_variables)
 
     optimizer.__class__ = type(base.__name__, (base,), {
-        "apply": apply, "_hh_averaging": True, "__module__": base.__module__, "__qualname__": base.__qualname__,
-        "__doc__": base.__doc__})
+        "apply": apply, "_hh_averaging": True, "_hh_collectives": collectives, "__module__": base.__module__,
+        "__qualname__": base.__qualname__, "__doc__": base.__doc__})
     return optimizer
+
+
+def step_collectives(optimizer, timeout=DEFAULT_TIMEOUT_S):
+    """The ``Collectives`` that average gradients inside ``optimizer``'s update, hence inside Keras'
+    compiled train step: ``hh.DistributedOptimizer``'s, or for Horovod's Keras 2
+    ``hvd.DistributedOptimizer`` ones over its process set (made once, ``timeout`` for their object
+    collectives); None for an optimizer that averages nothing."""
+    found = getattr(optimizer, "_hh_collectives", None)
+    if found is None and getattr(optimizer, "_allreduce_grads", None) is not None:     # Horovod's, Keras 2
+        found = collectives_class()(optimizer.process_set, timeout, owner="hvd.DistributedOptimizer",
+                                    members_only=False)
+        optimizer._hh_collectives = found
+    return found if found is not None and found.included else None
+
+
+class GuardedTrainFunction:
+    """``model.train_function`` whose failed gradient average raises ``RankLostError``.
+
+    The average runs inside the step Keras compiles (TensorFlow) or traces (torch), past every
+    callback: a lost rank comes out of ``fit`` as TensorFlow's ``UnknownError`` naming Horovod's
+    shutdown, or torch's ``HorovodInternalError``. Whatever ``collective_failed`` recognises becomes
+    the ``RankLostError`` the strategies' callbacks raise (``CollectiveTimeoutError`` stays one),
+    naming the gradient allreduce, the step (the optimizer's ``iterations`` + 1; with
+    ``steps_per_execution`` > 1 the first step of the failed execution) and the lost rank
+    (``collectives.lost_ranks``); round 0, as for torch's ``Synchronous``: no model-averaging round
+    runs. Other errors pass unchanged; attributes are the wrapped function's (TensorBoard reads them).
+    Keras' ``fit`` re-raises it ``from None``: the original error is its ``__context__``.
+    """
+
+    def __init__(self, function, model, collectives):
+        self.__wrapped__, self._model, self._collectives = function, model, collectives
+        self.restart()
+
+    def restart(self):
+        """Take the step count from the optimizer (a ``fit`` begins: it may have loaded a checkpoint)."""
+        self._done = self._iterations()
+        per_call = getattr(self._model, "_steps_per_execution", None)       # Keras 2: a variable
+        if per_call is None:
+            per_call = getattr(self._model, "steps_per_execution", 1)
+        self._single = int(value(per_call) if hasattr(per_call, "value") else per_call) == 1
+
+    def _iterations(self):
+        return int(value(self._model.optimizer.iterations))
+
+    def __call__(self, *args, **kwargs):
+        try:
+            logs = self.__wrapped__(*args, **kwargs)
+        except Exception as error:
+            if not collective_failed(error):
+                raise
+            # the steps done before this call: in a compiled step the optimizer's iterations may
+            # already count the failed one (its increment does not wait for the average)
+            step = self._done + 1
+            raise rank_lost_error(error, f"the gradient allreduce of step {step}", 0, step, self._collectives.rank,
+                                  self._collectives.lost_ranks()) from error
+        # one step per call: counted here, no read of a variable (a device sync) per step
+        self._done = self._done + 1 if self._single else self._iterations()
+        return logs
+
+    def __getattr__(self, name):
+        return getattr(self.__wrapped__, name)
+
+
+def guard_train_function(model, timeout=DEFAULT_TIMEOUT_S):
+    """Wrap ``model.train_function`` in a ``GuardedTrainFunction`` if its optimizer averages inside
+    the step (``step_collectives``), once per train function (later fits only ``restart`` it); first
+    note where every rank runs (``know_peers``: an object allgather, so on every rank at the same
+    point: ``on_train_begin``, which Keras 2 and 3 call after ``make_train_function``). Not under
+    ``hvd.elastic`` (``HOROVOD_ELASTIC=1``), whose reset needs Horovod's error."""
+    function = getattr(model, "train_function", None)
+    if isinstance(function, GuardedTrainFunction):
+        function.restart()
+        return
+    if function is None or os.environ.get("HOROVOD_ELASTIC") == "1":
+        return
+    collectives = step_collectives(getattr(model, "optimizer", None), timeout)
+    if collectives is not None:
+        collectives.know_peers()
+        model.train_function = GuardedTrainFunction(function, model, collectives)
+
+
+def begin_training(model, timeout=DEFAULT_TIMEOUT_S):
+    """What every hh callback does when training begins: ``check_optimizer``, then
+    ``guard_train_function`` (the first callback wraps, on every rank alike)."""
+    check_optimizer(model)
+    guard_train_function(model, timeout)
 
 
 class BroadcastGlobalVariablesCallbackImpl:
@@ -116,7 +205,7 @@ class BroadcastGlobalVariablesCallbackImpl:
         return True
 
     def on_train_begin(self, logs=None):
-        check_optimizer(self.model)
+        begin_training(self.model, self.timeout)
         if not self.broadcast_done:
             self.broadcast_done = self._broadcast()
 
@@ -134,7 +223,7 @@ class MetricAverageCallbackImpl:
         self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
 
     def on_train_begin(self, logs=None):
-        check_optimizer(self.model)
+        begin_training(self.model, self.timeout)
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is None:
@@ -163,7 +252,7 @@ class LearningRateWarmupCallbackImpl:
         self._epoch, self._restore = 0, None
 
     def on_train_begin(self, logs=None):
-        check_optimizer(self.model)
+        begin_training(self.model)
         collectives = collectives_class()(None, DEFAULT_TIMEOUT_S, owner=type(self).__name__)
         self._size, self._rank = collectives.size, collectives.rank
         if self.steps_per_epoch is None:

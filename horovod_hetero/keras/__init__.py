@@ -31,7 +31,9 @@ def DistributedOptimizer(optimizer, process_set=None, timeout=DEFAULT_TIMEOUT_S,
     3's ``fit`` never calls, so there it averages nothing. On Keras 2 this is ``hvd.DistributedOptimizer``.
     Under ``mixed_float16`` wrap a ``LossScaleOptimizer`` (``hh.DistributedOptimizer(
     keras.optimizers.LossScaleOptimizer(opt))``); on TensorFlow compile with ``jit_compile=False``
-    where Keras would use XLA (GPUs): the hh callbacks refuse both mistakes by name.
+    where Keras would use XLA (GPUs): the hh callbacks refuse both mistakes by name. A lost rank
+    fails the average inside the step; the first hh callback (``BroadcastGlobalVariablesCallback``)
+    makes that error a ``RankLostError`` naming the step and the rank (``GuardedTrainFunction``).
 
     Args:
         optimizer: a Keras optimizer (of the Keras that runs).

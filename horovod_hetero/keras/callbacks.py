@@ -142,7 +142,9 @@ class ADSPCallback(HeteroSyncCallback):
 
 class BroadcastGlobalVariablesCallback(BroadcastGlobalVariablesCallbackImpl, Callback):
     """Start every rank from ``root_rank``'s model and optimizer state (Horovod's callback of the
-    same name, for any Keras and backend). Put it first among the callbacks.
+    same name, for any Keras and backend). Put it first among the callbacks. Like every hh callback,
+    when training begins it makes a lost rank in ``hh.DistributedOptimizer``'s gradient average a
+    ``RankLostError`` (``_keras.horovod_layer.guard_train_function``).
 
     Args:
         root_rank: the (global) rank whose variables every rank takes.

@@ -22,6 +22,44 @@ def ring_bytes(payload_bytes, size):
     return int(2 * (size - 1) * payload_bytes / size) if size > 1 else 0
 
 
+def rank_lost_error(error, doing, round_, step, rank, lost):
+    """The ``RankLostError`` that replaces ``error`` (a failed or timed-out collective; a
+    ``CollectiveTimeoutError`` keeps its class) on a surviving rank.
+
+    Args:
+        error: what the collective raised (the new error's ``__cause__`` is set by ``raise ... from``).
+        doing: the collective, e.g. ``"model averaging round"``.
+        round_, step: the round and step it belonged to.
+        rank: this rank.
+        lost: ``{rank: "died" | "stopped"}`` as this host sees them (``Collectives.lost_ranks``).
+
+    Example:
+        >>> str(rank_lost_error(OSError("peer gone"), "model averaging round", 3, 12, 0, {1: "died"}))[:88]
+        'model averaging round (round 3, step 12) failed on rank 0: a rank was lost (rank 1 died)'
+    """
+    who = (", ".join(f"rank {r} {state}" for r, state in sorted(lost.items())) if lost
+           else "which rank is not known here")
+    kind = type(error) if isinstance(error, RankLostError) else RankLostError
+    return kind(f"{doing} (round {round_}, step {step}) failed on rank {rank}: a rank was lost ({who}). Every rank "
+                f"stops; restart from a checkpoint, or train under hvd.elastic.run. Cause: {type(error).__name__}: "
+                f"{error_summary(error)}")
+
+
+def error_summary(error):
+    """The line of ``error``'s message that says what happened: the first one that is neither indented
+    nor a heading ending in ``:`` (TensorFlow's ``Graph execution error:`` and the stack of the op
+    come before Horovod's own line), else the first line, else the class name.
+
+    Example:
+        >>> error_summary(RuntimeError("Graph execution error:\\n\\n  File x.py\\nHorovod has been shut down.\\n"
+        ...                            "\\t [[{{node a}}]]"))
+        'Horovod has been shut down.'
+    """
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    said = [line for line in lines if not line[0].isspace() and not line.rstrip().endswith(":")]
+    return (said or lines or [type(error).__name__])[0].strip()
+
+
 class HeteroController:
     """Runs a strategy on one rank.
 
@@ -95,16 +133,10 @@ class HeteroController:
         """The ``RankLostError`` a survivor raises when ``error`` (a failed or timed-out collective)
         interrupted this rank: it names the collective, the round, the step and the lost rank where
         this host sees it (``Collectives.lost_ranks``)."""
-        lost = self.collectives.lost_ranks()
-        who = (", ".join(f"rank {r} {state}" for r, state in sorted(lost.items())) if lost
-               else "which rank is not known here")
         doing = self._activity or (f"the gradient allreduce of step {self.strategy.step + 1}"
                                    if self.strategy.averages_gradients else f"step {self.strategy.step + 1}")
-        cause = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        kind = type(error) if isinstance(error, RankLostError) else RankLostError
-        return kind(f"{doing} (round {self.protocol.round}, step {self.strategy.step + 1}) failed on rank {self.rank}: "
-                    f"a rank was lost ({who}). Every rank stops; restart from a checkpoint, or train under "
-                    f"hvd.elastic.run. Cause: {type(error).__name__}: {cause}")
+        return rank_lost_error(error, doing, self.protocol.round, self.strategy.step + 1, self.rank,
+                               self.collectives.lost_ranks())
 
     def _initial_round(self):
         """With ``global_lr != 1``, average the initial models once (w_0, the same on every rank,

@@ -13,13 +13,7 @@ from harness import CASES, EXIT_LIMIT_S, run
 LOST = ("RankLostError", "CollectiveTimeoutError")
 
 
-#: Keras Synchronous on TensorFlow averages gradients inside the compiled train step: the failure comes
-#: out of fit() as TensorFlow's UnknownError, past every hook of ours (README: "A rank dies or freezes").
-GAP = pytest.mark.xfail(strict=True, reason="Keras Synchronous (TensorFlow): the error comes out of fit()")
-
-
-@pytest.mark.parametrize("case", [pytest.param(c, marks=GAP) if c.framework == "keras" and c.strategy == "sync"
-                                  and not c.survives else c for c in CASES], ids=lambda c: c.name)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_fault(case, fault_table):
     outcome = run(case)
     fault_table.append(outcome)

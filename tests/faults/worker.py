@@ -93,7 +93,7 @@ def keras_main():
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     if STRATEGY == "sync":
         model.compile(optimizer=hh.DistributedOptimizer(keras.optimizers.SGD(0.05), timeout=TIMEOUT), loss=loss)
-        callbacks = []
+        callbacks = [hh.callbacks.BroadcastGlobalVariablesCallback(0)]          # as every Horovod Keras script
     else:
         model.compile(optimizer=keras.optimizers.SGD(0.05), loss=loss)
         callbacks = [hh.callbacks.HeteroSyncCallback(strategy=strategy(hh), timeout=TIMEOUT)]
