@@ -14,7 +14,7 @@ env: $(READY)
 demo: $(READY)
 	$(PY) -m horovod_hetero.cli demo
 
-test: test-single test-parallel test-elastic test-bench test-multihost
+test: test-single test-parallel test-elastic test-bench test-faults test-multihost
 
 test-single: $(READY)
 	$(PY) -m pytest -q -p no:cacheprovider tests/single
