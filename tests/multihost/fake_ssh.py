@@ -38,8 +38,10 @@ def namespaces():
 
 def detach(argv, log_path, rc_path):
     """Run ``argv`` outside this process's tree (double fork, setsid); its status goes to ``rc_path``."""
-    if os.fork():
-        return
+    first = os.fork()
+    if first:
+        os.waitpid(first, 0)        # it exits at once: reaped here, not left a zombie that
+        return                      # horovodrun's termination would wait on for its 5 s grace
     os.setsid()
     if os.fork():
         os._exit(0)
