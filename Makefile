@@ -3,10 +3,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 READY := $(VENV)/.horovod-hetero-ready
 NP ?= 4
+comma := ,
 
-.PHONY: demo test test-single test-parallel test-elastic test-faults test-multihost test-bench bench-publish bench-publish-torch-1114 bench-publish-torch-random bench-publish-keras-1114 bench bench-peers bench-wagma bench-planned bench-epochs bench-state-server env clean
+.PHONY: demo test test-single test-parallel test-elastic test-faults test-multihost test-bench bench-publish $(addprefix bench-publish-,$(PUBLISH_RUNS)) bench bench-peers bench-wagma bench-planned bench-epochs bench-state-server env clean
 
-$(READY): tools/bootstrap.sh tools/requirements.txt pyproject.toml
+$(READY): tools/bootstrap.sh tools/fetch_data.py tools/requirements.txt pyproject.toml
 	VENV=$(VENV) bash tools/bootstrap.sh
 
 env: $(READY)
@@ -48,22 +49,33 @@ test-multihost: $(READY)
 test-bench: $(READY)
 	$(PY) -m pytest -q -p no:cacheprovider --timeout 300 tests/bench
 
-#: the numbers README.md publishes (about 30 min; each bench can run alone): three bench runs, then their
-#: reports (tables on stdout, PNGs into docs/img)
+#: the numbers README.md publishes (about 100 min; each bench can run alone and starts afresh): five bench runs
+#: on real data, then their reports (tables on stdout, PNGs into docs/img)
 PUBLISH ?= /tmp/horovod-hetero-publish
-PUBLISH_COMMON = --np 4 --base-step 0.02 --budget 7 --repeat 3
-bench-publish: bench-publish-torch-1114 bench-publish-torch-random bench-publish-keras-1114
-	for run in torch-1114 torch-random keras-1114; do \
+PUBLISH_RUNS = fashion fashion-noniid fashion-random shakespeare keras-fashion
+PUBLISH_COMMON = --np 4 --base-step 0.05 --budget 30 --repeat 3 --eval-interval 1 --profile 1,1,1,4
+bench-publish: $(addprefix bench-publish-,$(PUBLISH_RUNS))
+	for run in $(PUBLISH_RUNS); do \
 	  $(PY) -m horovod_hetero.cli report $(PUBLISH)/$$run --png-dir docs/img --prefix bench-$$run- || exit 1; done
-bench-publish-torch-1114: $(READY)
-	$(PY) -m horovod_hetero.cli bench $(PUBLISH_COMMON) --task digits,digits-noniid --profile 1,1,1,4 \
-	  --out $(PUBLISH)/torch-1114
-bench-publish-torch-random: $(READY)
-	$(PY) -m horovod_hetero.cli bench $(PUBLISH_COMMON) --task digits,digits-noniid --profile random \
-	  --strategies sync,localsgd,esync,wagma,elasticbsp --out $(PUBLISH)/torch-random
-bench-publish-keras-1114: $(READY)
-	$(PY) -m horovod_hetero.cli bench $(PUBLISH_COMMON) --framework keras --task digits --profile 1,1,1,4 \
-	  --strategies sync,localsgd,esync,elasticbsp --out $(PUBLISH)/keras-1114
+bench-publish-fashion: $(READY)
+	rm -rf $(PUBLISH)/fashion
+	$(PY) -m horovod_hetero.cli bench $(PUBLISH_COMMON) --task fashion-cnn --split iid --out $(PUBLISH)/fashion
+bench-publish-fashion-noniid: $(READY)
+	rm -rf $(PUBLISH)/fashion-noniid
+	$(PY) -m horovod_hetero.cli bench $(PUBLISH_COMMON) --task fashion-cnn --split skew,dirichlet:0.1 \
+	  --strategies sync,esync,elasticbsp --aggregate mean,normalized,normalized+nesterov --out $(PUBLISH)/fashion-noniid
+bench-publish-fashion-random: $(READY)
+	rm -rf $(PUBLISH)/fashion-random
+	$(PY) -m horovod_hetero.cli bench $(subst 1$(comma)1$(comma)1$(comma)4,random,$(PUBLISH_COMMON)) --task fashion-cnn \
+	  --split iid --strategies sync,localsgd,esync,wagma,elasticbsp --out $(PUBLISH)/fashion-random
+bench-publish-shakespeare: $(READY)
+	rm -rf $(PUBLISH)/shakespeare
+	$(PY) -m horovod_hetero.cli bench $(PUBLISH_COMMON) --budget 40 --task shakespeare-char --split plays \
+	  --strategies sync,localsgd,esync,elasticbsp --out $(PUBLISH)/shakespeare
+bench-publish-keras-fashion: $(READY)
+	rm -rf $(PUBLISH)/keras-fashion
+	$(PY) -m horovod_hetero.cli bench $(PUBLISH_COMMON) --framework keras --task fashion-cnn --split iid \
+	  --strategies sync,localsgd,esync,elasticbsp --out $(PUBLISH)/keras-fashion
 
 bench: $(READY)
 	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) benchmarks/averaging_cost.py

@@ -1,9 +1,10 @@
 """``horovod-hetero bench``: time-to-accuracy of the strategies, measured under ``horovodrun``.
 
-A bench is a plan of jobs (framework x task x slowdown profile x repeat x strategy, Synchronous
-first in each group, repeats interleaved so that a drift of the machine's speed spreads over every
-strategy), each one ``horovodrun`` of ``horovod_hetero.examples.torch_digits`` or ``keras_digits``
-to a wall-clock budget. Every job leaves, under ``DIR/jobs/<id>/``: the per-rank telemetry
+A bench is a plan of jobs (framework x task x split x slowdown profile x repeat x strategy x aggregation,
+Synchronous first in each group, repeats interleaved so that a drift of the machine's speed spreads over
+every strategy), each one ``horovodrun`` of ``horovod_hetero.examples.torch_digits`` or ``keras_digits``
+to a wall-clock budget. The aggregations (``--aggregate mean,normalized,normalized+nesterov``) apply to
+the model-averaging strategies: each runs once per aggregation, Synchronous once. Every job leaves, under ``DIR/jobs/<id>/``: the per-rank telemetry
 (``telemetry/rank<r>.jsonl``), rank 0's evaluation curve (``curve.jsonl``: test quality against
 seconds since the common start barrier and against rank 0's local steps, evaluated right after a
 global averaging round, evaluation time left out of the clock; see ``examples.Curve``), the example's
@@ -13,7 +14,12 @@ the command line, the versions, the settings and every planned job with its stat
 and replaced atomically after each, so an interrupted bench leaves a directory ``report`` reads.
 
 The time to the target is read from the curve after the run (the first point at or past the
-target): every job runs its whole budget, so the final quality is measured at equal wall time.
+target): every job runs its whole budget, so the final quality is measured at equal wall time. A
+target is a number, or ``sync`` (the default of the real-data tasks): the quality Synchronous's curve
+ends with in the same group and repeat (its final point, on the curve's test set), so the speedup says
+how much sooner a strategy reaches what Synchronous reaches in the whole budget. Classification jobs
+also record every class's final accuracy and, where a profile has a slowest worker, the mean accuracy on
+the classes that worker holds most of (``data.class_shares``: at least half of the class).
 
 Beside each measured samples/s the summary puts the simulator's prediction: ``simulate.simulate``
 of the same strategy on a cluster that replays each rank's measured step times (``compute_s`` of
@@ -37,7 +43,7 @@ import numpy as np
 
 import horovod_hetero
 from horovod_hetero import simulate as sim
-from horovod_hetero.data import TASKS, check_task
+from horovod_hetero.data import TASKS, check_split, check_task, class_shares
 from horovod_hetero.runtime.straggler import parse_random_delay, parse_slowdown
 from horovod_hetero.runtime.telemetry import load, summarize
 from horovod_hetero.validation import check_float, check_int
@@ -55,7 +61,35 @@ STRATEGIES = {"sync": ("Synchronous", ["--strategy", "sync"]),
               "dssp": ("DSSP(3,15)", ["--strategy", "dssp", "--staleness", "3", "15"]),
               "adsp": ("ADSP(10steps)", ["--strategy", "adsp", "--check-period", "10steps"])}
 RESULTS = "results.json"
-FORMAT = "horovod-hetero-bench/1"
+FORMAT = "horovod-hetero-bench/2"
+#: ``--aggregate`` variants of the model-averaging strategies: how global rounds combine the models
+#: (``strategies.aggregation``); ``+nesterov`` adds ``OuterSGD(OUTER_LR, OUTER_MOMENTUM, nesterov=True)``.
+AGGREGATES = ("mean", "normalized", "mean+nesterov", "normalized+nesterov")
+#: the outer step of the ``+nesterov`` variants (``--outer LR,MOMENTUM``). DiLoCo's 0.7 and 0.9 are for rounds
+#: of hundreds of local steps; with rounds of a few steps of SGD with momentum 0.9 they diverged here
+#: (Fashion-MNIST, ESync, class-skewed: accuracy 0.11 after 30 s), 0.5 did not.
+OUTER = (0.7, 0.5)
+
+
+def check_aggregate(text):
+    """``text`` if it is one of ``AGGREGATES``, else a ``ValueError`` naming ``--aggregate``."""
+    if text not in AGGREGATES:
+        raise ValueError(f"--aggregate must be a comma list of {', '.join(AGGREGATES)}, got {text!r}")
+    return text
+
+
+def aggregate_options(variant, outer=OUTER):
+    """The examples' options of an ``--aggregate`` variant.
+
+    Example:
+        >>> aggregate_options("normalized+nesterov")
+        ['--aggregate', 'normalized', '--outer-lr', '0.7', '--outer-momentum', '0.5', '--nesterov']
+    """
+    aggregate, plus, _ = check_aggregate(variant).partition("+")
+    options = ["--aggregate", aggregate]
+    if plus:
+        options += ["--outer-lr", f"{outer[0]:g}", "--outer-momentum", f"{outer[1]:g}", "--nesterov"]
+    return options
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,22 +148,28 @@ class Job:
     repeat: int
     strategy: str
     label: str
+    split: str = "iid"
+    aggregate: str = "mean"
 
     @property
     def group(self):
-        """The jobs compared with each other: same framework, task and profile."""
-        return (self.framework, self.task, self.profile)
+        """The jobs compared with each other: same framework, task, split and profile."""
+        return (self.framework, self.task, self.split, self.profile)
 
 
-def plan(frameworks, tasks, profiles, strategies, repeats):
-    """Every job, in the order they run: per framework, task and profile, ``repeats`` rounds of
-    every strategy (Synchronous first, whatever order they are given in). A framework, task, profile or
-    strategy given twice runs once; two profiles whose ids coincide (``1.5,1,1,4`` and ``1,5,1,1,4``)
-    are a ``ValueError``, as their jobs would write into one directory.
+def plan(frameworks, tasks, profiles, strategies, repeats, splits=None, aggregates=("mean",)):
+    """Every job, in the order they run: per framework, task, split and profile, ``repeats`` rounds of
+    every strategy (Synchronous first, whatever order they are given in), each model-averaging strategy
+    once per aggregation in ``aggregates`` (``AGGREGATES``; Synchronous once). ``splits``: ``None``
+    runs each task's own split. A framework, task, split, profile, strategy or aggregation given twice
+    runs once; two profiles whose ids coincide (``1.5,1,1,4`` and ``1,5,1,1,4``) are a ``ValueError``,
+    as their jobs would write into one directory.
 
     Example:
         >>> [j.id for j in plan(["torch"], ["digits"], ["1,4"], ["esync", "sync"], 2)]
-        ['torch-digits-1_4-r0-sync', 'torch-digits-1_4-r0-esync', 'torch-digits-1_4-r1-sync', 'torch-digits-1_4-r1-esync']
+        ['torch-digits-iid-1_4-r0-sync', 'torch-digits-iid-1_4-r0-esync', 'torch-digits-iid-1_4-r1-sync', 'torch-digits-iid-1_4-r1-esync']
+        >>> [j.label for j in plan(["torch"], ["digits"], ["1,4"], ["sync", "esync"], 1, aggregates=["mean", "normalized"])]
+        ['Synchronous', 'ESync', 'ESync [normalized]']
     """
     repeats = check_int("repeats", repeats, 1)
     unknown = [s for s in strategies if s not in STRATEGIES]
@@ -138,17 +178,25 @@ def plan(frameworks, tasks, profiles, strategies, repeats):
     bad = [f for f in frameworks if f not in MODULES]
     if bad:
         raise ValueError(f"framework must be one of {', '.join(MODULES)}, got {', '.join(bad)}")
+    if not aggregates:
+        raise ValueError(f"--aggregate must be a comma list of {', '.join(AGGREGATES)}, got an empty list")
+    aggregates = [check_aggregate(a) for a in dict.fromkeys(aggregates)]
     for t in tasks:
         check_task(t, "--task")
     ordered = sorted(dict.fromkeys(strategies), key=lambda s: s != "sync")
     jobs = []
     for framework in dict.fromkeys(frameworks):
         for task in dict.fromkeys(tasks):
-            for profile in dict.fromkeys(profiles):
-                for r in range(repeats):
-                    for s in ordered:
-                        jobs.append(Job(f"{framework}-{task}-{slug(profile)}-r{r}-{s}", framework, task, profile,
-                                        r, s, STRATEGIES[s][0]))
+            task_splits = [check_split(None, task)] if splits is None else [check_split(x, task) for x in splits]
+            for split in dict.fromkeys(task_splits):
+                for profile in dict.fromkeys(profiles):
+                    for r in range(repeats):
+                        for s in ordered:
+                            for agg in (["mean"] if s == "sync" else aggregates):
+                                suffix = "" if agg == "mean" else f"-{slug(agg)}"
+                                label = STRATEGIES[s][0] + ("" if agg == "mean" else f" [{agg}]")
+                                jobs.append(Job(f"{framework}-{task}-{slug(split)}-{slug(profile)}-r{r}-{s}{suffix}",
+                                                framework, task, profile, r, s, label, split, agg))
     seen = {}
     for j in jobs:
         other = seen.setdefault(j.id, j)
@@ -189,8 +237,10 @@ def job_command(job, settings, job_dir):
                PYTHONPATH=os.pathsep.join(filter(None, [str(PACKAGE_PARENT), os.environ.get("PYTHONPATH")])),
                HOROVOD_HETERO_TELEMETRY=str(job_dir / "telemetry"))
     env.update(dict(profile.env))        # a variable of the other kind set in the environment adds to it
+    aggregation = [] if job.strategy == "sync" else aggregate_options(job.aggregate, settings.get("outer", OUTER))
     cmd = horovodrun(settings["np"], settings.get("hosts")) + [
-        sys.executable, "-m", MODULES[job.framework], *STRATEGIES[job.strategy][1], "--task", job.task,
+        sys.executable, "-m", MODULES[job.framework], *STRATEGIES[job.strategy][1], *aggregation,
+        "--task", job.task, "--split", job.split,
         "--seed", str(job.repeat), "--time-budget", str(settings["budget"]), "--epochs", "1000000",
         "--eval-interval", str(settings["eval_interval"]), "--batch-size", str(settings["batch_size"]),
         "--curve", str(job_dir / "curve.jsonl"), "--result", str(job_dir / "result.json")]
@@ -352,15 +402,52 @@ def predict(by_rank, strategy, wall, batch_size, round_cost):
     return (steady.steps.sum() + n) * batch_size / wall
 
 
-def strategy_object(name):
-    """The strategy object a job of ``name`` runs (built from the same options as the example)."""
+def strategy_object(name, aggregate="mean", outer=OUTER):
+    """The strategy object a job of ``name`` (and aggregation) runs (built from the same options as the example)."""
     import argparse
 
     from horovod_hetero.examples import add_strategy_arguments, build_strategy
 
     parser = argparse.ArgumentParser()
     add_strategy_arguments(parser)
-    return build_strategy(parser.parse_args(STRATEGIES[name][1]))
+    extra = [] if name == "sync" else aggregate_options(aggregate, outer)
+    return build_strategy(parser.parse_args(STRATEGIES[name][1] + extra))
+
+
+def slowest_rank(profile, num_proc):
+    """The worker a profile makes slowest (the largest factor of any segment, first such rank), or
+    ``None`` (equal factors, or ``random``: no worker is slow for long).
+
+    Example:
+        >>> slowest_rank("1,1,1,4", 4), slowest_rank("1,1,1,1;15:1,4,1,1", 4), slowest_rank("random", 4)
+        (3, 1, None)
+    """
+    if profile == "random" or profile.startswith("random:"):
+        return None
+    schedule = parse_slowdown(profile, name="--profile")
+    factors = max((fs[:num_proc] for _, fs in schedule), key=max)
+    return None if max(factors) == min(factors) else int(np.argmax(factors))
+
+
+def slow_classes(job, num_proc):
+    """The classes the job's slowest worker holds at least half of (``data.class_shares``), or ``None``."""
+    task = TASKS[job.task]
+    rank = slowest_rank(job.profile, num_proc)
+    if not task.classes or rank is None:
+        return None
+    shares = class_shares(task, num_proc, seed=job.repeat, split=job.split)
+    return [int(c) for c in np.flatnonzero(shares[rank] >= 0.5)]
+
+
+def resolve_target(job, settings, out):
+    """The quality ``job`` must reach: the setting for its task, or with ``sync`` the final point of the
+    curve of its group's Synchronous job of the same repeat (``None`` if that job has no curve)."""
+    target = settings["targets"][job.task]
+    if target != "sync":
+        return target
+    sync = f"{job.framework}-{job.task}-{slug(job.split)}-{slug(job.profile)}-r{job.repeat}-sync"
+    curve = read_curve(pathlib.Path(out) / "jobs" / sync / "curve.jsonl")
+    return curve[-1][TASKS[job.task].metric] if curve else None
 
 
 def summarize_job(job, job_dir, settings):
@@ -368,22 +455,25 @@ def summarize_job(job, job_dir, settings):
     task = TASKS[job.task]
     result = json.loads((job_dir / "result.json").read_text())
     curve = read_curve(job_dir / "curve.jsonl")
-    target = settings["targets"][job.task]
+    target = resolve_target(job, settings, job_dir.parent.parent)
     by_rank = load(str(job_dir / "telemetry"))
     per_rank = summarize(by_rank)
     wall = result["wall_s"]
+    slow = slow_classes(job, settings["np"])
+    classes = result.get("classes")
     out = {"samples_per_s": result["samples_per_s"], "wall_s": wall, "final": result[task.metric],
            "metric": task.metric, "target": target, "steps_rank0": result.get("steps_rank0"),
-           "eval_s": result.get("eval_s"),
-           "time_to_target_s": time_to_target(curve, task, target),
-           "steps_to_target": time_to_target(curve, task, target, key="step"),
+           "eval_s": result.get("eval_s"), "classes": classes, "slow_classes": slow,
+           "slow_final": float(np.mean([classes[c] for c in slow])) if slow and classes else None,
+           "time_to_target_s": None if target is None else time_to_target(curve, task, target),
+           "steps_to_target": None if target is None else time_to_target(curve, task, target, key="step"),
            "compute_ratio": None, "bytes_per_s": None, "wait_per_round_s": None, "round_cost_s": None,
            "predicted_samples_per_s": None, "bound_samples_per_s": None, "share_of_bound": None,
            "median_rtt_s": None}
     if len(by_rank) == settings["np"]:
         cost, wait = round_cost_and_wait(by_rank)
         rtts = [s["median_rtt_s"] for s in per_rank.values() if s["median_rtt_s"] is not None]
-        strategy = strategy_object(job.strategy)
+        strategy = strategy_object(job.strategy, job.aggregate, settings.get("outer", OUTER))
         predicted = predict(by_rank, strategy, wall, settings["batch_size"], cost)   # a fresh copy per worker
         bound = predict(by_rank, strategy, wall, settings["batch_size"], 0.0)
         out.update(compute_ratio=[per_rank[k]["compute_ratio"] for k in sorted(per_rank, key=int)],
@@ -394,20 +484,30 @@ def summarize_job(job, job_dir, settings):
     return out
 
 
-def settings_of(num_proc, base_step, budget, targets=None, eval_interval=0.5, batch_size=32, hosts=None):
-    """The bench's settings, checked (a ``ValueError`` names the option); ``targets``: task -> target."""
+def settings_of(num_proc, base_step, budget, targets=None, eval_interval=0.5, batch_size=32, hosts=None,
+                outer=OUTER):
+    """The bench's settings, checked (a ``ValueError`` names the option); ``targets``: task -> a quality or
+    ``"sync"`` (Synchronous's final quality in the same group and repeat); ``outer``: ``(lr, momentum)``
+    of the ``+nesterov`` aggregations."""
     targets = dict(targets or {})
     for name, value in targets.items():
         task = check_task(name, "--target TASK")
-        # accuracy: in (0, 1]; a distance: > 0
+        if value == "sync":
+            continue
+        # accuracy: in (0, 1]; a distance or bits per character: > 0
         targets[name] = check_float(f"--target {name}", value, 0.0, 1.0 if task.higher_is_better else None,
                                     min_exclusive=True)
-    return {"np": check_int("--np", num_proc, 1),
+    lr, momentum = outer
+    check_float("--outer LR", lr, 0.0, min_exclusive=True)
+    if not 0.0 < check_float("--outer MOMENTUM", momentum) < 1.0:
+        raise ValueError(f"--outer MOMENTUM must be in (0, 1) (the +nesterov aggregations), got {momentum!r}")
+    return {"np": check_int("--np", num_proc, 1), "outer": [float(lr), float(momentum)],
             "base_step": check_float("--base-step", base_step, 0.0, min_exclusive=True),
             "budget": check_float("--budget", budget, 0.0, min_exclusive=True),
             "eval_interval": check_float("--eval-interval", eval_interval, 0.0),
             "batch_size": check_int("--batch-size", batch_size, 1), "hosts": hosts,
-            "targets": {name: targets.get(name, task.target) for name, task in TASKS.items()}}
+            "targets": {name: targets.get(name, "sync" if task.target is None else task.target)
+                        for name, task in TASKS.items()}}
 
 
 def new_results(out, jobs, settings, command):
@@ -422,6 +522,12 @@ def new_results(out, jobs, settings, command):
                "jobs": [dict(dataclasses.asdict(j), status="planned") for j in jobs]}
     write_json(out / RESULTS, results)
     return results
+
+
+def escape(text):
+    """``text`` for a rich progress bar's description (``[normalized]`` is not markup)."""
+    from rich.markup import escape as rich_escape
+    return rich_escape(text)
 
 
 def run_bench(out, results, echo, progress=None):
@@ -440,8 +546,8 @@ def run_bench(out, results, echo, progress=None):
         entry["status"] = "running"
         write_json(out / RESULTS, results)
         cmd, env = job_command(job, settings, job_dir)
-        name = f"[{i}/{len(entries)}] {job.framework} {job.task} {job.profile} r{job.repeat} {job.label}"
-        bar = progress.add_task(name, total=settings["budget"]) if progress else None
+        name = f"[{i}/{len(entries)}] {job.framework} {job.task} {job.split} {job.profile} r{job.repeat} {job.label}"
+        bar = progress.add_task(escape(name), total=settings["budget"]) if progress else None
         t0 = time.monotonic()
 
         def tick():
@@ -466,8 +572,9 @@ def run_bench(out, results, echo, progress=None):
             write_json(job_dir / "summary.json", summary)
             entry.update(status="done", summary=summary)
             ttt = summary["time_to_target_s"]
+            target = "-" if summary["target"] is None else f"{summary['target']:g}"
             echo(f"{name}: done in {time.monotonic() - t0:.0f} s, {summary['samples_per_s']:.0f} samples/s, "
-                 f"{summary['metric']} {summary['final']:.3f}, target {summary['target']:g} "
+                 f"{summary['metric']} {summary['final']:.3f}, target {target} "
                  + (f"at {ttt:.1f} s" if ttt is not None else "not reached"))
         elif error is not None:
             entry.update(status="failed", exit=code, error=error)

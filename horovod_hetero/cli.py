@@ -9,7 +9,7 @@ import tempfile
 import click
 
 from horovod_hetero import bench
-from horovod_hetero.data import TASKS, task_data
+from horovod_hetero.data import TASKS, check_available, task_data
 from horovod_hetero.runtime.straggler import parse_slowdown
 from horovod_hetero.runtime.telemetry import format_summary, load, summarize
 
@@ -46,7 +46,8 @@ def run_plan(out, jobs, settings):
     try:
         with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(), console=console,
                       transient=True) as progress:
-            return bench.run_bench(out, results, progress.console.print, progress)
+            echo = lambda line: progress.console.print(line, markup=False, highlight=False)    # noqa: E731 ("[normalized]")
+            return bench.run_bench(out, results, echo, progress)
     except KeyboardInterrupt:
         raise click.ClickException(f"interrupted; {out} holds what finished (horovod-hetero report {out})")
     finally:
@@ -62,6 +63,13 @@ def _interrupt(signum, frame):
               help="comma list; Synchronous runs first in every group")
 @click.option("--task", "tasks", default="digits", show_default=True,
               help=f"comma list of {', '.join(TASKS)}")
+@click.option("--split", "splits", default=None,
+              help="comma list of iid, skew (class-skewed), dirichlet:ALPHA, plays (text); default: each task's own")
+@click.option("--aggregate", "aggregates", default="mean", show_default=True,
+              help=f"comma list of {', '.join(bench.AGGREGATES)}: how the model-averaging strategies' rounds combine "
+                   f"models (each runs once per aggregation)")
+@click.option("--outer", default=f"{bench.OUTER[0]:g},{bench.OUTER[1]:g}", show_default=True,
+              help="LR,MOMENTUM of the +nesterov aggregations' OuterSGD")
 @click.option("--profile", "profiles", multiple=True, default=["1,1,1,4"], show_default=True,
               help="slowdown per worker (1,1,1,4), changing over time (1,1,1,1;10:1,1,1,4), or random "
                    "(2 random workers delayed 3 base steps each step; random:COUNT:SECONDS); repeat the option for several")
@@ -71,11 +79,13 @@ def _interrupt(signum, frame):
 @click.option("--repeat", default=1, show_default=True, help="repetitions of every job")
 @click.option("--budget", default=10.0, show_default=True, help="seconds of training per job")
 @click.option("--base-step", default=0.025, show_default=True, help="seconds of a factor-1 step (padded)")
-@click.option("--target", "targets", multiple=True, help="TASK=VALUE, the quality to reach (default: the task's)")
+@click.option("--target", "targets", multiple=True,
+              help="TASK=VALUE, the quality to reach, or TASK=sync: what Synchronous reaches in its budget "
+                   "(default: the task's; sync for fashion-cnn and shakespeare-char)")
 @click.option("--eval-interval", default=0.5, show_default=True, help="seconds at least between two evaluations")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="results directory (new or empty)")
-def bench_command(strategies, tasks, profiles, num_proc, frameworks, hosts, repeat, budget, base_step, targets,
-                  eval_interval, out):
+def bench_command(strategies, tasks, splits, aggregates, outer, profiles, num_proc, frameworks, hosts, repeat, budget,
+                  base_step, targets, eval_interval, out):
     """Time to a target accuracy of each strategy, under horovodrun with simulated stragglers."""
     try:
         parsed = {}
@@ -84,17 +94,24 @@ def bench_command(strategies, tasks, profiles, num_proc, frameworks, hosts, repe
             if not eq or name not in TASKS:
                 raise ValueError(f"--target must be TASK=VALUE with TASK one of {', '.join(TASKS)}, got {t!r}")
             try:
-                parsed[name] = float(value)
+                parsed[name] = "sync" if value == "sync" else float(value)
             except ValueError:
-                raise ValueError(f"--target {t!r}: VALUE must be a number") from None
-        settings = bench.settings_of(num_proc, base_step, budget, parsed, eval_interval, hosts=hosts)
+                raise ValueError(f"--target {t!r}: VALUE must be a number or sync") from None
+        try:
+            outer_lr, outer_momentum = (float(v) for v in outer.split(","))
+        except ValueError:
+            raise ValueError(f"--outer must be LR,MOMENTUM, e.g. 0.7,0.5, got {outer!r}") from None
+        settings = bench.settings_of(num_proc, base_step, budget, parsed, eval_interval, hosts=hosts,
+                                     outer=(outer_lr, outer_momentum))
         for prof in profiles:
             bench.parse_profile(prof, num_proc, base_step)
-        for t in csv(tasks, "--task"):
-            if t in TASKS and TASKS[t].noniid:
-                task_data(t, 0, num_proc)        # the non-iid split refuses more workers than classes
         jobs = bench.plan(csv(frameworks, "--framework"), csv(tasks, "--task"), list(profiles),
-                          csv(strategies, "--strategies"), repeat)
+                          csv(strategies, "--strategies"), repeat, None if splits is None else csv(splits, "--split"),
+                          csv(aggregates, "--aggregate"))
+        for task, split in dict.fromkeys((j.task, j.split) for j in jobs):
+            check_available(task)
+            if split != "iid":
+                task_data(task, 0, num_proc, split=split)   # a split that cannot shard NP workers fails here
     except (TypeError, ValueError) as e:
         raise click.UsageError(str(e)) from None
     click.echo(f"horovod-hetero bench: {len(jobs)} jobs of {budget:g} s, {num_proc} workers -> {out}")

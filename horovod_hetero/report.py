@@ -1,12 +1,15 @@
 """``horovod-hetero report DIR``: tables and the papers' plots from a ``bench`` results directory.
 
-Per group of jobs (framework, task, profile), one row per strategy, medians over the repeats with
-their range: time to the target (and the speedup over Synchronous, the median of the per-repeat
-ratios against the Synchronous job of the same repeat), final quality, samples/s (and its ratio to
-Synchronous's), the simulator's prediction, the share of the bound the strategy would reach with free
-communication, bytes sent per second, each worker's compute-time ratio, and the mean wait per round.
-Plots (matplotlib): quality against wall time (ESync Fig. 3), throughput and traffic (Fig. 4),
-compute-time ratio per worker (Fig. 5), quality against rank 0's local steps (WAGMA's ablation).
+Per group of jobs (framework, task, split, profile), one row per strategy (and aggregation), medians over
+the repeats with their range: time to the target (and the speedup over Synchronous, the median of the
+per-repeat ratios against the Synchronous job of the same repeat), final quality, the final accuracy on
+the slowest worker's classes (where a profile has a slowest worker and it holds most of some classes),
+the quality at equal steps, samples/s (and its ratio to Synchronous's), the simulator's prediction, the
+share of the bound the strategy would reach with free communication, bytes sent per second, each worker's
+compute-time ratio, and the mean wait per round. Plots (matplotlib): quality against wall time (ESync
+Fig. 3), throughput and traffic (Fig. 4), compute-time ratio per worker (Fig. 5), quality against rank
+0's local steps (WAGMA's ablation), and the accuracy on the slowest worker's classes against wall time
+(where the bias of plain averaging shows).
 """
 import base64
 import html
@@ -20,8 +23,8 @@ import numpy as np
 from horovod_hetero.bench import FORMAT, RESULTS, STRATEGIES, median_range, quality_at, read_curve
 from horovod_hetero.data import TASKS
 
-COLUMNS = ["strategy", "time to target s", "speedup", "final", "at equal steps", "samples/s", "vs sync", "simulated",
-           "share of bound", "MB/s", "compute ratio per worker", "wait/round ms"]
+COLUMNS = ["strategy", "time to target s", "speedup", "final", "slow classes", "at equal steps", "samples/s", "vs sync",
+           "simulated", "share of bound", "MB/s", "compute ratio per worker", "wait/round ms"]
 
 
 class ReportError(Exception):
@@ -47,10 +50,10 @@ def load_results(directory):
 
 
 def groups(results):
-    """``{(framework, task, profile): {strategy label: [finished job entries]}}``, in plan order."""
+    """``{(framework, task, split, profile): {strategy label: [finished job entries]}}``, in plan order."""
     out = {}
     for entry in results["jobs"]:
-        g = out.setdefault((entry["framework"], entry["task"], entry["profile"]), {})
+        g = out.setdefault((entry["framework"], entry["task"], entry["split"], entry["profile"]), {})
         g.setdefault(entry["label"], [])
         if entry["status"] == "done":
             g[entry["label"]].append(entry)
@@ -148,13 +151,17 @@ def rows(group, curves=None, budget=None):
             b = base.get(e["repeat"])
             if b is not None:
                 sps_ratio.append(e["summary"]["samples_per_s"] / b["samples_per_s"])
-                pairs.append((b["time_to_target_s"], e["summary"]["time_to_target_s"]))
+                if e["summary"]["target"] is not None:
+                    pairs.append((b["time_to_target_s"], e["summary"]["time_to_target_s"]))
         ratios = [x["compute_ratio"] for x in s if x["compute_ratio"] is not None]
         per_worker = "/".join(f"{np.median(col):.2f}" for col in zip(*ratios)) if ratios else "n/a"
         metric = TASKS[entries[0]["task"]].metric
         at_steps = [quality_at(curves.get(e["id"]), metric, steps) for e in entries] if steps else []
-        out.append([label, ttt_cell([x["time_to_target_s"] for x in s], budget), speedup_cell(pairs, budget),
-                    _cell([x["final"] for x in s], ".3f"), _cell(at_steps, ".3f"),
+        ttt = ("-" if all(x["target"] is None for x in s)
+               else ttt_cell([x["time_to_target_s"] for x in s if x["target"] is not None], budget))
+        out.append([label, ttt, speedup_cell(pairs, budget),
+                    _cell([x["final"] for x in s], ".3f"), _cell([x.get("slow_final") for x in s], ".3f"),
+                    _cell(at_steps, ".3f"),
                     _cell([x["samples_per_s"] for x in s], ".0f"),
                     _cell(sps_ratio, ".2f", unit="x"),
                     _cell([x["predicted_samples_per_s"] for x in s], ".0f", missing="n/a"),
@@ -164,11 +171,22 @@ def rows(group, curves=None, budget=None):
     return out
 
 
-def group_title(key, results):
-    framework, task, profile = key
+def group_title(key, results, group=None):
+    """``torch, Fashion-MNIST CNN, split skew, profile 1,1,1,4 (target: ...)``; with the group's entries, a
+    ``sync`` target shows the median of Synchronous's final quality, and the slowest worker's classes."""
+    framework, task, split, profile = key
     target = results["settings"]["targets"][task]
     t = TASKS[task]
-    return f"{framework}, {t.description}, profile {profile} (target {t.metric} {target:g})"
+    summaries = [e["summary"] for entries in (group or {}).values() for e in entries]
+    if target == "sync":
+        reached = [x["target"] for x in summaries if x["target"] is not None]
+        target = (f"Synchronous's final {t.metric}" +
+                  (f", median {np.median(reached):.3f}" if reached else "") + ", per repeat")
+    else:
+        target = f"{t.metric} {target:g}"
+    slow = sorted({c for x in summaries for c in (x.get("slow_classes") or [])})
+    slow = f"; slowest worker's classes {', '.join(map(str, slow))}" if slow else ""
+    return f"{framework}, {t.description}, split {split}, profile {profile} (target {target}{slow})"
 
 
 def load_curves(directory, results):
@@ -184,7 +202,7 @@ def markdown(results, curves=None):
              f"medians over repeats (range in brackets)", ""]
     for key, group in groups(results).items():
         steps = equal_steps(group, curves or {})
-        lines += [f"### {group_title(key, results)}", ""]
+        lines += [f"### {group_title(key, results, group)}", ""]
         if steps:
             lines += [f"At equal steps: the quality at rank 0's local step {steps} (the most every job reached).", ""]
         lines += ["| " + " | ".join(COLUMNS) + " |", "| --- |" + " ---: |" * (len(COLUMNS) - 1)]
@@ -236,16 +254,32 @@ def median_curve(curves, metric, key):
     return grid, np.median(values, axis=0)
 
 
-def y_limits(target, ends, higher_is_better):
+def group_target(results, gkey, group):
+    """The group's target for the plots: the setting, or for ``sync`` the median of the jobs' targets
+    (``None`` if none is known)."""
+    target = results["settings"]["targets"][gkey[1]]
+    if target != "sync":
+        return target
+    reached = [e["summary"]["target"] for entries in group.values() for e in entries
+               if e["summary"]["target"] is not None]
+    return float(np.median(reached)) if reached else None
+
+
+def y_limits(target, ends, higher_is_better, metric="accuracy"):
     """The quality axis of the curve plots: around the target, widened so that every curve's last point
-    (``ends``) shows (a non-iid run ending well below the target is not clipped).
+    (``ends``) shows (a non-iid run ending well below the target is not clipped). Bits per character:
+    from just below the best end to well above the target (the curves start near 6).
 
     Example:
         >>> y_limits(0.95, [0.97, 0.62], True), y_limits(0.95, [0.97], True)
         ((0.57, 1.0), (0.8, 1.0))
-        >>> y_limits(0.05, [0.01, 0.5], False)
-        (0.0, 0.55)
+        >>> y_limits(0.05, [0.01, 0.5], False), y_limits(3.4, [2.9, 3.4], False, "bpc")
+        ((0.0, 0.55), (2.7, 4.4))
     """
+    if target is None:
+        target = (min(ends) if higher_is_better else max(ends)) if ends else (1.0 if higher_is_better else 0.2)
+    if metric == "bpc":
+        return round(max(0.0, min(ends + [target]) - 0.2), 6), round(max(ends + [target]) + 1.0, 6)
     if higher_is_better:
         return round(max(0.0, min([target - 0.15] + [v - 0.05 for v in ends])), 6), 1.0
     return 0.0, round(max([0.2, 4 * target] + [v + 0.05 for v in ends]), 6)
@@ -269,10 +303,11 @@ def _curves(directory, results, key, path, xlabel, title):
             if curves:
                 grid, med = median_curve(curves, task.metric, key)
                 ax.plot(grid, med, color=colors[label], lw=1.8, label=label)
-        target = results["settings"]["targets"][gkey[1]]
-        ax.axhline(target, color="grey", ls="--", lw=0.8, label="target")
-        ax.set_ylim(*y_limits(target, ends, task.higher_is_better))
-        ax.set_title(f"{gkey[0]}, {gkey[1]}, {gkey[2]}", fontsize=10)
+        target = group_target(results, gkey, group)
+        if target is not None:
+            ax.axhline(target, color="grey", ls="--", lw=0.8, label="target")
+        ax.set_ylim(*y_limits(target, ends, task.higher_is_better, task.metric))
+        ax.set_title(", ".join(gkey), fontsize=10)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(f"test {task.metric}")
         ax.grid(alpha=0.3)
@@ -312,7 +347,7 @@ def _bars(results, path):
             ax.set_xticks(x, labels, rotation=25, ha="right", fontsize=8)
             ax.set_xlim(-0.6, len(labels) - 0.4)
             ax.set_ylabel(ylabel)
-            ax.set_title(f"{gkey[0]}, {gkey[1]}, {gkey[2]}: {ylabel}", fontsize=10)
+            ax.set_title(f"{', '.join(gkey)}: {ylabel}", fontsize=10)
             ax.grid(axis="y", alpha=0.3)
     fig.suptitle("throughput and traffic (ESync Fig. 4); medians, bars: range over repeats", fontsize=11)
     fig.tight_layout()
@@ -341,7 +376,7 @@ def _compute_ratio(results, path):
         ax.set_ylim(0, 1.25)
         ax.set_yticks(np.arange(0, 1.01, 0.2))
         ax.set_ylabel("compute / wall")
-        ax.set_title(f"{gkey[0]}, {gkey[1]}, {gkey[2]}", fontsize=10)
+        ax.set_title(", ".join(gkey), fontsize=10)
         ax.legend(fontsize=7, ncol=n, loc="upper left")
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle("compute-time ratio per worker (ESync Fig. 5), medians over repeats", fontsize=11)
@@ -350,8 +385,49 @@ def _compute_ratio(results, path):
     plt.close(fig)
 
 
+def slow_points(curve, slow):
+    """The curve's points as ``{"t", "step", "slow"}``: the mean accuracy on the classes ``slow``."""
+    return [{"t": p["t"], "step": p["step"], "slow": float(np.mean([p["classes"][c] for c in slow]))}
+            for p in curve if p.get("classes")]
+
+
+def _slow_classes(directory, results, path):
+    """The accuracy on the slowest worker's classes against wall time, per group that has them; ``False``
+    if no group has."""
+    import matplotlib.pyplot as plt
+
+    gs = {k: g for k, g in groups(results).items()
+          if any(e["summary"].get("slow_classes") for entries in g.values() for e in entries)}
+    if not gs:
+        return False
+    fig, axes = _grid(len(gs), plt, width=6.6)
+    for ax, (gkey, group) in zip(axes, gs.items()):
+        colors = _colors(list(group))
+        for label, entries in group.items():
+            curves = [slow_points(read_curve(pathlib.Path(directory) / "jobs" / e["id"] / "curve.jsonl"),
+                                  e["summary"]["slow_classes"]) for e in entries if e["summary"].get("slow_classes")]
+            curves = [c for c in curves if c]
+            for c in curves:
+                ax.plot([p["t"] for p in c], [p["slow"] for p in c], color=colors[label], alpha=0.25, lw=0.8)
+            if curves:
+                grid, med = median_curve(curves, "slow", "t")
+                ax.plot(grid, med, color=colors[label], lw=1.8, label=label)
+        ax.set_ylim(0.0, 1.0)
+        ax.set_title(", ".join(gkey), fontsize=10)
+        ax.set_xlabel("seconds of training")
+        ax.set_ylabel("accuracy on the slowest worker's classes")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle("accuracy on the slowest worker's classes (where plain averaging's bias shows)",
+                 fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return True
+
+
 def plots(directory, results, out=None, prefix="bench-"):
-    """Draw the four figures into ``out`` (default: ``directory``); return their paths."""
+    """Draw the figures into ``out`` (default: ``directory``); return their paths."""
     try:
         import matplotlib
     except ImportError:
@@ -363,12 +439,15 @@ def plots(directory, results, out=None, prefix="bench-"):
     paths = [out / f"{prefix}{name}.png" for name in ("accuracy-time", "throughput", "compute-ratio", "accuracy-steps")]
     if not any(groups(results)[k][lab] for k in groups(results) for lab in groups(results)[k]):
         return []
-    _curves(directory, results, "t", paths[0], "seconds of training (evaluation excluded)",
+    _curves(directory, results, "t", paths[0], "seconds of training",
             "test quality vs wall time (ESync Fig. 3): median over repeats, each repeat faint")
     _bars(results, paths[1])
     _compute_ratio(results, paths[2])
     _curves(directory, results, "step", paths[3], "rank 0's local steps",
             "test quality vs steps (WAGMA's ablation): median over repeats, each repeat faint")
+    slow = out / f"{prefix}slow-classes.png"
+    if _slow_classes(directory, results, slow):
+        paths.append(slow)
     return paths
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create or update the environment: PyTorch, TensorFlow, Keras 3 (and Keras 2 as tf-keras), Horovod
-# (Gloo) and this package (make runs it when .venv is missing or the requirements changed).
+# (Gloo), this package and the bench's datasets (tools/fetch_data.py: Fashion-MNIST, Shakespeare), run
+# by make when .venv is missing or the requirements changed.
 #
 # TF_VERSION=2.18.1 (default) picks TensorFlow: the newest Horovod 0.28.1 builds against unpatched
 # (2.20 and 2.21 fail in its XLA ops). Keras 2 comes as the tf-keras release of the same TensorFlow
@@ -84,5 +85,8 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$wheel" ]; then
   done
 fi
 quiet "${PIP[@]}" install -q --no-deps -e "$ROOT"      # this checkout's package (re-pointed per clone)
+# the bench's real datasets, once per user beside the wheel (checked against pinned digests; a dataset
+# that cannot be fetched is named in one line, and the tasks that need it are skipped)
+XDG_CACHE_HOME="${XDG_CACHE_HOME:-$HOME/.cache}" "$VENV/bin/python" "$ROOT/tools/fetch_data.py"
 echo "$wheel" > "$STAMP"
 log "environment ready in $(( $(date +%s) - start )) s"

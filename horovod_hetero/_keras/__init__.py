@@ -1,6 +1,8 @@
 """Backend-agnostic logic of the Keras callbacks (as Horovod's ``horovod/_keras``), and which Keras runs."""
 import os
 
+import numpy as np
+
 
 def keras_module():
     """The Keras a script's ``model.fit`` runs, decided as TensorFlow >= 2.16 decides ``tf.keras``:
@@ -36,6 +38,21 @@ def value(variable):
     """A variable's value as the backend's tensor."""
     read = variable.value            # a method on tf.Variable, a property on Keras 3 variables
     return read() if callable(read) else read
+
+
+def to_numpy(tensor):
+    """A NumPy copy of a backend tensor (TensorFlow or torch, on any device) or an array."""
+    if hasattr(tensor, "detach") and hasattr(tensor, "cpu"):      # torch
+        return tensor.detach().cpu().numpy()
+    return np.array(tensor)
+
+
+def to_tensor(array, variable):
+    """``array`` as a backend tensor of ``variable``'s dtype (on the backend's default device)."""
+    if keras_major() >= 3:
+        return keras_module().ops.convert_to_tensor(array, dtype=variable.dtype)
+    import tensorflow as tf
+    return tf.convert_to_tensor(array, dtype=variable.dtype)
 
 
 def weights(model):

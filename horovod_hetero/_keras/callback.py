@@ -8,7 +8,7 @@ Python operators, and the collectives are the backend's (``_keras.collectives_cl
 import numpy as np
 
 from horovod_hetero._horovod import check_process_set, check_run_options, follow_ranks
-from horovod_hetero._keras import collectives_class, value, weights
+from horovod_hetero._keras import collectives_class, to_numpy, to_tensor, value, weights
 from horovod_hetero._keras.horovod_layer import begin_training
 from horovod_hetero.rules.partition import epoch_indices, step_times_of
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, Model
@@ -72,6 +72,20 @@ class KerasModel(Model):
             if add_current:
                 s = s + value(v)
             v.assign(s / divisor if divisor != 1.0 else s)
+
+    def place(self, values):
+        values = list(values)
+        if len(values) != len(self.variables):
+            raise ValueError(f"{len(values)} tensors do not fit a model of {len(self.variables)} weights: "
+                             f"state from another model?")
+        out = []
+        for v, variable in zip(values, self.variables):
+            array = to_numpy(v)
+            if array.shape != tuple(variable.shape):
+                raise ValueError(f"a tensor of shape {array.shape} does not fit a weight of shape "
+                                 f"{tuple(variable.shape)}: state from another model?")
+            out.append(to_tensor(array, variable))
+        return out
 
     @property
     def nbytes(self):

@@ -6,11 +6,14 @@
 Both take the same strategy options (``add_strategy_arguments``) and build the same strategy objects
 (``build_strategy``): the torch example hands it to ``hh.DistributedOptimizer``, the Keras one to
 ``hh.callbacks.HeteroSyncCallback``. Both take the same task and evaluation options
-(``add_run_arguments``: ``--task`` of ``horovod_hetero.data.TASKS``, ``--curve``, ``--eval-interval``, ...)
-and record rank 0's evaluation curve with the same ``Curve`` (what ``horovod-hetero bench`` reads).
+(``add_run_arguments``: ``--task`` of ``horovod_hetero.data.TASKS``, ``--split``, ``--curve``, ``--eval-interval``,
+...) and record rank 0's evaluation curve with the same ``Curve`` (what ``horovod-hetero bench`` reads).
 """
+import contextlib
 import json
 import time
+
+import numpy as np
 
 from horovod_hetero import strategies
 from horovod_hetero.data import TASKS
@@ -20,13 +23,23 @@ from horovod_hetero.data import TASKS
 #: examples' choices and ``horovod-hetero bench``'s strategies.
 BUILDERS = {
     "sync": lambda args: strategies.Synchronous(),
-    "localsgd": lambda args: strategies.LocalSGD(period=args.period, warmup_steps=args.warmup_steps),
-    "esync": lambda args: strategies.ESync(global_lr=args.global_lr, mode=args.mode),
-    "wagma": lambda args: strategies.WAGMA(group_size=args.group_size, sync_period=args.period),
-    "elasticbsp": lambda args: strategies.ElasticBSP(lookahead=args.lookahead),
-    "dssp": lambda args: strategies.DSSP(staleness=tuple(args.staleness)),
-    "adsp": lambda args: strategies.ADSP(check_period=args.check_period, search_every=args.search_every),
+    "localsgd": lambda args: strategies.LocalSGD(period=args.period, warmup_steps=args.warmup_steps, **aggregation(args)),
+    "esync": lambda args: strategies.ESync(global_lr=args.global_lr, mode=args.mode, **aggregation(args)),
+    "wagma": lambda args: strategies.WAGMA(group_size=args.group_size, sync_period=args.period, **aggregation(args)),
+    "elasticbsp": lambda args: strategies.ElasticBSP(lookahead=args.lookahead, **aggregation(args)),
+    "dssp": lambda args: strategies.DSSP(staleness=tuple(args.staleness), **aggregation(args)),
+    "adsp": lambda args: strategies.ADSP(check_period=args.check_period, search_every=args.search_every,
+                                         **aggregation(args)),
 }
+
+
+def aggregation(args):
+    """``aggregate=`` and ``outer=`` of a model-averaging strategy, from ``--aggregate``, ``--outer-lr``,
+    ``--outer-momentum`` and ``--nesterov``."""
+    outer = None
+    if args.outer_lr != 1.0 or args.outer_momentum or args.nesterov:
+        outer = strategies.OuterSGD(lr=args.outer_lr, momentum=args.outer_momentum, nesterov=args.nesterov)
+    return {"aggregate": args.aggregate, "outer": outer}
 
 
 def add_strategy_arguments(parser):
@@ -41,6 +54,11 @@ def add_strategy_arguments(parser):
     parser.add_argument("--staleness", type=int, nargs=2, default=(3, 15), metavar=("LOW", "HIGH"), help="DSSP bounds")
     parser.add_argument("--check-period", default="10steps", help="ADSP check period: 10steps (of the slowest worker) or 4s")
     parser.add_argument("--search-every", default=None, help="ADSP search epoch, in the check period's unit")
+    parser.add_argument("--aggregate", choices=list(strategies.AGGREGATES), default="mean",
+                        help="how global rounds combine models (model-averaging strategies)")
+    parser.add_argument("--outer-lr", type=float, default=1.0, help="OuterSGD lr of global rounds (1: plain)")
+    parser.add_argument("--outer-momentum", type=float, default=0.0, help="OuterSGD momentum")
+    parser.add_argument("--nesterov", action="store_true", help="OuterSGD with Nesterov momentum")
 
 
 def build_strategy(args):
@@ -51,64 +69,86 @@ def build_strategy(args):
 def add_run_arguments(parser):
     """The task, training-length and evaluation options both examples take."""
     parser.add_argument("--task", choices=list(TASKS), default="digits", help="what to train (horovod_hetero.data.TASKS)")
-    parser.add_argument("--skew", type=float, default=0.8, help="non-iid tasks: share of a shard drawn from its own classes")
+    parser.add_argument("--split", default=None,
+                        help="how the training data is sharded: iid, skew, dirichlet:ALPHA or plays (default: the task's)")
+    parser.add_argument("--skew", type=float, default=0.8, help="skew split: share of a shard drawn from its own classes")
     parser.add_argument("--seed", type=int, default=0, help="model initialisation and shuffling seed")
     parser.add_argument("--epochs", type=int, default=40, help="(with --time-budget: at most)")
     parser.add_argument("--time-budget", type=float, default=None, help="stop after this many seconds")
     parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--lr", type=float, default=None, help="learning rate (default: the task's)")
     parser.add_argument("--result", default=None, help="rank 0 writes a JSON summary here")
     parser.add_argument("--curve", default=None, help="rank 0 writes its evaluation curve here (JSON lines)")
     parser.add_argument("--eval-interval", type=float, default=0.5,
-                        help="seconds at least between two evaluations of the curve")
+                        help="seconds at least between two snapshots of the curve")
+
+
+def curve_subset(task, y_test, per_class=200):
+    """Indices of the test samples the curve's points are evaluated on: for Fashion-MNIST the first
+    ``per_class`` of each class (2,000 of the 10,000; the final quality takes all), else every one."""
+    if task.dataset != "fashion-mnist":
+        return np.arange(len(y_test))
+    y_test = np.asarray(y_test)
+    return np.sort(np.concatenate([np.flatnonzero(y_test == c)[:per_class] for c in range(task.classes)]))
 
 
 class Curve:
     """Rank 0's evaluation curve: the test quality against training time and local steps.
 
-    ``after_step(step, averaged)`` evaluates when this rank's model was just averaged over every
-    rank (``averaged``: the strategy averages gradients every step, or the step's telemetry record
-    says ``synced``: a global round ran), at most once per ``interval`` seconds; ``final(step)`` adds
-    the model every rank ends with. So a strategy with local models is judged by its averaged model,
-    never by a rank's drifted replica. Each point is a JSON line ``{"t", "step", metric, "eval_s",
-    "final"}``; ``t`` counts from ``begin()`` (after the common start barrier) and leaves out the time
-    spent evaluating (a few ms for these tasks; other ranks may wait for it at the next round).
+    ``after_step(step, averaged)`` takes a snapshot of the model when it was just averaged over every
+    rank (``averaged``: the strategy averages gradients every step, or the step's telemetry record says
+    ``synced``: a global round ran), at most once per ``interval`` seconds; ``final(step)`` adds the model
+    every rank ends with. The snapshots are evaluated after training (``evaluate_all``), so evaluating
+    costs the training nothing (a snapshot is a copy of the weights) and a strategy with local models
+    is judged by its averaged model, never by a rank's drifted replica. Each point is a JSON line
+    ``{"t", "step", metric, "classes" (per-class accuracy, for classification), "final"}``; ``t`` counts
+    from ``begin()`` (after the common start barrier) and leaves out the time the snapshots took.
 
     Args:
         path: the JSON-lines file, or ``None`` (no curve: every call is a no-op; ranks other than 0).
-        interval: seconds at least between two evaluations, a number >= 0.
-        evaluate: a function returning the model's test quality (a float).
-        metric: the quality's name in the records (``accuracy``, ``distance``).
+        interval: seconds at least between two snapshots, a number >= 0.
+        snapshot: a function returning a copy of the model's weights.
+        evaluate: ``evaluate(weights) -> {metric: value, ...}`` (the curve's test set).
+        metric: the quality's name in the records (``accuracy``, ``distance``, ``bpc``).
 
     Example:
-        >>> c = Curve(None, 0.5, lambda: 1.0, "accuracy")
-        >>> c.begin(); c.after_step(1, True); c.points
+        >>> c = Curve(None, 0.5, lambda: [1.0], lambda w: {"accuracy": 1.0}, "accuracy")
+        >>> c.begin(); c.after_step(1, True); c.evaluate_all(); c.points
         []
     """
 
-    def __init__(self, path, interval, evaluate, metric):
-        self.path, self.interval, self.evaluate, self.metric = path, interval, evaluate, metric
+    def __init__(self, path, interval, snapshot, evaluate, metric):
+        self.path, self.interval, self.metric = path, interval, metric
+        self.snapshot, self.evaluate = snapshot, evaluate
         self.points, self.eval_s, self._start, self._last = [], 0.0, None, float("-inf")
+        self._pending = []
+        self.snapshot_s = 0.0
 
     def begin(self):
         self._start = time.perf_counter()
 
     def after_step(self, step, averaged):
         if self.path is not None and averaged and time.perf_counter() - self._last >= self.interval:
-            self._point(step, final=False)
+            self._take(step, final=False)
 
     def final(self, step):
         if self.path is not None:
-            self._point(step, final=True)
+            self._take(step, final=True)
 
-    def _point(self, step, final):
+    def _take(self, step, final):
         t0 = time.perf_counter()
-        value = float(self.evaluate())
+        weights = self.snapshot()
         self._last = time.perf_counter()
-        spent = self._last - t0
-        point = {"t": t0 - self._start - self.eval_s, "step": step, self.metric: value, "eval_s": spent,
-                 "final": final}
-        self.eval_s += spent
-        self.points.append(point)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(point) + "\n")
+        self._pending.append((t0 - self._start - self.snapshot_s, step, weights, final))
+        self.snapshot_s += self._last - t0
+
+    def evaluate_all(self):
+        """Evaluate every snapshot, in order, and write the points (after training)."""
+        t0 = time.perf_counter()
+        with open(self.path, "a") if self.path is not None else contextlib.nullcontext() as f:
+            for t, step, weights, final in self._pending:
+                point = {"t": t, "step": step, **self.evaluate(weights), "final": final}
+                self.points.append(point)
+                f.write(json.dumps(point) + "\n")
+        self._pending = []
+        self.eval_s += time.perf_counter() - t0

@@ -1,4 +1,5 @@
-"""Train an MLP on scikit-learn's digits (or another ``--task``) with horovod-hetero (Keras 3 with TensorFlow or PyTorch, or Keras 2).
+"""Train a bench task with horovod-hetero (Keras 3 with TensorFlow or PyTorch, or Keras 2): an MLP on scikit-learn's
+digits (the default), a CNN on Fashion-MNIST (``--task fashion-cnn``, ``--split``).
 
     horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.keras_digits --strategy localsgd --period 8
     KERAS_BACKEND=torch horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.keras_digits --strategy esync
@@ -17,8 +18,9 @@ import time
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import horovod_hetero.keras as hh  # noqa: E402
-from horovod_hetero.data import TASKS, score, task_data  # noqa: E402
-from horovod_hetero.examples import Curve, add_run_arguments, add_strategy_arguments, build_strategy  # noqa: E402
+from horovod_hetero.data import TASKS, class_accuracy, score, task_data  # noqa: E402
+from horovod_hetero.examples import (  # noqa: E402
+    Curve, add_run_arguments, add_strategy_arguments, build_strategy, curve_subset)
 
 keras = hh.keras_module()
 if keras.backend.backend() == "torch":
@@ -70,17 +72,24 @@ def one_thread():
         tf.config.threading.set_inter_op_parallelism_threads(1)
 
 
-def build_model(task, features):
-    """The task's model (``Task.model``), as the torch example's."""
+def build_model(task, shape):
+    """The task's model (``Task.model``), as the torch example's; ``shape``: one input's shape."""
     layers = keras.layers
     if task.model == "cnn":
         body = [layers.Reshape((8, 8, 1)), layers.Conv2D(16, 3, padding="same", activation="relu"),
                 layers.MaxPooling2D(2), layers.Flatten(), layers.Dense(10)]
+    elif task.model == "fashion-cnn":          # channels first, as the data (and the torch model)
+        body = [layers.Permute((2, 3, 1)), layers.Conv2D(16, 5, padding="same", activation="relu"),
+                layers.MaxPooling2D(2), layers.Conv2D(32, 5, padding="same", activation="relu"),
+                layers.MaxPooling2D(2), layers.Flatten(), layers.Dense(32, activation="relu"), layers.Dense(10)]
     elif task.model == "linear":
         body = [layers.Dense(1, use_bias=False)]
-    else:
+    elif task.model == "mlp":
         body = [layers.Dense(128, activation="relu"), layers.Dense(10)]
-    return keras.Sequential([keras.Input((features,)), *body])
+    else:
+        raise SystemExit(f"--task {task.name}: the Keras example trains digits, cnn, synthetic and fashion-cnn; "
+                         f"the torch example trains every task")
+    return keras.Sequential([keras.Input(shape), *body])
 
 
 def main():
@@ -96,9 +105,10 @@ def main():
         hvd.init()
     one_thread()
     keras.utils.set_random_seed(args.seed * 1000 + hvd.rank())
-    x, y, x_test, y_test = task_data(task, hvd.rank(), hvd.size(), args.seed, args.skew)
-    model = build_model(task, x.shape[1])
-    optimizer = keras.optimizers.SGD(args.lr, momentum=0.9)
+    x, y, x_test, y_test = task_data(task, hvd.rank(), hvd.size(), args.seed, args.skew, args.split)
+    model = build_model(task, x.shape[1:])
+    lr = args.lr or task.lr
+    optimizer = keras.optimizers.Adam(lr) if task.optimizer == "adam" else keras.optimizers.SGD(lr, momentum=0.9)
     callbacks = [hh.callbacks.BroadcastGlobalVariablesCallback(0)]
     sync = None
     if args.strategy == "sync":
@@ -109,10 +119,18 @@ def main():
         sync = hh.callbacks.HeteroSyncCallback(build_strategy(args), batch_size=args.batch_size, epoch_sync=False)
         callbacks.append(sync)
 
-    def evaluate():
-        return score(task, keras.ops.convert_to_numpy(model(x_test, training=False)), y_test)
+    def evaluate(weights=None, xs=x_test, ys=y_test):
+        if weights is not None:
+            model.set_weights(weights)
+        outputs = model.predict(xs, batch_size=1000, verbose=0)
+        out = {task.metric: score(task, outputs, ys)}
+        if task.classes:
+            out["classes"] = class_accuracy(outputs, ys, task.classes)
+        return out
 
-    curve = Curve(args.curve if hvd.rank() == 0 else None, args.eval_interval, evaluate, task.metric)
+    subset = curve_subset(task, y_test)
+    curve = Curve(args.curve if hvd.rank() == 0 else None, args.eval_interval, model.get_weights,
+                  lambda weights: evaluate(weights, x_test[subset], y_test[subset]), task.metric)
     budget = TimeBudget(args.time_budget, args.batch_size, len(y), together=sync is None, curve=curve,
                         synced=lambda: sync is None or sync.telemetry.records[-1]["synced"])
     callbacks.append(budget)             # after the strategy's callback: it sees the step's averaging
@@ -124,13 +142,16 @@ def main():
     wall = budget.wall                   # from fit's start barrier (before the first batch traces the
                                          # train function: tracing is inside) to its last batch
     curve.final(budget.steps)
-    quality = evaluate()
     samples = sum(hvd.allgather_object(budget.samples, name="samples"))
     if hvd.rank() == 0:
-        result = {"strategy": args.strategy, "task": task.name,
-                  "keras": f"{keras.__version__} ({keras.backend.backend()})", task.metric: quality,
+        curve.evaluate_all()             # the snapshots, in order; the model ends at its final weights
+        final = evaluate()
+        result = {"strategy": args.strategy, "task": task.name, "split": args.split or task.split,
+                  "keras": f"{keras.__version__} ({keras.backend.backend()})", task.metric: final[task.metric],
                   "steps_rank0": budget.steps, "samples": samples, "wall_s": wall, "samples_per_s": samples / wall,
                   "eval_s": curve.eval_s}
+        if task.classes:
+            result["classes"] = final["classes"]
         print(json.dumps(result), flush=True)
         if args.result:
             with open(args.result, "w") as f:

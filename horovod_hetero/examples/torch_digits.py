@@ -1,8 +1,10 @@
-"""Train an MLP on scikit-learn's digits (or another ``--task``) with horovod-hetero (PyTorch).
+"""Train any bench task with horovod-hetero (PyTorch): an MLP on scikit-learn's digits (the default), a CNN on
+Fashion-MNIST, a character transformer on Shakespeare (``--task``, ``--split``).
 
     horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.torch_digits --strategy localsgd --period 8
     horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.torch_digits --strategy wagma --period 8
-    horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.torch_digits --strategy elasticbsp
+    horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.torch_digits --strategy elasticbsp \\
+        --task fashion-cnn --split dirichlet:0.1 --aggregate normalized
 
 Ranks may stop at different steps (a wall-clock budget, or unequal data): each calls
 ``opt.sync_model()`` at the end, which keeps joining the others' averaging rounds until all are
@@ -17,22 +19,71 @@ import torch.nn.functional as F
 
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
-from horovod_hetero.data import TASKS, score, task_data
-from horovod_hetero.examples import Curve, add_run_arguments, add_strategy_arguments, build_strategy
+from horovod_hetero.data import TASKS, TEXT_WINDOW, class_accuracy, score, shakespeare, task_data
+from horovod_hetero.examples import Curve, add_run_arguments, add_strategy_arguments, build_strategy, curve_subset
+
+
+class CharTransformer(torch.nn.Module):
+    """A small causal transformer over characters: embedding, 2 pre-norm layers of width 64, 4 heads."""
+
+    def __init__(self, vocab, width=64, layers=2, heads=4, window=TEXT_WINDOW):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.position = torch.nn.Parameter(torch.zeros(window, width))
+        layer = torch.nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, batch_first=True,
+                                                 norm_first=True)
+        self.body = torch.nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(width, vocab)
+
+    def forward(self, x):
+        n = x.shape[1]
+        causal = torch.triu(torch.ones(n, n, dtype=torch.bool, device=x.device), diagonal=1)
+        return self.head(self.body(self.embed(x) + self.position[:n], mask=causal, is_causal=True))
 
 
 def build_model(task, features):
-    """The task's model (``Task.model``): an MLP, a small CNN on the 8x8 images, or a linear map."""
+    """The task's model (``Task.model``)."""
     if task.model == "cnn":
         return torch.nn.Sequential(torch.nn.Unflatten(1, (1, 8, 8)), torch.nn.Conv2d(1, 16, 3, padding=1),
                                    torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(256, 10))
+    if task.model == "fashion-cnn":
+        return torch.nn.Sequential(torch.nn.Conv2d(1, 16, 5, padding=2), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                                   torch.nn.Conv2d(16, 32, 5, padding=2), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                                   torch.nn.Flatten(), torch.nn.Linear(32 * 7 * 7, 32), torch.nn.ReLU(),
+                                   torch.nn.Linear(32, 10))
+    if task.model == "char-transformer":
+        return CharTransformer(len(shakespeare()[1]))
     if task.model == "linear":
         return torch.nn.Linear(features, 1, bias=False)
     return torch.nn.Sequential(torch.nn.Linear(features, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
 
 
+def local_optimizer(task, model, lr):
+    """The task's local optimizer (``Task.optimizer``): SGD with momentum 0.9, or Adam."""
+    if task.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), lr=lr)
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+
+
 def loss_fn(task, output, target):
-    return F.mse_loss(output.squeeze(1), target) if task.loss == "mse" else F.cross_entropy(output, target)
+    if task.loss == "mse":
+        return F.mse_loss(output.squeeze(1), target)
+    return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))
+
+
+def evaluator(task, model, x_test, y_test, batch=1000):
+    """``evaluate(weights) -> {metric: value, "classes": per-class accuracy}`` on ``x_test`` (``weights``:
+    a ``state_dict`` snapshot, loaded into ``model``)."""
+    def evaluate(weights=None):
+        if weights is not None:
+            model.load_state_dict(weights)
+        with torch.no_grad():
+            outputs = torch.cat([model(x_test[i:i + batch]) for i in range(0, len(x_test), batch)]).numpy()
+        out = {task.metric: score(task, outputs, y_test.numpy())}
+        if task.classes:
+            out["classes"] = class_accuracy(outputs, y_test.numpy(), task.classes)
+        return out
+    return evaluate
 
 
 def main():
@@ -49,19 +100,19 @@ def main():
         hvd.init()
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
-    x, y, x_test, y_test = (torch.from_numpy(a) for a in task_data(task, hvd.rank(), hvd.size(), args.seed, args.skew))
+    x, y, x_test, y_test = (torch.from_numpy(a) for a in task_data(task, hvd.rank(), hvd.size(), args.seed, args.skew,
+                                                                   args.split))
     model = build_model(task, x.shape[1])
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9),
+    opt = hh.DistributedOptimizer(local_optimizer(task, model, args.lr or task.lr),
                                   named_parameters=model.named_parameters(),
                                   named_buffers=model.named_buffers(),
                                   strategy=build_strategy(args))
 
-    def evaluate():
-        with torch.no_grad():
-            return score(task, model(x_test).numpy(), y_test.numpy())
-
-    curve = Curve(args.curve if hvd.rank() == 0 else None, args.eval_interval, evaluate, task.metric)
+    subset = torch.from_numpy(curve_subset(task, y_test.numpy()))
+    snapshot = lambda: {k: v.detach().clone() for k, v in model.state_dict().items()}     # noqa: E731
+    curve = Curve(args.curve if hvd.rank() == 0 else None, args.eval_interval, snapshot,
+                  evaluator(task, model, x_test[subset], y_test[subset]), task.metric)
     hvd.barrier()                        # the time budget starts together on every rank (start-up differs by seconds)
     start = last_report = time.perf_counter()
     curve.begin()
@@ -90,16 +141,21 @@ def main():
     wall = time.perf_counter() - start
     curve.final(steps)
 
-    quality = evaluate()
     samples = hvd.allreduce(torch.tensor(float(samples)), op=hvd.Sum, name="samples").item()
+    opt.telemetry.close()
     if hvd.rank() == 0:
-        result = {"strategy": repr(opt.strategy), "task": task.name, task.metric: quality, "steps_rank0": steps,
-                  "samples": samples, "wall_s": wall, "samples_per_s": samples / wall, "eval_s": curve.eval_s}
+        torch.set_num_threads(2)         # training is over: evaluate with the cores the ranks shared
+        curve.evaluate_all()             # the snapshots, in order; the model ends at its final weights
+        final = evaluator(task, model, x_test, y_test)()
+        result = {"strategy": repr(opt.strategy), "task": task.name, "split": args.split or task.split,
+                  **{task.metric: final[task.metric]}, "steps_rank0": steps, "samples": samples, "wall_s": wall,
+                  "samples_per_s": samples / wall, "eval_s": curve.eval_s}
+        if task.classes:
+            result["classes"] = final["classes"]
         print(json.dumps(result), flush=True)
         if args.result:
             with open(args.result, "w") as f:
                 json.dump(result, f)
-    opt.telemetry.close()
 
 
 if __name__ == "__main__":

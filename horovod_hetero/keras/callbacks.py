@@ -62,19 +62,20 @@ class HeteroSyncCallback(HeteroSyncCallbackImpl, Callback):
 
 
 class LocalSGDCallback(HeteroSyncCallback):
-    """``HeteroSyncCallback(LocalSGD(period, warmup_steps))``: average every ``period``-th batch.
+    """``HeteroSyncCallback(LocalSGD(period, warmup_steps, aggregate, outer))``: average every ``period``-th batch.
 
     Example::
 
         model.fit(x, y, epochs=5, callbacks=[hh.callbacks.LocalSGDCallback(period=8)])
     """
 
-    def __init__(self, period, warmup_steps=0, **options):
-        super().__init__(LocalSGD(period, warmup_steps), **options)
+    def __init__(self, period, warmup_steps=0, aggregate="mean", outer=None, **options):
+        super().__init__(LocalSGD(period, warmup_steps, aggregate, outer), **options)
 
 
 class ESyncCallback(HeteroSyncCallback):
-    """``HeteroSyncCallback(ESync(global_lr, mode, **esync_options))``: see ``hh.ESync``.
+    """``HeteroSyncCallback(ESync(global_lr, mode, **esync_options))``: see ``hh.ESync`` (``esync_options``
+    takes its other arguments, ``aggregate`` and ``outer`` among them).
 
     Example::
 
@@ -103,27 +104,27 @@ class WAGMACallback(HeteroSyncCallback):
 
 
 class ElasticBSPCallback(HeteroSyncCallback):
-    """``HeteroSyncCallback(ElasticBSP(lookahead))``: see ``hh.ElasticBSP``.
+    """``HeteroSyncCallback(ElasticBSP(lookahead, aggregate, outer))``: see ``hh.ElasticBSP``.
 
     Example::
 
-        model.fit(x, y, epochs=5, callbacks=[hh.callbacks.ElasticBSPCallback(lookahead=15)])
+        model.fit(x, y, epochs=5, callbacks=[hh.callbacks.ElasticBSPCallback(lookahead=15, aggregate="normalized")])
     """
 
-    def __init__(self, lookahead=15, **options):
-        super().__init__(ElasticBSP(lookahead), **options)
+    def __init__(self, lookahead=15, aggregate="mean", outer=None, **options):
+        super().__init__(ElasticBSP(lookahead, aggregate, outer), **options)
 
 
 class DSSPCallback(HeteroSyncCallback):
-    """``HeteroSyncCallback(DSSP(staleness, tolerance))``: see ``hh.DSSP``.
+    """``HeteroSyncCallback(DSSP(staleness, tolerance, aggregate, outer))``: see ``hh.DSSP``.
 
     Example::
 
         model.fit(x, y, epochs=5, callbacks=[hh.callbacks.DSSPCallback(staleness=(3, 15))])
     """
 
-    def __init__(self, staleness=(3, 15), tolerance=0.05, **options):
-        super().__init__(DSSP(staleness, tolerance), **options)
+    def __init__(self, staleness=(3, 15), tolerance=0.05, aggregate="mean", outer=None, **options):
+        super().__init__(DSSP(staleness, tolerance, aggregate, outer), **options)
 
 
 class ADSPCallback(HeteroSyncCallback):

@@ -91,6 +91,11 @@ class Model(ABC):
     def assign(self, values, divisor=1.0, add_current=False):
         """Set the model to ``(values [+ model]) / divisor``, tensor by tensor."""
 
+    @abstractmethod
+    def place(self, values):
+        """New tensors holding ``values`` (arrays or tensors, e.g. from a checkpoint) with the model's
+        tensors' shapes, dtypes and devices; a ``ValueError`` if they do not fit."""
+
     @property
     @abstractmethod
     def nbytes(self):

@@ -9,6 +9,7 @@ import time
 
 from horovod_hetero.errors import RankLostError
 from horovod_hetero.rules.partition import latest_step_times
+from horovod_hetero.runtime.aggregation import Aggregator
 from horovod_hetero.runtime.collectives import scaled
 from horovod_hetero.runtime.rounds import RoundProtocol
 from horovod_hetero.runtime.straggler import Slowdown
@@ -87,7 +88,9 @@ class HeteroController:
         self.slowdown = slowdown if isinstance(slowdown, Slowdown) else Slowdown(self.rank, slowdown, size=self.size)
         self.transports = None
         self._clock = clock
-        self._global = None            # w_t, for strategies with global_lr != 1
+        # rounds on changes (aggregate="normalized", an outer optimiser): w_t and the outer momentum
+        self.aggregator = (Aggregator(strategy.aggregate, strategy.outer, collectives.copy)
+                           if strategy.aggregate != "mean" or strategy.outer is not None else None)
         self._left = False
         self._extra_comm = 0.0
         self._plan_s = 0.0             # the strategy's bookkeeping after the latest round (telemetry)
@@ -139,11 +142,11 @@ class HeteroController:
                                self.collectives.lost_ranks())
 
     def _initial_round(self):
-        """With ``global_lr != 1``, average the initial models once (w_0, the same on every rank,
-        broadcast or not); deferred to the first step if the model has no weights yet (Keras)."""
-        if self.strategy.global_lr != 1.0 and self._global is None and self.model.tensors():
+        """With rounds on changes (``aggregator``), average the initial models once (w_0, the same on
+        every rank, broadcast or not); deferred to the first step if the model has no weights yet (Keras)."""
+        if self.aggregator is not None and not self.aggregator.ready and self.model.tensors():
             self.protocol.run_round()
-            self._global = self.collectives.copy(self.model.tensors())
+            self.aggregator.begin(self.model.tensors())
 
     def finish(self):
         """Join rounds until every rank has joined (all then hold identical tensors); close the transports."""
@@ -204,14 +207,25 @@ class HeteroController:
         self._extra_comm += seconds
 
     def _average(self, weight, control):
-        """The round protocol's fused weighted average: sum(w_i x_i) / sum(w_i) over all ranks."""
+        """The round protocol's fused collective: the weighted mean sum(w_i x_i) / sum(w_i) over all
+        ranks, or, with rounds on changes, the ``aggregator``'s combination of every rank's change."""
         self._activity = "model averaging round"
-        summed, control = self.collectives.allreduce_sum(scaled(self.model.tensors(), weight), control,
-                                                         name="horovod_hetero.average",
+        tensors, agg = self.model.tensors(), self.aggregator
+        if agg is None or not agg.ready:
+            summed, control = self.collectives.allreduce_sum(scaled(tensors, weight), control,
+                                                             name="horovod_hetero.average",
+                                                             what="model averaging round", inplace=True)
+            if control[0] > 0:
+                self.model.assign(summed, control[0])
+            return control
+        changes, extra = agg.contribution(tensors, weight, self.protocol.steps_since_round,
+                                          self.protocol.samples_since_round)
+        summed, control = self.collectives.allreduce_sum(changes, control + extra, name="horovod_hetero.average",
                                                          what="model averaging round", inplace=True)
-        if control[0] > 0:
-            self.model.assign(summed, control[0])
-        return control
+        head = len(control) - len(extra)
+        self.model.assign(agg.combine(summed, control[head:]))
+        agg.begin(self.model.tensors())
+        return control[:head]
 
     def _round(self, done=False):
         result = self.protocol.run_round(done)
@@ -219,10 +233,6 @@ class HeteroController:
         return result
 
     def _after_round(self, result):
-        if self.strategy.global_lr != 1.0:               # w = w_t + lr (mean - w_t); then w_t = w
-            lr = self.strategy.global_lr
-            self.model.assign([g + lr * (w - g) for w, g in zip(self.model.tensors(), self._global)])
-            self._global = self.collectives.copy(self.model.tensors())
         if result.stats is not None:
             self.step_times = latest_step_times(self.step_times, result.stats.step_s)
         t0 = self._clock()
@@ -274,18 +284,28 @@ class HeteroController:
         return rounds
 
     def state_dict(self):
-        return {"strategy": self.strategy.state_dict(), "rounds": self.protocol.state_dict()}
+        """The strategy's counters, the round number and, with rounds on changes, ``"aggregation"``:
+        the round's start ``w_t`` and the outer momentum (the tensors themselves; a checkpoint or
+        ``torch.save`` copies them)."""
+        state = {"strategy": self.strategy.state_dict(), "rounds": self.protocol.state_dict()}
+        if self.aggregator is not None and self.aggregator.ready:
+            state["aggregation"] = self.aggregator.state_dict()
+        return state
 
     def load_state_dict(self, state):
-        """Counters from a checkpoint or from another rank (``broadcast_optimizer_state``); with
-        ``global_lr != 1`` the model now held is taken as the latest round's (it was just loaded or
+        """Counters from a checkpoint or from another rank (``broadcast_optimizer_state``), and the
+        aggregation state where it has one (put on the model's device); where it has none, with rounds
+        on changes, the model now held is taken as the latest round's (it was just loaded or
         broadcast, like the counters)."""
         if not isinstance(state, dict) or not {"strategy", "rounds"} <= state.keys():
             raise ValueError(f"state must be a dict with 'strategy' and 'rounds' (from state_dict()), got {state!r}")
         self.strategy.load_state_dict(state["strategy"])
         self.protocol.load_state_dict(state["rounds"])
-        if self._global is not None:
-            self._global = self.collectives.copy(self.model.tensors())
+        if self.aggregator is not None:
+            if state.get("aggregation") is not None:
+                self.aggregator.load_state_dict(state["aggregation"], self.model.place)
+            elif self.aggregator.ready:
+                self.aggregator.begin(self.model.tensors())
 
 
 class OutsideController:

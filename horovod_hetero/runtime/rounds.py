@@ -70,6 +70,11 @@ class RoundProtocol:
     def _reset_stats(self):
         self._step_s, self._loss, self._losses, self._samples = 0.0, 0.0, 0, 0
 
+    @property
+    def samples_since_round(self):
+        """Samples this rank reported since the previous round (0: none reported)."""
+        return self._samples
+
     def local_step(self, step_s=0.0, loss=None, samples=None):
         """Record one local update that the next round must carry, and its statistics."""
         self.steps_since_round += 1

@@ -103,6 +103,10 @@ class ADSP(Strategy):
             paper's 60 s and 20 minutes).
         fit_points: rounds (loss samples) a trial's fit needs, an int >= 3.
         window: step times the prediction of the next step takes the median of, an int >= 1.
+        aggregate: how global rounds combine the models: ``"mean"`` or ``"normalized"`` (each rank's
+            change divided by its local steps; ``strategies.aggregation``).
+        outer: an outer optimiser for the global model, e.g. ``OuterSGD(lr=0.7, momentum=0.9,
+            nesterov=True)``, or ``None`` (plain averaging).
 
     Example:
         >>> s = ADSP(check_period="10steps", search_every="600steps")
@@ -114,8 +118,8 @@ class ADSP(Strategy):
         ValueError: search_every must be at least two check periods (>= 120), got 100.0
     """
 
-    def __init__(self, check_period=60.0, search_every=None, fit_points=4, window=5):
-        super().__init__()
+    def __init__(self, check_period=60.0, search_every=None, fit_points=4, window=5, aggregate="mean", outer=None):
+        super().__init__(aggregate, outer)
         self.check_period = as_period("check_period", check_period)
         self._search_every_arg = search_every
         if search_every is None:
@@ -267,7 +271,8 @@ class ADSP(Strategy):
 
     @property
     def label(self):
-        return f"ADSP({self.check_period if isinstance(self.check_period, Steps) else f'{self.check_period:g}s'})"
+        period = self.check_period if isinstance(self.check_period, Steps) else f"{self.check_period:g}s"
+        return f"ADSP({period})" + self.aggregation_label
 
     def state_dict(self):
         return dict(super().state_dict(), warmup=self.warmup, commits=self.commits, c_target=self.c_target,
@@ -287,4 +292,4 @@ class ADSP(Strategy):
 
     def __repr__(self):
         period, every = (str(p) if isinstance(p, Steps) else p for p in (self.check_period, self._search_every_arg))
-        return f"ADSP(check_period={period!r}, search_every={every!r})"
+        return f"ADSP(check_period={period!r}, search_every={every!r}{self._aggregation_repr()})"

@@ -29,6 +29,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from horovod_hetero.strategies.aggregation import check_aggregation, describe
 from horovod_hetero.validation import check_int
 
 
@@ -209,16 +210,20 @@ class Strategy:
     Class attributes a strategy may set:
         averages_gradients: True if gradients are allreduced every step by Horovod itself (as
             ``hvd.DistributedOptimizer`` does); then no model averaging is decided here.
-        global_lr: every global average moves the model ``global_lr`` of the way from the previous
-            round's model to the mean (``w <- w_t + global_lr (mean - w_t)``); 1.0 is plain
-            averaging. With another value the runtime first averages the initial models once.
+
+    Attributes the runtime reads (set by ``__init__``'s ``aggregate``/``outer``, see
+    ``strategies.aggregation``):
+        aggregate: how a global round combines the models, ``"mean"`` or ``"normalized"``.
+        outer: an ``OuterSGD`` applied to the round's combined change, or ``None`` (plain averaging).
+            With ``normalized`` or an outer optimiser the runtime first averages the initial models
+            once (the round's start ``w_t`` is then the same on every rank).
     """
 
     averages_gradients = False
-    global_lr = 1.0
     base_class = True                 # set in a class's own body: not a strategy to train with
 
-    def __init__(self):
+    def __init__(self, aggregate="mean", outer=None):
+        self.aggregate, self.outer = check_aggregation(aggregate, outer)
         self.step = 0
         self.rank, self.size = 0, 1
         self.plan = None              # the latest Plan, if the strategy makes them
@@ -285,8 +290,18 @@ class Strategy:
 
     @property
     def label(self):
-        """A short name for tables (``LocalSGD(8)``)."""
-        return type(self).__name__
+        """A short name for tables (``LocalSGD(8)``, ``ESync [normalized]``)."""
+        return type(self).__name__ + self.aggregation_label
+
+    @property
+    def aggregation_label(self):
+        """``""`` for plain averaging, else how rounds combine models (``" [normalized]"``)."""
+        return describe(self.aggregate, self.outer)
+
+    def _aggregation_repr(self):
+        """``", aggregate='normalized', outer=OuterSGD(...)"`` where not the defaults (for ``__repr__``)."""
+        return ((f", aggregate={self.aggregate!r}" if self.aggregate != "mean" else "")
+                + (f", outer={self.outer!r}" if self.outer is not None else ""))
 
     def state_dict(self):
         return {"kind": type(self).__name__, "step": self.step,

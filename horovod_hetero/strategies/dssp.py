@@ -49,6 +49,10 @@ class DSSP(RoundPlanned):
         tolerance: a stop up to this fraction of the fastest's step after the slowest's iteration
             end counts as on time, and waits within it of the least count as equal (measured step
             times are noisy), in [0, 0.5].
+        aggregate: how global rounds combine the models: ``"mean"`` or ``"normalized"`` (each rank's
+            change divided by its local steps; ``strategies.aggregation``).
+        outer: an outer optimiser for the global model, e.g. ``OuterSGD(lr=0.7, momentum=0.9,
+            nesterov=True)``, or ``None`` (plain averaging).
 
     Example:
         >>> DSSP(staleness=(3, 15)).plan_steps([0.1, 0.1, 0.1, 0.4])
@@ -60,8 +64,8 @@ class DSSP(RoundPlanned):
                                       strategy=hh.DSSP(staleness=(3, 15)))
     """
 
-    def __init__(self, staleness=(3, 15), tolerance=0.05):
-        super().__init__()
+    def __init__(self, staleness=(3, 15), tolerance=0.05, aggregate="mean", outer=None):
+        super().__init__(aggregate, outer)
         self.s_lower, self.s_upper = check_staleness(staleness)
         self.tolerance = check_float("tolerance", tolerance, 0.0, 0.5)
 
@@ -70,7 +74,7 @@ class DSSP(RoundPlanned):
 
     @property
     def label(self):
-        return f"DSSP({self.s_lower},{self.s_upper})"
+        return f"DSSP({self.s_lower},{self.s_upper})" + self.aggregation_label
 
     def __repr__(self):
-        return f"DSSP(staleness=({self.s_lower}, {self.s_upper}), tolerance={self.tolerance})"
+        return f"DSSP(staleness=({self.s_lower}, {self.s_upper}), tolerance={self.tolerance}{self._aggregation_repr()})"

@@ -24,6 +24,10 @@ class ElasticBSP(RoundPlanned):
 
     Args:
         lookahead: R, an int >= 1: iterations predicted per rank (the most local steps per round).
+        aggregate: how global rounds combine the models: ``"mean"`` or ``"normalized"`` (each rank's
+            change divided by its local steps; ``strategies.aggregation``).
+        outer: an outer optimiser for the global model, e.g. ``OuterSGD(lr=0.7, momentum=0.9,
+            nesterov=True)``, or ``None`` (plain averaging).
 
     Example:
         >>> s = ElasticBSP(lookahead=15)
@@ -36,8 +40,8 @@ class ElasticBSP(RoundPlanned):
                                       strategy=hh.ElasticBSP(lookahead=15))
     """
 
-    def __init__(self, lookahead=15):
-        super().__init__()
+    def __init__(self, lookahead=15, aggregate="mean", outer=None):
+        super().__init__(aggregate, outer)
         self.lookahead = check_int("lookahead", lookahead, 1)
 
     def plan_steps(self, step_s):
@@ -45,7 +49,7 @@ class ElasticBSP(RoundPlanned):
 
     @property
     def label(self):
-        return f"ElasticBSP(R={self.lookahead})"
+        return f"ElasticBSP(R={self.lookahead})" + self.aggregation_label
 
     def __repr__(self):
-        return f"ElasticBSP(lookahead={self.lookahead})"
+        return f"ElasticBSP(lookahead={self.lookahead}{self._aggregation_repr()})"

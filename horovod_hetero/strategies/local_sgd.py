@@ -19,6 +19,10 @@ class LocalSGD(Strategy):
         period: int >= 1, or a ``step -> int`` schedule giving the number of local steps until
             the next averaging (evaluated at each averaging step).
         warmup_steps: int >= 0, number of initial steps averaged after every step.
+        aggregate: how global rounds combine the models: ``"mean"`` or ``"normalized"`` (each rank's
+            change divided by its local steps; ``strategies.aggregation``).
+        outer: an outer optimiser for the global model, e.g. ``OuterSGD(lr=0.7, momentum=0.9,
+            nesterov=True)``, or ``None`` (plain averaging).
 
     Example:
         >>> s = LocalSGD(period=3)
@@ -26,8 +30,8 @@ class LocalSGD(Strategy):
         [CONTINUE, CONTINUE, AVERAGE, CONTINUE, CONTINUE, AVERAGE, CONTINUE]
     """
 
-    def __init__(self, period, warmup_steps=0):
-        super().__init__()
+    def __init__(self, period, warmup_steps=0, aggregate="mean", outer=None):
+        super().__init__(aggregate, outer)
         self.period = as_schedule("period", period, minimum=1)
         self.warmup_steps = check_int("warmup_steps", warmup_steps, 0)
         self._period_arg = period
@@ -58,7 +62,7 @@ class LocalSGD(Strategy):
 
     @property
     def label(self):
-        return f"LocalSGD({self._period_arg if isinstance(self._period_arg, int) else 'schedule'})"
+        return f"LocalSGD({self._period_arg if isinstance(self._period_arg, int) else 'schedule'})" + self.aggregation_label
 
     def state_dict(self):
         return dict(super().state_dict(), next=self._next)
@@ -68,4 +72,4 @@ class LocalSGD(Strategy):
         self._next = state.get("next")
 
     def __repr__(self):
-        return f"LocalSGD(period={self._period_arg!r}, warmup_steps={self.warmup_steps})"
+        return f"LocalSGD(period={self._period_arg!r}, warmup_steps={self.warmup_steps}{self._aggregation_repr()})"

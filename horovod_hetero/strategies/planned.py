@@ -22,8 +22,8 @@ class RoundPlanned(Strategy):
 
     base_class = True
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, aggregate="mean", outer=None):
+        super().__init__(aggregate, outer)
         self.warming_up = False       # the next round measured each rank's first step only
 
     def plan_steps(self, step_s):

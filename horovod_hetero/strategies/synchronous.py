@@ -18,3 +18,6 @@ class Synchronous(Strategy):
     """
 
     averages_gradients = True
+
+    def __init__(self):
+        super().__init__()              # gradients are averaged: no model aggregation to choose

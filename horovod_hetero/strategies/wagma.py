@@ -46,6 +46,10 @@ class WAGMA(LocalSGD):
         patience: seconds a worker lets its peers wait for its own step before its last model
             is used instead (0.0 is the paper: at once); none while it waits in ``sync_model()``.
         timeout: seconds to wait for a group average before a ``CollectiveTimeoutError``.
+        aggregate: how the global averages combine the models: ``"mean"`` or ``"normalized"`` (each rank's
+            change divided by its local steps; ``strategies.aggregation``).
+        outer: an outer optimiser for the global model, e.g. ``OuterSGD(lr=0.7, momentum=0.9,
+            nesterov=True)``, or ``None`` (plain averaging).
 
     Example::
 
@@ -54,8 +58,9 @@ class WAGMA(LocalSGD):
                                       strategy=hh.WAGMA(group_size=None, sync_period=10))
     """
 
-    def __init__(self, group_size=None, sync_period=10, wait_avoiding=True, patience=0.0, timeout=300.0):
-        super().__init__(as_schedule("sync_period", sync_period, minimum=1))
+    def __init__(self, group_size=None, sync_period=10, wait_avoiding=True, patience=0.0, timeout=300.0,
+                 aggregate="mean", outer=None):
+        super().__init__(as_schedule("sync_period", sync_period, minimum=1), aggregate=aggregate, outer=outer)
         self._period_arg = sync_period
         self.group_size = group_size
         if group_size is not None and check_int("group_size", group_size, 1) & (group_size - 1):
@@ -114,8 +119,8 @@ class WAGMA(LocalSGD):
     @property
     def label(self):
         period = self._period_arg if isinstance(self._period_arg, int) else "schedule"
-        return f"WAGMA(S={self.group_size or 'auto'},{period})"
+        return f"WAGMA(S={self.group_size or 'auto'},{period})" + self.aggregation_label
 
     def __repr__(self):
         return (f"WAGMA(group_size={self.group_size!r}, sync_period={self._period_arg!r}, "
-                f"wait_avoiding={self.wait_avoiding})")
+                f"wait_avoiding={self.wait_avoiding}{self._aggregation_repr()})")

@@ -182,6 +182,21 @@ class TorchModel(Model):
             else:
                 t.copy_(s.div_(divisor) if divisor != 1.0 else s)
 
+    @torch.no_grad()
+    def place(self, values):
+        tensors = self.tensors()
+        values = list(values)
+        if len(values) != len(tensors):
+            raise ValueError(f"{len(values)} tensors do not fit a model of {len(tensors)}: state from another model?")
+        out = []
+        for v, t in zip(values, tensors):
+            v = torch.as_tensor(v)
+            if v.shape != t.shape:
+                raise ValueError(f"a tensor of shape {tuple(v.shape)} does not fit one of {tuple(t.shape)}: "
+                                 f"state from another model?")
+            out.append(v.to(device=t.device, dtype=t.dtype, copy=True))
+        return out
+
     @property
     def nbytes(self):
         return sum(t.numel() * t.element_size() for t in self.tensors())

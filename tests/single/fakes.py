@@ -106,6 +106,12 @@ class ArrayModel(Model):
         for k, s in zip(sorted(self.arrays), values):
             self.arrays[k] = ((s + self.arrays[k]) if add_current else s) / divisor
 
+    def place(self, values):
+        out = [np.array(v, dtype=t.dtype) for v, t in zip(values, self.tensors())]
+        if len(out) != len(self.arrays) or any(o.shape != t.shape for o, t in zip(out, self.tensors())):
+            raise ValueError("values do not fit the model")
+        return out
+
     @property
     def nbytes(self):
         return self._nbytes if self._nbytes is not None else sum(a.nbytes for a in self.arrays.values())

@@ -1,4 +1,5 @@
 """horovod-hetero bench and report: the pure parts (planning, curves, the simulator's prediction, tables)."""
+import dataclasses
 import json
 import os
 import pathlib
@@ -10,7 +11,7 @@ from click.testing import CliRunner
 
 from horovod_hetero import bench, report
 from horovod_hetero.cli import cli
-from horovod_hetero.data import TASKS, noniid_shard, score, task_data
+from horovod_hetero.data import TASKS, available, noniid_shard, score, task_data
 from horovod_hetero.examples import Curve
 from horovod_hetero.strategies import ESync, Synchronous
 
@@ -97,9 +98,9 @@ def test_quality_at_equal_steps_in_the_table():
     results = fake_results([(j, "done", summary(1.0, 100)) for j in jobs])
     curves = {jobs[0].id: [{"step": 0, "accuracy": 0.1}, {"step": 40, "accuracy": 0.9}],
               jobs[1].id: [{"step": 0, "accuracy": 0.1}, {"step": 10, "accuracy": 0.3}, {"step": 100, "accuracy": 0.99}]}
-    group = report.groups(results)[("torch", "digits", "1,4")]
+    group = report.groups(results)[("torch", "digits", "iid", "1,4")]
     assert report.equal_steps(group, curves) == 40
-    assert [r[4] for r in report.rows(group, curves)] == ["0.900", "0.530"]   # 0.3 + 30/90 * 0.69
+    assert [r[5] for r in report.rows(group, curves)] == ["0.900", "0.530"]   # 0.3 + 30/90 * 0.69
     assert "the quality at rank 0's local step 40" in report.markdown(results, curves)
     assert bench.quality_at(curves[jobs[0].id], "accuracy", 41) is None
 
@@ -124,8 +125,11 @@ def test_noniid_shards_are_disjoint_cover_everything_and_are_skewed():
 
 def test_tasks_data_and_score():
     for name, task in TASKS.items():
+        if available(task) is not None:
+            continue                                      # a fetched dataset that is not here (tests/single/test_data.py)
         x, y, xt, yt = task_data(name, 0, 2)
-        assert x.dtype == np.float32 and len(x) == len(y) and len(xt) == len(yt)
+        assert x.dtype == (np.int64 if task.metric == "bpc" else np.float32)
+        assert len(x) == len(y) and len(xt) == len(yt)
     x, y, xt, yt = task_data("synthetic", 0, 1)
     w = np.linalg.lstsq(x, y, rcond=None)[0]                 # the whole training set: the optimum itself
     assert score(TASKS["synthetic"], xt @ w, yt) < 1e-4
@@ -133,22 +137,26 @@ def test_tasks_data_and_score():
     assert TASKS["synthetic"].reached(0.04) and not TASKS["synthetic"].reached(0.06)
 
 
-def test_curve_evaluates_after_averaging_at_most_every_interval(tmp_path):
-    values = iter([0.5, 0.6, 0.7, 0.8])
+def test_curve_snapshots_after_averaging_at_most_every_interval_and_evaluates_after_training(tmp_path):
+    snapshots = iter([0.5, 0.6, 0.7, 0.8])
     path = tmp_path / "curve.jsonl"
-    curve = Curve(str(path), 1000.0, lambda: next(values), "accuracy")
+    evaluated = []
+    curve = Curve(str(path), 1000.0, lambda: next(snapshots), lambda w: evaluated.append(w) or {"accuracy": w},
+                  "accuracy")
     curve.begin()
-    curve.after_step(1, averaged=False)                      # a local model: not evaluated
+    curve.after_step(1, averaged=False)                      # a local model: not taken
     curve.after_step(2, averaged=True)
     curve.after_step(3, averaged=True)                       # within the interval
     curve.final(4)
+    assert evaluated == [] and not path.exists()             # nothing evaluated while training
+    curve.evaluate_all()
     points = bench.read_curve(path)
     assert [(p["step"], p["accuracy"], p["final"]) for p in points] == [(2, 0.5, False), (4, 0.6, True)]
-    assert points[1]["t"] >= points[0]["t"] >= 0
+    assert points[1]["t"] >= points[0]["t"] >= 0 and evaluated == [0.5, 0.6]
 
 
 def summary(ttt, sps, final=0.97, ratio=(0.9, 0.9)):
-    return {"time_to_target_s": ttt, "samples_per_s": sps, "final": final, "predicted_samples_per_s": sps * 1.1,
+    return {"time_to_target_s": ttt, "target": 0.95, "samples_per_s": sps, "final": final, "predicted_samples_per_s": sps * 1.1,
             "share_of_bound": 0.8, "bytes_per_s": 2e6, "compute_ratio": list(ratio), "wait_per_round_s": 0.01,
             "bound_samples_per_s": sps * 1.2}
 
@@ -171,16 +179,17 @@ def test_table_medians_speedups_and_unfinished_jobs():
          ("esync", 1): summary(2.0, 330), ("sync", 2): summary(None, 90)}
     results = fake_results([(j, "done" if (j.strategy, j.repeat) in s else "interrupted", s.get((j.strategy, j.repeat)))
                             for j in jobs])
-    rows = {r[0]: r for r in report.rows(report.groups(results)[("torch", "digits", "1,4")], budget=5)}
+    rows = {r[0]: r for r in report.rows(report.groups(results)[("torch", "digits", "iid", "1,4")], budget=5)}
     assert rows["Synchronous"][1] == "6.0 (4.0->5) [2/3 reached]"        # the miss counts as > 5 s
     assert rows["ESync"][1] == "1.5 (1.0-2.0)"
     assert rows["ESync"][2] == "3.50x (3.00-4.00)"           # per repeat: 4/1 and 6/2
-    assert rows["ESync"][6] == "3.15x (3.00-3.30)"
-    assert rows["ESync"][10] == "0.90/0.90"
-    assert rows["ESync"][4] == "-"                            # no curves given
+    assert rows["ESync"][7] == "3.15x (3.00-3.30)"
+    assert rows["ESync"][11] == "0.90/0.90"
+    assert rows["ESync"][5] == "-"                            # no curves given
+    assert rows["ESync"][4] == "-"                            # no slowest worker's classes
     text = report.markdown(results)
     assert "| Synchronous | 6.0 (4.0->5) [2/3 reached] |" in text
-    assert "Not finished (1 of 6 jobs): torch-digits-1_4-r2-esync (interrupted)" in text
+    assert "Not finished (1 of 6 jobs): torch-digits-iid-1_4-r2-esync (interrupted)" in text
 
 
 def test_report_refuses_a_missing_or_foreign_directory(tmp_path):
@@ -213,15 +222,15 @@ def test_misses_count_as_beyond_the_budget_and_speedups_against_synchronous_only
          ("sync", 1): summary(None, 100), ("esync", 1): summary(2.0, 330), ("wagma", 1): summary(None, 200),
          ("sync", 2): summary(None, 100), ("esync", 2): summary(2.5, 330), ("wagma", 2): summary(3.0, 200)}
     results = fake_results([(j, "done", s[j.strategy, j.repeat]) for j in jobs])
-    rows = {r[0]: r for r in report.rows(report.groups(results)[("torch", "digits", "1,4")], budget=5)}
+    rows = {r[0]: r for r in report.rows(report.groups(results)[("torch", "digits", "iid", "1,4")], budget=5)}
     assert rows["Synchronous"][1] == ">5 (4.0->5) [1/3 reached]"
     assert rows["ESync"][2] == ">=2.50x (2.00-4.00)"        # 4/1, >=5/2, >=5/2.5
     assert rows["WAGMA(S=2,8)"][1] == ">5 (3.0->5) [1/3 reached]"
     assert rows["WAGMA(S=2,8)"][2] == "~1.23x (0.80-1.67)"   # <=4/5, (both missed: none), >=5/3
     # without Synchronous in the group, no speedup (not a ratio against whatever ran first)
     results["jobs"] = [e for e in results["jobs"] if e["strategy"] != "sync"]
-    rows = {r[0]: r for r in report.rows(report.groups(results)[("torch", "digits", "1,4")], budget=5)}
-    assert rows["ESync"][2] == "-" and rows["ESync"][6] == "-"
+    rows = {r[0]: r for r in report.rows(report.groups(results)[("torch", "digits", "iid", "1,4")], budget=5)}
+    assert rows["ESync"][2] == "-" and rows["ESync"][7] == "-"
 
 
 def test_jobs_without_telemetry_read_n_a_and_are_not_drawn_as_zero(tmp_path):
@@ -232,16 +241,16 @@ def test_jobs_without_telemetry_read_n_a_and_are_not_drawn_as_zero(tmp_path):
     s = {("sync", 0): no_telemetry, ("sync", 1): no_telemetry, ("esync", 0): summary(1.0, 300),
          ("esync", 1): dict(summary(1.0, 300), compute_ratio=None)}        # one repeat without telemetry
     results = fake_results([(j, "done", s[j.strategy, j.repeat]) for j in jobs])
-    rows = {r[0]: r for r in report.rows(report.groups(results)[("keras", "digits", "1,4")], budget=5)}
-    assert rows["Synchronous"][7:] == ["n/a"] * 5
-    assert rows["ESync"][10] == "0.90/0.90"
+    rows = {r[0]: r for r in report.rows(report.groups(results)[("keras", "digits", "iid", "1,4")], budget=5)}
+    assert rows["Synchronous"][8:] == ["n/a"] * 5
+    assert rows["ESync"][11] == "0.90/0.90"
     paths = report.plots(tmp_path, results)
     assert all(p.exists() for p in paths)
 
 
 def test_plan_dedupes_and_refuses_colliding_job_ids():
     jobs = bench.plan(["torch", "torch"], ["digits", "digits"], ["1,4", "1,4"], ["sync"], 1)
-    assert [j.id for j in jobs] == ["torch-digits-1_4-r0-sync"]
+    assert [j.id for j in jobs] == ["torch-digits-iid-1_4-r0-sync"]
     with pytest.raises(ValueError, match="--profile '1.5,1,1,4' and '1,5,1,1,4' give the same job id"):
         bench.plan(["torch"], ["digits"], ["1.5,1,1,4", "1,5,1,1,4"], ["sync"], 1)
 
@@ -322,3 +331,63 @@ def test_the_bench_runs_every_strategy_the_examples_build_each_from_its_own_opti
     for name, (label, options) in bench.STRATEGIES.items():
         assert options[:2] == ["--strategy", name]
         assert label.startswith(type(bench.strategy_object(name)).__name__), (name, label)
+
+
+def test_plan_runs_every_split_and_each_model_averaging_strategy_once_per_aggregation():
+    jobs = bench.plan(["torch"], ["fashion-cnn"], ["1,1,1,4"], ["esync", "sync"], 1, splits=["skew", "dirichlet:0.10"],
+                      aggregates=["mean", "normalized+nesterov", "mean"])
+    assert [(j.split, j.label) for j in jobs] == [
+        ("skew", "Synchronous"), ("skew", "ESync"), ("skew", "ESync [normalized+nesterov]"),
+        ("dirichlet:0.1", "Synchronous"), ("dirichlet:0.1", "ESync"), ("dirichlet:0.1", "ESync [normalized+nesterov]")]
+    assert jobs[2].id == "torch-fashion-cnn-skew-1_1_1_4-r0-esync-normalized_nesterov"
+    assert len({j.group for j in jobs}) == 2
+    cmd, _ = bench.job_command(jobs[2], bench.settings_of(4, 0.05, 8.0), pathlib.Path("/tmp/j"))
+    assert cmd[cmd.index("--aggregate"):cmd.index("--aggregate") + 7] == [
+        "--aggregate", "normalized", "--outer-lr", "0.7", "--outer-momentum", "0.5", "--nesterov"]
+    assert cmd[cmd.index("--split") + 1] == "skew"
+    sync_cmd, _ = bench.job_command(jobs[0], bench.settings_of(4, 0.05, 8.0), pathlib.Path("/tmp/j"))
+    assert "--aggregate" not in sync_cmd
+    assert bench.strategy_object("esync", "normalized+nesterov").outer == bench.strategy_object("elasticbsp", "mean+nesterov").outer
+
+
+@pytest.mark.parametrize("args, kwargs, message", [
+    ((["torch"], ["digits"], ["1,4"], ["sync"], 1), {"aggregates": ["median"]}, "--aggregate must be a comma list of"),
+    ((["torch"], ["digits"], ["1,4"], ["sync"], 1), {"aggregates": []}, "empty list"),
+    ((["torch"], ["digits"], ["1,4"], ["sync"], 1), {"splits": ["plays"]}, "plays is the text task's"),
+])
+def test_plan_refuses_bad_splits_and_aggregations_by_name(args, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        bench.plan(*args, **kwargs)
+
+
+def test_the_slowest_worker_and_its_classes():
+    assert bench.slowest_rank("1,1,1,4", 4) == 3 and bench.slowest_rank("2,1,1,1;5:1,1,3,1", 4) == 2
+    assert bench.slowest_rank("1,1,1,1", 4) is None and bench.slowest_rank("random:1:0.5", 4) is None
+    job = bench.plan(["torch"], ["digits-noniid"], ["1,1,1,4"], ["sync"], 1)[0]
+    assert bench.slow_classes(job, 4) == [3, 7]
+    assert bench.slow_classes(dataclasses.replace(job, split="iid"), 4) == []
+    assert bench.slow_classes(dataclasses.replace(job, profile="random"), 4) is None
+
+
+def test_a_sync_target_is_synchronous_final_quality_of_the_same_repeat(tmp_path):
+    jobs = bench.plan(["torch"], ["fashion-cnn"], ["1,1,1,4"], ["sync", "esync"], 2)
+    settings = bench.settings_of(4, 0.05, 8.0)
+    assert settings["targets"]["fashion-cnn"] == "sync" and settings["targets"]["digits"] == 0.95
+    sync_dir = tmp_path / "jobs" / jobs[2].id
+    sync_dir.mkdir(parents=True)
+    (sync_dir / "curve.jsonl").write_text('{"t": 1.0, "step": 3, "accuracy": 0.5}\n{"t": 8.0, "step": 30, "accuracy": 0.74}\n')
+    assert bench.resolve_target(jobs[3], settings, tmp_path) == 0.74          # repeat 1's ESync: repeat 1's sync
+    assert bench.resolve_target(jobs[1], settings, tmp_path) is None          # repeat 0's sync has no curve
+    with pytest.raises(ValueError, match="--outer MOMENTUM must be in"):
+        bench.settings_of(4, 0.05, 8.0, outer=(0.7, 1.0))
+
+
+def test_the_table_shows_the_slow_classes_and_a_sync_target():
+    jobs = bench.plan(["torch"], ["fashion-cnn"], ["1,1,1,4"], ["sync", "esync"], 1, splits=["skew"])
+    s = {"sync": dict(summary(8.0, 100, final=0.79), target=0.79, slow_classes=[3, 7], slow_final=0.85),
+         "esync": dict(summary(2.0, 340, final=0.85), target=0.79, slow_classes=[3, 7], slow_final=0.95)}
+    results = fake_results([(j, "done", s[j.strategy]) for j in jobs])
+    text = report.markdown(results)
+    assert ("### torch, Fashion-MNIST CNN (64 k parameters), split skew, profile 1,1,1,4 (target Synchronous's final "
+            "accuracy, median 0.790, per repeat; slowest worker's classes 3, 7)") in text
+    assert "| ESync | 2.0 | 4.00x | 0.850 | 0.950 | - |" in text

@@ -24,7 +24,8 @@ from horovod.common.process_sets import ProcessSet, global_process_set
 
 from horovod_hetero.runtime.straggler import Slowdown
 from horovod_hetero.runtime.telemetry import Telemetry
-from horovod_hetero.strategies import ADSP, DSSP, ESync, ElasticBSP, LocalSGD, Steps, Synchronous, WAGMA
+from horovod_hetero.strategies import (
+    ADSP, AGGREGATES, DSSP, ESync, ElasticBSP, LocalSGD, OuterSGD, Steps, Synchronous, WAGMA)
 
 VALID = settings(max_examples=25, deadline=None, derandomize=True, database=None)
 INVALID = settings(max_examples=60, deadline=None, derandomize=True, database=None)
@@ -217,27 +218,41 @@ def _built(make, kwargs):
     return made
 
 
+OUTER_SGD = st.builds(OuterSGD, floats(0.0, 10.0, exclusive=True), st.floats(0.0, 0.99), st.just(False)) | \
+    st.builds(OuterSGD, floats(0.0, 10.0, exclusive=True), st.floats(0.01, 0.99), st.just(True))
+AGGREGATE = Arg("aggregate", st.sampled_from(AGGREGATES),
+                st.one_of(TEXT.filter(lambda a: a not in AGGREGATES), st.sampled_from(["Mean", "normalised", "fednova"]),
+                          st.none(), st.integers(), LISTS, OBJECTS))
+BAD_OUTER = st.one_of(TEXT, st.integers(), st.floats(), st.booleans(), LISTS, DICTS, OBJECTS,
+                      st.just((0.7, 0.9, True)), st.just(OuterSGD))
+OUTER = Arg("outer", st.one_of(st.none(), OUTER_SGD), BAD_OUTER)
+#: ESync's outer is its global_lr's unless global_lr is 1.0 (both given: a ValueError, tests/single/test_aggregation.py)
+ESYNC_OUTER = Arg("outer", st.none(), BAD_OUTER)
+
+
 def strategy_args(include_period=True):
     return {
-        "LocalSGD": [Arg("period", SCHEDULE, BAD_SCHEDULE), Arg("warmup_steps", ints(0), bad_ints(0))],
+        "LocalSGD": [Arg("period", SCHEDULE, BAD_SCHEDULE), Arg("warmup_steps", ints(0), bad_ints(0)), AGGREGATE, OUTER],
         "ESync": [Arg("global_lr", *TIMEOUT), Arg("mode", st.sampled_from(ESync.MODES),
                                                   st.one_of(TEXT.filter(lambda m: m not in ESync.MODES),
                                                             st.sampled_from(["Blocking", " blocking"]),
                                                             st.none(), st.integers(), LISTS, st.just(("blocking",))))],
         "WAGMA": [Arg("group_size", st.one_of(st.none(), POWERS_OF_TWO), BAD_GROUP_SIZES),
                   Arg("sync_period", SCHEDULE, BAD_SCHEDULE)],
-        "ElasticBSP": [Arg("lookahead", ints(1), bad_ints(1))],
-        "DSSP": [Arg("staleness", STALENESS, BAD_STALENESS), Arg("tolerance", floats(0.0, 0.5), bad_floats(0.0, 0.5))],
+        "ElasticBSP": [Arg("lookahead", ints(1), bad_ints(1)), AGGREGATE, OUTER],
+        "DSSP": [Arg("staleness", STALENESS, BAD_STALENESS), Arg("tolerance", floats(0.0, 0.5), bad_floats(0.0, 0.5)),
+                 AGGREGATE, OUTER],
         "ADSP": [Arg("check_period", PERIODS, BAD_PERIODS)],
     }
 
 
 ESYNC_MORE = [Arg("epsilon", floats(0.0), bad_floats(0.0)), Arg("overshoot", floats(0.0, 1.0), bad_floats(0.0, 1.0)),
               Arg("timeout", *TIMEOUT), Arg("fallback_period", ints(1), bad_ints(1)),
-              Arg("server_address", ADDRESSES, BAD_ADDRESSES), Arg("warmup_step", BOOLS, BAD_BOOLS)]
-ADSP_MORE = [Arg("fit_points", ints(3), bad_ints(3)), Arg("window", ints(1), bad_ints(1))]
+              Arg("server_address", ADDRESSES, BAD_ADDRESSES), Arg("warmup_step", BOOLS, BAD_BOOLS),
+              AGGREGATE, ESYNC_OUTER]
+ADSP_MORE = [Arg("fit_points", ints(3), bad_ints(3)), Arg("window", ints(1), bad_ints(1)), AGGREGATE, OUTER]
 WAGMA_MORE = [Arg("wait_avoiding", BOOLS, BAD_BOOLS), Arg("patience", floats(0.0), bad_floats(0.0)),
-              Arg("timeout", *TIMEOUT)]
+              Arg("timeout", *TIMEOUT), AGGREGATE, OUTER]
 
 SLOWDOWN_ARGS = [
     Arg("rank", ints(0, 3), bad_ints(0)),
@@ -260,6 +275,10 @@ CORE = {
         Arg("directory", TELEMETRY_DIRS, BAD_TELEMETRY_DIRS, expect="telemetry"),
         Arg("keep", ints(0), bad_ints(0))], base={"rank": 0}),
     "Slowdown": Constructor(Slowdown, SLOWDOWN_ARGS, base={"rank": 0, "size": 4}),
+    "OuterSGD": Constructor(OuterSGD, [Arg("lr", *TIMEOUT, expect="OuterSGD lr"),
+                                       Arg("momentum", st.floats(0.0, 0.99), st.one_of(
+                                           st.floats(1.0, 5.0), st.floats(max_value=-1e-9), NOT_FINITE, TEXT, st.none()),
+                                           expect="OuterSGD momentum")]),
 }
 
 

@@ -87,7 +87,7 @@ def test_initial_average_for_global_lr_waits_for_weights_that_do_not_exist_yet()
     assert ctl.protocol.round == 0
     arrays["w"] = np.array([1.0])
     ctl.after_step()
-    assert ctl.protocol.round == 1 and ctl._global[0].tolist() == [1.0]
+    assert ctl.protocol.round == 1 and ctl.aggregator.start[0].tolist() == [1.0]
     ctl.finish()
 
 
