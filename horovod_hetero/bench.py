@@ -19,7 +19,7 @@ target is a number, or ``sync`` (the default of the real-data tasks): the qualit
 ends with in the same group and repeat (its final point, on the curve's test set), so the speedup says
 how much sooner a strategy reaches what Synchronous reaches in the whole budget. Classification jobs
 also record every class's final accuracy and, where a profile has a slowest worker, the mean accuracy on
-the classes that worker holds most of (``data.class_shares``: at least half of the class).
+the classes that worker holds most of (``slow_classes``).
 
 Beside each measured samples/s the summary puts the simulator's prediction: ``simulate.simulate``
 of the same strategy on a cluster that replays each rank's measured step times (``compute_s`` of
@@ -430,13 +430,15 @@ def slowest_rank(profile, num_proc):
 
 
 def slow_classes(job, num_proc):
-    """The classes the job's slowest worker holds at least half of (``data.class_shares``), or ``None``."""
+    """The classes the job's slowest worker holds most of: a share of the class's training samples
+    (``data.class_shares``) more than halfway from a fair one (1/P) to all of it, ``(1 + 1/P) / 2``
+    (0.625 at 4 workers; none under an iid split); ``None`` without classes or a slowest worker."""
     task = TASKS[job.task]
     rank = slowest_rank(job.profile, num_proc)
     if not task.classes or rank is None:
         return None
     shares = class_shares(task, num_proc, seed=job.repeat, split=job.split)
-    return [int(c) for c in np.flatnonzero(shares[rank] >= 0.5)]
+    return [int(c) for c in np.flatnonzero(shares[rank] > (1 + 1 / num_proc) / 2)]
 
 
 def resolve_target(job, settings, out):

@@ -75,6 +75,6 @@ def test_an_interrupted_bench_leaves_a_directory_the_report_reads(tmp_path):
     rep = cli("report", str(out))
     assert rep.returncode == 0, rep.stderr
     assert "| Synchronous | " in rep.stdout and "| LocalSGD(8) | not finished |" in rep.stdout
-    assert ("Not finished (2 of 3 jobs): torch-digits-1_4-r0-localsgd (interrupted), "
-            "torch-digits-1_4-r0-esync (planned)") in rep.stdout
+    assert ("Not finished (2 of 3 jobs): torch-digits-iid-1_4-r0-localsgd (interrupted), "
+            "torch-digits-iid-1_4-r0-esync (planned)") in rep.stdout
     assert (out / "bench-accuracy-time.png").exists()

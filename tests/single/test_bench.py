@@ -391,3 +391,11 @@ def test_the_table_shows_the_slow_classes_and_a_sync_target():
     assert ("### torch, Fashion-MNIST CNN (64 k parameters), split skew, profile 1,1,1,4 (target Synchronous's final "
             "accuracy, median 0.790, per repeat; slowest worker's classes 3, 7)") in text
     assert "| ESync | 2.0 | 4.00x | 0.850 | 0.950 | - |" in text
+
+
+def test_an_iid_split_gives_the_slowest_worker_no_classes_of_its_own_at_any_size():
+    for np_ in (2, 4):
+        job = bench.plan(["torch"], ["digits"], [",".join(["1"] * (np_ - 1) + ["4"])], ["sync"], 1)[0]
+        assert bench.slow_classes(job, np_) == []
+    job = bench.plan(["torch"], ["digits-noniid"], ["1,4"], ["sync"], 1)[0]
+    assert bench.slow_classes(job, 2) == [1, 3, 5, 7, 9]
