@@ -5,7 +5,7 @@ READY := $(VENV)/.horovod-hetero-ready
 NP ?= 4
 comma := ,
 
-.PHONY: demo test test-single test-parallel test-elastic test-faults test-multihost test-bench bench-publish $(addprefix bench-publish-,$(PUBLISH_RUNS)) bench bench-peers bench-wagma bench-planned bench-epochs bench-state-server env clean
+.PHONY: demo docs test test-single test-parallel test-elastic test-faults test-multihost test-bench bench-publish $(addprefix bench-publish-,$(PUBLISH_RUNS)) bench bench-peers bench-wagma bench-planned bench-epochs bench-state-server env clean
 
 $(READY): tools/bootstrap.sh tools/fetch_data.py tools/requirements.txt pyproject.toml
 	VENV=$(VENV) bash tools/bootstrap.sh
@@ -15,7 +15,7 @@ env: $(READY)
 demo: $(READY)
 	$(PY) -m horovod_hetero.cli demo
 
-test: test-single test-parallel test-elastic test-bench test-faults test-multihost
+test: test-single test-parallel test-elastic test-bench test-faults test-multihost docs
 
 test-single: $(READY)
 	$(PY) -m pytest -q -p no:cacheprovider tests/single
@@ -36,6 +36,12 @@ test-parallel: $(READY)
 test-elastic: $(READY)
 	$(PY) -m pytest -q -p no:cacheprovider --timeout 300 tests/elastic
 
+#: the documentation site (Sphinx, MyST, furo; the API reference from the docstrings): docs/_build/html;
+#: warnings are errors, so a broken reference or docstring fails the build (and make test)
+docs: $(READY)
+	rm -rf docs/_build
+	TF_CPP_MIN_LOG_LEVEL=3 $(PY) -m sphinx -W --keep-going -q -b html docs docs/_build/html
+
 #: fault injection: kill -9 / SIGSTOP / stalls / an intruder against jobs of 4 ranks; prints the table
 test-faults: $(READY)
 	$(PY) -m pytest -q -s -p no:cacheprovider --timeout 240 tests/faults
@@ -49,10 +55,10 @@ test-multihost: $(READY)
 test-bench: $(READY)
 	$(PY) -m pytest -q -p no:cacheprovider --timeout 300 tests/bench
 
-#: the numbers README.md publishes (about 100 min; each bench can run alone and starts afresh): five bench runs
+#: the numbers README.md publishes (about 140 min; each bench can run alone and starts afresh): six bench runs
 #: on real data, then their reports (tables on stdout, PNGs into docs/img)
 PUBLISH ?= /tmp/horovod-hetero-publish
-PUBLISH_RUNS = fashion fashion-noniid fashion-random shakespeare keras-fashion
+PUBLISH_RUNS = fashion fashion-noniid fashion-random shakespeare keras-fashion balanced
 PUBLISH_COMMON = --np 4 --base-step 0.05 --budget 30 --repeat 3 --eval-interval 1 --profile 1,1,1,4
 bench-publish: $(addprefix bench-publish-,$(PUBLISH_RUNS))
 	for run in $(PUBLISH_RUNS); do \
@@ -76,6 +82,11 @@ bench-publish-keras-fashion: $(READY)
 	rm -rf $(PUBLISH)/keras-fashion
 	$(PY) -m horovod_hetero.cli bench $(PUBLISH_COMMON) --framework keras --task fashion-cnn --split iid \
 	  --strategies sync,localsgd,esync,elasticbsp --out $(PUBLISH)/keras-fashion
+#: Balanced needs a slow worker whose step grows with its batch: --slowdown proportional (every strategy alike)
+bench-publish-balanced: $(READY)
+	rm -rf $(PUBLISH)/balanced
+	$(PY) -m horovod_hetero.cli bench $(PUBLISH_COMMON) --slowdown proportional --task fashion-cnn --split iid,skew \
+	  --strategies sync,balanced,esync,elasticbsp --aggregate mean,normalized --out $(PUBLISH)/balanced
 
 bench: $(READY)
 	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) benchmarks/averaging_cost.py

@@ -59,7 +59,8 @@ STRATEGIES = {"sync": ("Synchronous", ["--strategy", "sync"]),
               "wagma": ("WAGMA(S=2,8)", ["--strategy", "wagma", "--period", "8"]),
               "elasticbsp": ("ElasticBSP(15)", ["--strategy", "elasticbsp", "--lookahead", "15"]),
               "dssp": ("DSSP(3,15)", ["--strategy", "dssp", "--staleness", "3", "15"]),
-              "adsp": ("ADSP(10steps)", ["--strategy", "adsp", "--check-period", "10steps"])}
+              "adsp": ("ADSP(10steps)", ["--strategy", "adsp", "--check-period", "10steps"]),
+              "balanced": ("Balanced(20)", ["--strategy", "balanced", "--rebalance-every", "20"])}
 RESULTS = "results.json"
 FORMAT = "horovod-hetero-bench/2"
 #: ``--aggregate`` variants of the model-averaging strategies: how global rounds combine the models
@@ -184,6 +185,9 @@ def plan(frameworks, tasks, profiles, strategies, repeats, splits=None, aggregat
     for t in tasks:
         check_task(t, "--task")
     ordered = sorted(dict.fromkeys(strategies), key=lambda s: s != "sync")
+    if "keras" in frameworks and "balanced" in ordered:
+        raise ValueError("strategies: balanced runs with --framework torch (the Keras example trains one fit() per job; "
+                         "BalancedCallback plans a batch size per fit)")
     jobs = []
     for framework in dict.fromkeys(frameworks):
         for task in dict.fromkeys(tasks):
@@ -192,7 +196,7 @@ def plan(frameworks, tasks, profiles, strategies, repeats, splits=None, aggregat
                 for profile in dict.fromkeys(profiles):
                     for r in range(repeats):
                         for s in ordered:
-                            for agg in (["mean"] if s == "sync" else aggregates):
+                            for agg in (["mean"] if averages_gradients(s) else aggregates):
                                 suffix = "" if agg == "mean" else f"-{slug(agg)}"
                                 label = STRATEGIES[s][0] + ("" if agg == "mean" else f" [{agg}]")
                                 jobs.append(Job(f"{framework}-{task}-{slug(split)}-{slug(profile)}-r{r}-{s}{suffix}",
@@ -233,11 +237,15 @@ def horovodrun(num_proc, hosts=None):
 def job_command(job, settings, job_dir):
     """``(argv, env)`` of one job."""
     profile = parse_profile(job.profile, settings["np"], settings["base_step"])
-    env = dict(os.environ, HOROVOD_HETERO_BASE_STEP_S=str(settings["base_step"]), PYTHONUNBUFFERED="1",
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(PACKAGE_PARENT), os.environ.get("PYTHONPATH")])),
                HOROVOD_HETERO_TELEMETRY=str(job_dir / "telemetry"))
     env.update(dict(profile.env))        # a variable of the other kind set in the environment adds to it
-    aggregation = [] if job.strategy == "sync" else aggregate_options(job.aggregate, settings.get("outer", OUTER))
+    if settings.get("slowdown", "padded") == "padded":
+        env["HOROVOD_HETERO_BASE_STEP_S"] = str(settings["base_step"])
+    else:                                # proportional: a factor-f step sleeps (f - 1) x its measured compute
+        env.pop("HOROVOD_HETERO_BASE_STEP_S", None)
+    aggregation = [] if averages_gradients(job.strategy) else aggregate_options(job.aggregate, settings.get("outer", OUTER))
     cmd = horovodrun(settings["np"], settings.get("hosts")) + [
         sys.executable, "-m", MODULES[job.framework], *STRATEGIES[job.strategy][1], *aggregation,
         "--task", job.task, "--split", job.split,
@@ -338,11 +346,12 @@ def quality_at(curve, metric, step):
     return float(np.interp(step, [p["step"] for p in curve], [p[metric] for p in curve]))
 
 
-def rounds_of(by_rank):
+def rounds_of(by_rank, every_step=False):
     """``{key: {rank: comm_s}}`` of the collective events every rank took part in: global rounds
-    (records with ``round``), or, with no round at all (gradients averaged every step), every step."""
+    (records with ``round``), or, with no round at all or ``every_step`` (gradients averaged every step;
+    ``Balanced``'s statistics rounds are not the cost), every step."""
     events = {}
-    with_rounds = any("round" in r for recs in by_rank.values() for r in recs)
+    with_rounds = not every_step and any("round" in r for recs in by_rank.values() for r in recs)
     for rank, recs in by_rank.items():
         for r in recs:
             if with_rounds and "round" in r:
@@ -353,7 +362,7 @@ def rounds_of(by_rank):
     return full[1:]                  # the first waits for every process to start
 
 
-def round_cost_and_wait(by_rank):
+def round_cost_and_wait(by_rank, every_step=False):
     """``(cost, wait)``: the mean seconds of one global round for the rank that arrived last (it
     waits for nobody: pure communication), and every rank's mean time waiting for others in a round
     (its time in the round minus that).
@@ -363,7 +372,7 @@ def round_cost_and_wait(by_rank):
         >>> [round(v, 3) for v in round_cost_and_wait(recs)]
         [0.1, 0.1]
     """
-    full = rounds_of(by_rank)
+    full = rounds_of(by_rank, every_step)
     if not full:
         return None, None
     cost = statistics.fmean(min(v.values()) for v in full)
@@ -394,12 +403,15 @@ def predict(by_rank, strategy, wall, batch_size, round_cost):
     ranks = sorted(by_rank, key=int)
     begin = max(by_rank[k][0]["time"] for k in ranks)
     end = max(r["time"] for k in ranks for r in by_rank[k])
-    traces = [[r["compute_s"] for r in by_rank[k][1:]] or [by_rank[k][0]["compute_s"]] for k in ranks]
+    # a step of ``batch`` samples (a strategy that plans batches records it) replays as its time per
+    # ``batch_size`` samples: the simulation scales it by the batch it plans
+    per_step = lambda r: r["compute_s"] * batch_size / r.get("batch", batch_size)     # noqa: E731
+    traces = [[per_step(r) for r in by_rank[k][1:]] or [per_step(by_rank[k][0])] for k in ranks]
     n = len(traces)
     cluster = _Replay(traces, model_bytes=0.0, latency_s=(round_cost or 0.0) / (2 * (n - 1)) if n > 1 else 0.0,
                       samples_per_step=batch_size)
     steady = sim.simulate(cluster, strategy, max(end - begin, 1e-3))
-    return (steady.steps.sum() + n) * batch_size / wall
+    return (steady.samples.sum() + n * batch_size) / wall
 
 
 def strategy_object(name, aggregate="mean", outer=OUTER):
@@ -410,8 +422,16 @@ def strategy_object(name, aggregate="mean", outer=OUTER):
 
     parser = argparse.ArgumentParser()
     add_strategy_arguments(parser)
-    extra = [] if name == "sync" else aggregate_options(aggregate, outer)
-    return build_strategy(parser.parse_args(STRATEGIES[name][1] + extra))
+    strategy = build_strategy(parser.parse_args(STRATEGIES[name][1]))
+    if strategy.averages_gradients:
+        return strategy
+    return build_strategy(parser.parse_args(STRATEGIES[name][1] + aggregate_options(aggregate, outer)))
+
+
+def averages_gradients(name):
+    """True for the strategies that average gradients every step (Synchronous, Balanced): they run once per
+    group, whatever ``--aggregate`` says."""
+    return strategy_object(name).averages_gradients
 
 
 def slowest_rank(profile, num_proc):
@@ -473,9 +493,11 @@ def summarize_job(job, job_dir, settings):
            "predicted_samples_per_s": None, "bound_samples_per_s": None, "share_of_bound": None,
            "median_rtt_s": None}
     if len(by_rank) == settings["np"]:
-        cost, wait = round_cost_and_wait(by_rank)
-        rtts = [s["median_rtt_s"] for s in per_rank.values() if s["median_rtt_s"] is not None]
         strategy = strategy_object(job.strategy, job.aggregate, settings.get("outer", OUTER))
+        if strategy.weighs_gradients:                    # its global batch: the ranks' batches, as in the job
+            strategy.use_batch(settings["batch_size"], settings["np"])
+        cost, wait = round_cost_and_wait(by_rank, every_step=strategy.averages_gradients)
+        rtts = [s["median_rtt_s"] for s in per_rank.values() if s["median_rtt_s"] is not None]
         predicted = predict(by_rank, strategy, wall, settings["batch_size"], cost)   # a fresh copy per worker
         bound = predict(by_rank, strategy, wall, settings["batch_size"], 0.0)
         out.update(compute_ratio=[per_rank[k]["compute_ratio"] for k in sorted(per_rank, key=int)],
@@ -486,8 +508,12 @@ def summarize_job(job, job_dir, settings):
     return out
 
 
+#: how a profile's factors slow a worker down (``--slowdown``)
+SLOWDOWNS = ("padded", "proportional")
+
+
 def settings_of(num_proc, base_step, budget, targets=None, eval_interval=0.5, batch_size=32, hosts=None,
-                outer=OUTER):
+                outer=OUTER, slowdown="padded"):
     """The bench's settings, checked (a ``ValueError`` names the option); ``targets``: task -> a quality or
     ``"sync"`` (Synchronous's final quality in the same group and repeat); ``outer``: ``(lr, momentum)``
     of the ``+nesterov`` aggregations."""
@@ -503,7 +529,9 @@ def settings_of(num_proc, base_step, budget, targets=None, eval_interval=0.5, ba
     check_float("--outer LR", lr, 0.0, min_exclusive=True)
     if not 0.0 < check_float("--outer MOMENTUM", momentum) < 1.0:
         raise ValueError(f"--outer MOMENTUM must be in (0, 1) (the +nesterov aggregations), got {momentum!r}")
-    return {"np": check_int("--np", num_proc, 1), "outer": [float(lr), float(momentum)],
+    if slowdown not in SLOWDOWNS:
+        raise ValueError(f"--slowdown must be one of {', '.join(SLOWDOWNS)}, got {slowdown!r}")
+    return {"np": check_int("--np", num_proc, 1), "outer": [float(lr), float(momentum)], "slowdown": slowdown,
             "base_step": check_float("--base-step", base_step, 0.0, min_exclusive=True),
             "budget": check_float("--budget", budget, 0.0, min_exclusive=True),
             "eval_interval": check_float("--eval-interval", eval_interval, 0.0),

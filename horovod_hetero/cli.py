@@ -16,6 +16,9 @@ from horovod_hetero.runtime.telemetry import format_summary, load, summarize
 #: demo rows: name -> (row label, framework, strategy); the strategies are bench's
 DEMO_STRATEGIES = {**{name: (label, "torch", name) for name, (label, _) in bench.STRATEGIES.items()},
                    "keras-esync": ("ESync, Keras 3", "keras", "esync")}
+#: the demo's rows unless --strategies says otherwise: Balanced sizes batches to speed, and the demo's padded
+#: steps take the same time whatever their batch (bench --slowdown proportional measures it)
+DEMO_DEFAULT = [name for name in DEMO_STRATEGIES if name != "balanced"]
 
 
 @click.group()
@@ -79,13 +82,17 @@ def _interrupt(signum, frame):
 @click.option("--repeat", default=1, show_default=True, help="repetitions of every job")
 @click.option("--budget", default=10.0, show_default=True, help="seconds of training per job")
 @click.option("--base-step", default=0.025, show_default=True, help="seconds of a factor-1 step (padded)")
+@click.option("--slowdown", "slowdown_mode", type=click.Choice(bench.SLOWDOWNS), default="padded", show_default=True,
+              help="padded: a factor-f step is padded to f x --base-step (steady; time does not grow with the batch); "
+                   "proportional: it sleeps (f - 1) x its measured compute (a slow worker's time grows with its "
+                   "batch, as Balanced needs)")
 @click.option("--target", "targets", multiple=True,
               help="TASK=VALUE, the quality to reach, or TASK=sync: what Synchronous reaches in its budget "
                    "(default: the task's; sync for fashion-cnn and shakespeare-char)")
 @click.option("--eval-interval", default=0.5, show_default=True, help="seconds at least between two evaluations")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="results directory (new or empty)")
 def bench_command(strategies, tasks, splits, aggregates, outer, profiles, num_proc, frameworks, hosts, repeat, budget,
-                  base_step, targets, eval_interval, out):
+                  base_step, slowdown_mode, targets, eval_interval, out):
     """Time to a target accuracy of each strategy, under horovodrun with simulated stragglers."""
     try:
         parsed = {}
@@ -102,7 +109,7 @@ def bench_command(strategies, tasks, splits, aggregates, outer, profiles, num_pr
         except ValueError:
             raise ValueError(f"--outer must be LR,MOMENTUM, e.g. 0.7,0.5, got {outer!r}") from None
         settings = bench.settings_of(num_proc, base_step, budget, parsed, eval_interval, hosts=hosts,
-                                     outer=(outer_lr, outer_momentum))
+                                     outer=(outer_lr, outer_momentum), slowdown=slowdown_mode)
         for prof in profiles:
             bench.parse_profile(prof, num_proc, base_step)
         jobs = bench.plan(csv(frameworks, "--framework"), csv(tasks, "--task"), list(profiles),
@@ -155,7 +162,7 @@ def report_command(directory, html_path, png_dir, prefix):
               help="seconds one step takes on a factor-1 worker (steps are padded to factor x this)")
 @click.option("--budget", default=25.0, show_default=True, help="wall-clock seconds of training per strategy")
 @click.option("--keep", type=click.Path(file_okay=False), default=None, help="keep the results in this (new) folder")
-@click.option("--strategies", default=",".join(DEMO_STRATEGIES), show_default=True,
+@click.option("--strategies", default=",".join(DEMO_DEFAULT), show_default=True,
               help=f"comma list of {', '.join(DEMO_STRATEGIES)} (the first is the baseline)")
 def demo(num_proc, slowdown, base_step, budget, keep, strategies):
     """Compare strategies on this machine: digits MLP, simulated stragglers, fixed time budget
@@ -219,7 +226,7 @@ def parse_floats(text, name):
 @click.option("--speeds", required=True,
               help="seconds per step of each worker: 1,1,1,4 or 1.0x4,3.2x4 (value x count)")
 @click.option("--strategy", "strategies", default="all", show_default=True,
-              help="all, or a comma list of sync, localsgd, esync, elasticbsp, dssp, wagma, adsp")
+              help="all, or a comma list of sync, localsgd, esync, elasticbsp, dssp, wagma, adsp, balanced")
 @click.option("--duration", default=300.0, show_default=True, help="simulated seconds")
 @click.option("--jitter", default=0.0, show_default=True, help="relative std of each step's time")
 @click.option("--change-at", type=float, default=None, help="time at which step times change")
@@ -236,12 +243,14 @@ def parse_floats(text, name):
 @click.option("--wagma-period", default=10, show_default=True, help="WAGMA global averaging period")
 @click.option("--check-period", default="10steps", show_default=True,
               help="ADSP check period: steps of the slowest worker (10steps) or seconds (4s)")
+@click.option("--rebalance-every", default=20, show_default=True,
+              help="Balanced: steps between batch plans (its global batch: --batch x the workers)")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--per-worker", is_flag=True, help="also print every worker's steps and compute ratio")
 @click.option("--png", type=click.Path(dir_okay=False), default=None, help="write a bar chart here")
 def simulate(speeds, strategies, duration, jitter, change_at, change_factors, model_mb, bandwidth_gbps,
-             latency_us, batch, period, lookahead, s_lower, s_upper, group_size, wagma_period, check_period, seed,
-             per_worker, png):
+             latency_us, batch, period, lookahead, s_lower, s_upper, group_size, wagma_period, check_period,
+             rebalance_every, seed, per_worker, png):
     """Simulate the strategies on a cluster of workers with the given speeds.
 
     The strategies are the library's own objects (one per simulated worker), on a virtual clock."""
@@ -252,7 +261,8 @@ def simulate(speeds, strategies, duration, jitter, change_at, change_factors, mo
     makers = {"sync": lambda: lib.Synchronous(), "localsgd": lambda: lib.LocalSGD(period),
               "esync": lambda: lib.ESync(), "elasticbsp": lambda: lib.ElasticBSP(lookahead),
               "dssp": lambda: lib.DSSP((s_lower, s_upper)),
-              "wagma": lambda: lib.WAGMA(group_size, wagma_period), "adsp": lambda: lib.ADSP(check_period)}
+              "wagma": lambda: lib.WAGMA(group_size, wagma_period), "adsp": lambda: lib.ADSP(check_period),
+              "balanced": lambda: lib.Balanced(batch * len(step_times), rebalance_every)}
     names = list(makers) if strategies == "all" else [n.strip() for n in strategies.split(",")]
     unknown = [n for n in names if n not in makers]
     if unknown:

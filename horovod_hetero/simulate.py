@@ -11,8 +11,11 @@ the same ``rules.esync.ESyncState`` the real server keeps, queried without a soc
 duration is drawn from the cluster; the strategy's decisions are carried out as the runtime does:
 ``AVERAGE`` waits for every worker and costs one ring allreduce, ``GroupAverage`` costs a group
 allreduce (wait-avoiding, ideally: a group never waits for a slow member), and the ``RoundResult``
-handed to every worker carries every worker's step statistics, as a real round does. Nothing here
-re-implements a decision.
+handed to every worker carries every worker's step statistics, as a real round does; ``MEASURE``
+rounds carry them alone (a small allreduce). A strategy that averages gradients waits for every worker
+at every step (one gradient allreduce); one that plans batch sizes (``Balanced``) has each step's time
+scaled by its batch over the cluster's ``samples_per_step`` (time proportional to the batch). Nothing
+here re-implements a decision.
 
 The communication model: a ring allreduce over k workers of B bytes costs
 ``2(k-1) latency + 2(k-1)/k B / bandwidth``.
@@ -31,7 +34,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from horovod_hetero.rules.esync import ESyncState
-from horovod_hetero.strategies.base import AVERAGE, Context, GroupAverage, RoundResult, RoundStats, StepReport, Strategy
+from horovod_hetero.strategies.base import (
+    AVERAGE, MEASURE, Context, GroupAverage, RoundResult, RoundStats, StepReport, Strategy)
 from horovod_hetero.validation import check_float
 
 
@@ -139,6 +143,11 @@ class SimResult:
     bytes_sent: np.ndarray
     samples_per_step: int
     round_steps: list = field(default_factory=list, repr=False)   # per round: each worker's local steps
+    samples: np.ndarray = None                                      # per worker (default: steps x samples_per_step)
+
+    def __post_init__(self):
+        if self.samples is None:
+            self.samples = self.steps * self.samples_per_step
 
     @property
     def compute_ratio(self):
@@ -146,7 +155,7 @@ class SimResult:
 
     @property
     def samples_per_s(self):
-        return float(self.steps.sum() * self.samples_per_step / self.duration)
+        return float(self.samples.sum() / self.duration)
 
     def summary(self):
         return {"strategy": self.strategy, "samples_per_s": self.samples_per_s,
@@ -237,14 +246,17 @@ def simulate(cluster, strategy, duration):
     workers = [copy.deepcopy(strategy) for _ in range(n)]
     for rank, worker in enumerate(workers):
         worker.start(Context(rank, n, _SimTransports(world, rank), None, world.clock))
-    steps, compute, wait, comm, syncs, sent = (np.zeros(n) for _ in range(6))
+    steps, compute, wait, comm, syncs, sent, samples = (np.zeros(n) for _ in range(7))
     since, since_s = np.zeros(n, dtype=np.int64), np.zeros(n)      # this round's steps and compute
     since_loss, progress = np.zeros(n), 0.0                         # the synthetic loss (Cluster.staleness)
-    running = np.zeros(n)                                           # duration of each worker's step
+    since_samples = np.zeros(n, dtype=np.int64)
+    running, batch = np.zeros(n), np.full(n, cluster.samples_per_step)   # each worker's step: seconds, samples
     barrier, past, events, rounds, end, round_steps = {}, set(), [], 0, 0.0, []
 
     def begin(q, t):
-        running[q] = cluster.draw_one(t, q)
+        planned = workers[q].batch_size(workers[q].step + 1)
+        batch[q] = cluster.samples_per_step if planned is None else planned
+        running[q] = cluster.draw_one(t, q) * batch[q] / cluster.samples_per_step
         heapq.heappush(events, (t + running[q], q))
 
     for q in range(n):
@@ -256,34 +268,38 @@ def simulate(cluster, strategy, duration):
         compute[q] += running[q]
         since[q] += 1
         since_s[q] += running[q]
+        samples[q] += batch[q]
+        since_samples[q] += batch[q]
         progress += 1.0 / (1.0 + since[q] / cluster.staleness)
         loss = cluster.loss(progress)
         since_loss[q] += loss
-        decision = workers[q].after_step(StepReport(float(running[q]), loss, cluster.samples_per_step))
-        if strategy.averages_gradients:            # a gradient allreduce after every step
-            decision = AVERAGE
+        decision = workers[q].after_step(StepReport(float(running[q]), loss, int(batch[q])))
         if t >= duration:
             past.add(q)
-        if decision is AVERAGE:
-            barrier[q] = t
+        # a gradient allreduce after every step (averages_gradients), a round when the strategy says so
+        if strategy.averages_gradients or decision is AVERAGE or decision is MEASURE:
+            barrier[q] = (t, decision)
             if len(barrier) < n:
                 continue
-            arrived = np.array([barrier[r] for r in range(n)])
-            cost = cluster.allreduce_s(n)
+            arrived = np.array([barrier[r][0] for r in range(n)])
+            decisions = [barrier[r][1] for r in range(n)]
+            averaged = strategy.averages_gradients or AVERAGE in decisions
+            cost = cluster.allreduce_s(n) if averaged else 2 * (n - 1) * cluster.latency_s
             world.now = end = arrived.max() + cost
             wait += arrived.max() - arrived
             comm += cost
             syncs += 1
-            sent += cluster.ring_bytes(n)
-            rounds += 1
-            with np.errstate(invalid="ignore", divide="ignore"):
-                stats = RoundStats(local_steps=since.copy(), step_s=since_s / since, loss=since_loss / since,
-                                   samples=since * cluster.samples_per_step, done=np.zeros(n, dtype=bool))
-            result = RoundResult(rounds, 1.0, float(n), 0, stats)
-            round_steps.append(stats.local_steps)
-            for worker in workers:
-                worker.after_round(result)
-            since[:], since_s[:], since_loss[:] = 0, 0.0, 0.0
+            sent += cluster.ring_bytes(n) if averaged else 0.0
+            if AVERAGE in decisions or MEASURE in decisions:
+                rounds += 1
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    stats = RoundStats(local_steps=since.copy(), step_s=since_s / since, loss=since_loss / since,
+                                       samples=since_samples.copy(), done=np.zeros(n, dtype=bool))
+                result = RoundResult(rounds, 1.0, float(n), 0, stats)
+                round_steps.append(stats.local_steps)
+                for worker in workers:
+                    worker.after_round(result)
+                since[:], since_s[:], since_loss[:], since_samples[:] = 0, 0.0, 0.0, 0
             barrier.clear()
             if end >= duration:
                 break
@@ -300,7 +316,7 @@ def simulate(cluster, strategy, duration):
         else:
             begin(q, t)
     return SimResult(label(strategy), end, steps.astype(np.int64), compute, wait, comm, syncs.astype(np.int64),
-                     sent, cluster.samples_per_step, round_steps)
+                     sent, cluster.samples_per_step, round_steps, samples)
 
 
 def compare(cluster, strategies, duration):

@@ -10,7 +10,7 @@ import numpy as np
 from horovod_hetero._horovod import check_process_set, check_run_options, follow_ranks
 from horovod_hetero._keras import collectives_class, to_numpy, to_tensor, value, weights
 from horovod_hetero._keras.horovod_layer import begin_training
-from horovod_hetero.rules.partition import epoch_indices, step_times_of
+from horovod_hetero.rules.partition import epoch_indices, step_batch, step_times_of, steps_per_epoch
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, Model
 from horovod_hetero.runtime.controller import HeteroController
 from horovod_hetero.runtime.straggler import Pacer, Slowdown
@@ -215,6 +215,113 @@ class HeteroSyncCallbackImpl:
             self._pending_state = state
         else:
             self._hh.load_state_dict(state)
+
+
+class BalancedCallbackImpl:
+    """Runs ``Balanced`` for Keras: synchronous training with ``hh.DistributedOptimizer`` (gradients
+    averaged inside the step), each rank's batch sized to its speed, planned per epoch.
+
+    Keras fixes a ``fit``'s batch size, so the sizes change between epochs: train one ``fit`` per epoch
+    on ``epoch_plan(len(x), epoch)``'s indices and batch size (every rank the same number of steps, every
+    sample once per epoch: ``rules.partition.step_batch``). A window of ``Balanced`` is an epoch: after it
+    a round carries every rank's mean step time (the batch's time less the gradient average's, timed
+    inside the step: ``GradientScale.seconds``), and the sizes planned from it are used two epochs later
+    (the first epoch, holding start-up and tracing, is not measured). Each rank's gradients are scaled by
+    its share of the global batch (``GradientScale.scale``) before the average: the average is the
+    gradient of the union of the ranks' batches.
+    """
+
+    def __init__(self, global_batch=None, max_batch=None, batch_size=None, process_set=None, telemetry=None,
+                 slowdown=None, timeout=DEFAULT_TIMEOUT_S):
+        super().__init__()
+        from horovod_hetero.strategies.balanced import Balanced
+
+        if global_batch is None and batch_size is None:
+            raise ValueError("give batch_size= (one rank's batch; the global batch is the number of ranks times it) "
+                             "or global_batch=")
+        self.strategy = Balanced(global_batch, rebalance_every=1, max_batch=max_batch)
+        self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
+        self.process_set = check_process_set(process_set)
+        self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
+        check_run_options(telemetry, slowdown)
+        self._telemetry, self._slowdown = telemetry, slowdown
+        self._membership = None
+        self._epoch = None                    # (epoch, this rank's batch) of the latest epoch_plan
+
+    def _ranks(self):
+        hvd = collectives_class().hvd
+        ps = self.process_set or hvd.global_process_set
+        return ps.rank(), ps.size()
+
+    def _build(self, telemetry):
+        collectives = collectives_class()(self.process_set, self.timeout, owner=type(self).__name__)
+        return HeteroController(self.strategy, collectives, KerasModel(self.model), telemetry, self._slowdown)
+
+    def _follow(self):
+        if self._membership is None:
+            self._membership = follow_ranks(collectives_class().hvd, self.process_set, self._telemetry, self._build)
+        return self._membership
+
+    @property
+    def telemetry(self):
+        return self._follow().current().telemetry
+
+    def epoch_plan(self, n, epoch, seed=0, shuffle=True):
+        """``(indices, batch_size)`` of this rank for ``epoch`` of ``n`` samples: fit on ``x[indices]`` with
+        ``batch_size=batch_size, shuffle=False`` (one ``fit`` per epoch)::
+
+            for epoch in range(epochs):
+                idx, batch = balanced.epoch_plan(len(x), epoch)
+                model.fit(x[idx], y[idx], batch_size=batch, shuffle=False, initial_epoch=epoch,
+                          epochs=epoch + 1, callbacks=[balanced])
+        """
+        n, epoch = check_int("n", n, 1), check_int("epoch", epoch, 0)
+        rank, size = self._ranks()
+        if self.strategy.global_batch is None:
+            self.strategy.use_batch(self.batch_size, size)
+        self.strategy.check_size(size)
+        steps = steps_per_epoch(n, self.strategy.global_batch)
+        if self.strategy.step % steps:
+            raise ValueError(f"epoch_plan: {self.strategy.step} steps were taken, not a whole number of epochs of {steps} "
+                             f"steps: train every epoch on its plan, to its end")
+        self.strategy.rebalance_every = steps                  # a window is an epoch
+        sizes = self.strategy.batch_sizes(self.strategy.step + 1, size)
+        order = (np.random.default_rng([check_int("seed", seed), epoch]).permutation(n)
+                 if check_bool("shuffle", shuffle) else np.arange(n))
+        indices = np.concatenate([step_batch(order, s, sizes, rank) for s in range(steps)]).astype(np.int64)
+        self._epoch = (epoch, sizes[rank], sizes)
+        return indices, int(sizes[rank])
+
+    def on_train_begin(self, logs=None):
+        begin_training(self.model, self.timeout)
+        state = getattr(type(getattr(self.model, "optimizer", None)), "_hh_gradient", None)
+        if state is None:
+            raise TypeError("BalancedCallback weighs every rank's gradient in the average: compile the model with "
+                            "hh.DistributedOptimizer(optimizer) (Keras 3)")
+        if self._epoch is None:
+            raise ValueError("BalancedCallback plans every rank's batch: fit each epoch on "
+                             "callback.epoch_plan(len(x), epoch)'s indices and batch size")
+        self._gradient = state
+        hh = self._follow().current()
+        hh.start()
+        _, mine, sizes = self._epoch
+        self._gradient.scale.assign(mine * len(sizes) / self.strategy.global_batch)
+
+    def on_train_batch_end(self, batch, logs=None):
+        with self._follow().guard() as hh:
+            hh.telemetry.annotate(samples=self._epoch[1])
+            hh.after_step(comm_s=float(np.asarray(value(self._gradient.seconds))))
+
+    def on_train_end(self, logs=None):
+        self._epoch = None                     # the next fit needs the next epoch's plan
+        self._follow().current().close()
+
+    def state_dict(self):
+        """The plans, the measurements and the step count (the strategy's), to resume on the same sizes."""
+        return self.strategy.state_dict()
+
+    def load_state_dict(self, state):
+        self.strategy.load_state_dict(state)
 
 
 class SlowdownCallbackImpl:

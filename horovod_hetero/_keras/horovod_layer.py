@@ -67,6 +67,20 @@ def check_keras_optimizer(optimizer, name="optimizer"):
     return optimizer
 
 
+class GradientScale:
+    """What ``hh.DistributedOptimizer``'s average reads and writes each step, beside the model's variables
+    (not tracked by Keras, so never saved): ``scale``, each gradient's factor before the mean (1; a
+    ``BalancedCallback`` sets its rank's share of the global batch times the number of ranks, so the mean
+    is the union batch's gradient), and ``seconds``, the time the last average took (the wait for the
+    other ranks, which the step's own compute excludes). Both are Keras variables: a compiled step reads
+    and assigns them."""
+
+    def __init__(self):
+        keras = keras_module()
+        self.scale = keras.Variable(1.0, trainable=False, dtype="float32", name="hh_gradient_scale")
+        self.seconds = keras.Variable(0.0, trainable=False, dtype="float32", name="hh_gradient_seconds")
+
+
 def averaging_optimizer(optimizer, collectives):
     """``optimizer`` (a Keras 3 optimizer), whose ``apply`` now first averages the gradients over
     ``collectives``: synchronous data-parallel SGD.
@@ -74,20 +88,25 @@ def averaging_optimizer(optimizer, collectives):
     The instance is kept (its state, learning-rate schedule and options) and its class becomes a
     subclass with the same name and module, so ``isinstance`` holds and a saved model reloads with
     the plain optimizer. A missing gradient is averaged as zeros, so every rank averages the same
-    list of tensors (as Horovod's torch optimizer does)."""
+    list of tensors (as Horovod's torch optimizer does). Each gradient is multiplied by the class's
+    ``GradientScale.scale`` (1 unless a ``BalancedCallback`` weighs the ranks) and the average timed."""
     base = type(optimizer)
     if _averages(optimizer):
         return optimizer
     ops = keras_module().ops
+    state = GradientScale()
 
     def apply(self, grads, trainable_variables=None):
         targets = self._trainable_variables if trainable_variables is None else trainable_variables
-        grads = [ops.zeros_like(v) if g is None else g for g, v in zip(grads, targets)]
-        return base.apply(self, collectives.mean(grads, name="horovod_hetero.gradients"), trainable_variables)
+        scale = ops.convert_to_tensor(value(state.scale))
+        grads = [ops.zeros_like(v) if g is None else g * ops.cast(scale, g.dtype) for g, v in zip(grads, targets)]
+        averaged, seconds = collectives.timed_mean(grads, name="horovod_hetero.gradients")
+        state.seconds.assign(ops.cast(seconds, "float32"))
+        return base.apply(self, averaged, trainable_variables)
 
     optimizer.__class__ = type(base.__name__, (base,), {
-        "apply": apply, "_hh_averaging": True, "_hh_collectives": collectives, "__module__": base.__module__,
-        "__qualname__": base.__qualname__, "__doc__": base.__doc__})
+        "apply": apply, "_hh_averaging": True, "_hh_collectives": collectives, "_hh_gradient": state,
+        "__module__": base.__module__, "__qualname__": base.__qualname__, "__doc__": base.__doc__})
     return optimizer
 
 

@@ -30,6 +30,7 @@ BUILDERS = {
     "dssp": lambda args: strategies.DSSP(staleness=tuple(args.staleness), **aggregation(args)),
     "adsp": lambda args: strategies.ADSP(check_period=args.check_period, search_every=args.search_every,
                                          **aggregation(args)),
+    "balanced": lambda args: strategies.Balanced(rebalance_every=args.rebalance_every),
 }
 
 
@@ -54,6 +55,7 @@ def add_strategy_arguments(parser):
     parser.add_argument("--staleness", type=int, nargs=2, default=(3, 15), metavar=("LOW", "HIGH"), help="DSSP bounds")
     parser.add_argument("--check-period", default="10steps", help="ADSP check period: 10steps (of the slowest worker) or 4s")
     parser.add_argument("--search-every", default=None, help="ADSP search epoch, in the check period's unit")
+    parser.add_argument("--rebalance-every", type=int, default=20, help="Balanced: steps between batch plans")
     parser.add_argument("--aggregate", choices=list(strategies.AGGREGATES), default="mean",
                         help="how global rounds combine models (model-averaging strategies)")
     parser.add_argument("--outer-lr", type=float, default=1.0, help="OuterSGD lr of global rounds (1: plain)")

@@ -20,7 +20,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import horovod_hetero.keras as hh  # noqa: E402
 from horovod_hetero.data import TASKS, class_accuracy, score, task_data  # noqa: E402
 from horovod_hetero.examples import (  # noqa: E402
-    Curve, add_run_arguments, add_strategy_arguments, build_strategy, curve_subset)
+    BUILDERS, Curve, add_run_arguments, add_strategy_arguments, build_strategy, curve_subset)
 
 keras = hh.keras_module()
 if keras.backend.backend() == "torch":
@@ -98,6 +98,10 @@ def main():
     add_run_arguments(p)
     args = p.parse_args()
     task = TASKS[args.task]
+    if BUILDERS[args.strategy](args).weighs_gradients:
+        raise SystemExit("--strategy balanced: the Keras example trains one fit() for the whole budget, and Balanced's "
+                         "Keras callback plans a batch size per fit() (an epoch): see hh.callbacks.BalancedCallback; "
+                         "horovod_hetero.examples.torch_digits runs it")
 
     if args.strategy == "wagma":         # WAGMA's group process sets are registered at init
         hvd.init(process_sets=hh.wagma_process_sets(group_size=args.group_size))

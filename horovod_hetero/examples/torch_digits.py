@@ -100,14 +100,27 @@ def main():
         hvd.init()
     torch.manual_seed(args.seed)
     torch.set_num_threads(1)
-    x, y, x_test, y_test = (torch.from_numpy(a) for a in task_data(task, hvd.rank(), hvd.size(), args.seed, args.skew,
-                                                                   args.split))
+    strategy = build_strategy(args)
+    sampler = None
+    if strategy.weighs_gradients:        # Balanced: every rank draws its planned part of the whole training set
+        x, y, x_test, y_test = (torch.from_numpy(a) for a in task_data(task, 0, 1, args.seed, args.skew, "iid"))
+        sampler = hh.DistributedSampler(range(len(y)), batch_size=args.batch_size, seed=args.seed)
+    else:
+        x, y, x_test, y_test = (torch.from_numpy(a) for a in task_data(task, hvd.rank(), hvd.size(), args.seed,
+                                                                       args.skew, args.split))
     model = build_model(task, x.shape[1])
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = hh.DistributedOptimizer(local_optimizer(task, model, args.lr or task.lr),
                                   named_parameters=model.named_parameters(),
                                   named_buffers=model.named_buffers(),
-                                  strategy=build_strategy(args))
+                                  strategy=strategy, sampler=sampler)
+
+    def batches(epoch):
+        """This rank's batches of an epoch: its own shard's, shuffled; with Balanced the sampler's."""
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+            return (torch.tensor(idx) for idx in sampler)
+        return torch.randperm(len(y), generator=generator).split(args.batch_size)
 
     subset = torch.from_numpy(curve_subset(task, y_test.numpy()))
     snapshot = lambda: {k: v.detach().clone() for k, v in model.state_dict().items()}     # noqa: E731
@@ -119,7 +132,7 @@ def main():
     generator = torch.Generator().manual_seed(args.seed * 1000 + hvd.rank())
     steps, samples, out_of_time = 0, 0, False
     for epoch in range(args.epochs):
-        for idx in torch.randperm(len(y), generator=generator).split(args.batch_size):
+        for idx in batches(epoch):
             loss = loss_fn(task, model(x[idx]), y[idx])
             opt.zero_grad()
             loss.backward()

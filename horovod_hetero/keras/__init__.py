@@ -12,11 +12,12 @@ from horovod_hetero.errors import (  # noqa: F401
 from horovod_hetero.keras import callbacks  # noqa: F401
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S
 from horovod_hetero.strategies import (  # noqa: F401
-    ADSP, DSSP, ESync, ElasticBSP, LocalSGD, OuterSGD, Steps, Strategy, Synchronous, WAGMA)
+    ADSP, Balanced, DSSP, ESync, ElasticBSP, LocalSGD, OuterSGD, Steps, Strategy, Synchronous, WAGMA)
 from horovod_hetero.validation import check_float
 
 __all__ = ["DistributedOptimizer", "callbacks", "wagma_process_sets", "keras_module", "keras_major",
-           "Strategy", "Synchronous", "LocalSGD", "ESync", "WAGMA", "ElasticBSP", "DSSP", "ADSP", "Steps", "OuterSGD",
+           "Strategy", "Synchronous", "Balanced", "LocalSGD", "ESync", "WAGMA", "ElasticBSP", "DSSP", "ADSP", "Steps",
+           "OuterSGD",
            "HeteroError", "RankLostError", "CollectiveTimeoutError", "RoundMismatchError", "ElasticResetError"]
 
 

@@ -8,7 +8,7 @@ import inspect
 from collections.abc import Mapping
 
 from horovod_hetero._keras import keras_module
-from horovod_hetero._keras.callback import HeteroSyncCallbackImpl, SlowdownCallbackImpl
+from horovod_hetero._keras.callback import BalancedCallbackImpl, HeteroSyncCallbackImpl, SlowdownCallbackImpl
 from horovod_hetero._keras.horovod_layer import (
     BroadcastGlobalVariablesCallbackImpl, LearningRateWarmupCallbackImpl, MetricAverageCallbackImpl)
 from horovod_hetero.strategies import ADSP, DSSP, ESync, ElasticBSP, LocalSGD, WAGMA
@@ -139,6 +139,35 @@ class ADSPCallback(HeteroSyncCallback):
     def __init__(self, check_period=60.0, search_every=None, adsp_options=None, **options):
         adsp_options = _strategy_options("adsp_options", adsp_options, ADSP, ("check_period", "search_every"))
         super().__init__(ADSP(check_period, search_every, **adsp_options), **options)
+
+
+class BalancedCallback(BalancedCallbackImpl, Callback):
+    """``Balanced`` for Keras: synchronous SGD at the fast workers' pace, each rank's batch sized to its speed.
+
+    Compile with ``hh.DistributedOptimizer`` (gradients averaged inside the step, Keras 3); this callback
+    scales each rank's gradients by its share of the global batch before the average (the average is the
+    gradient of the union of the ranks' batches) and plans the shares from the step times every epoch
+    measured (the gradient average's time left out). Keras fixes a ``fit``'s batch size, so sizes change
+    between epochs: train one ``fit`` per epoch on ``epoch_plan``'s indices and batch size (every rank
+    the same number of steps, every sample once per epoch); a plan made after epoch ``p`` is used from
+    epoch ``p + 2`` (epoch 0, with start-up and tracing, is not measured). See ``hh.Balanced``.
+
+    Args:
+        global_batch: samples per step over all ranks (an int >= the number of ranks), or ``None``: the
+            number of ranks times ``batch_size``.
+        max_batch: the largest batch a rank may get (memory), or ``None``.
+        batch_size: one rank's batch (the user's), an int >= 1; needed without ``global_batch``.
+        process_set, telemetry, slowdown, timeout: as ``HeteroSyncCallback``'s.
+
+    Example::
+
+        model.compile(optimizer=hh.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss=...)
+        balanced = hh.callbacks.BalancedCallback(batch_size=32)
+        for epoch in range(epochs):
+            idx, batch = balanced.epoch_plan(len(x), epoch)
+            model.fit(x[idx], y[idx], batch_size=batch, shuffle=False, initial_epoch=epoch, epochs=epoch + 1,
+                      callbacks=[hh.callbacks.BroadcastGlobalVariablesCallback(0), balanced])
+    """
 
 
 class BroadcastGlobalVariablesCallback(BroadcastGlobalVariablesCallbackImpl, Callback):

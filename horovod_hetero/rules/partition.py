@@ -74,3 +74,30 @@ def epoch_indices(n, step_s, rank, epoch=0, seed=0, shuffle=True):
     order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
     bounds = np.concatenate([[0], np.cumsum(proportional_counts(n, step_s))])
     return order[bounds[rank]:bounds[rank + 1]].tolist()
+
+
+def steps_per_epoch(n, global_batch):
+    """Steps of an epoch of ``n`` samples in global batches of ``global_batch`` (the last one completed
+    from the epoch's start).
+
+    Example:
+        >>> steps_per_epoch(10, 4)
+        3
+    """
+    return -(-n // global_batch)
+
+
+def step_batch(order, step, sizes, rank):
+    """This rank's sample indices at ``step`` (0-based, within the epoch) when every step takes
+    ``sum(sizes)`` samples of the epoch's ``order`` in turn and rank r the ``sizes[r]`` after the lower
+    ranks'; the epoch's last global batch is completed from the start of ``order`` (every rank takes the
+    same number of steps, every sample is used, a few twice: as torch's ``DistributedSampler`` pads).
+
+    Example:
+        >>> order = list(range(10))
+        >>> [step_batch(order, 2, (3, 1), r) for r in (0, 1)]
+        [[8, 9, 0], [1]]
+    """
+    total = sum(sizes)
+    start = step * total + sum(sizes[:rank])
+    return [order[(start + i) % len(order)] for i in range(sizes[rank])]

@@ -34,14 +34,15 @@ class Collectives(ABC):
     timeout = DEFAULT_TIMEOUT_S
 
     @abstractmethod
-    def allreduce_sum(self, tensors, control, *, ranks=None, name, what, inplace=False):
+    def allreduce_sum(self, tensors, control, *, ranks=None, name, what, inplace=False, like=None):
         """Sum ``tensors`` and the float list ``control`` over the set (or over the process set of
         ``ranks``) in one fused collective; return ``(sums, summed control as floats)``.
 
         The control vector goes where the framework needs it (torch: on the tensors' device, since
         Horovod's grouped allreduce reads the whole group on its first tensor's device).
-        ``inplace=True`` lets the adapter sum into ``tensors`` themselves. Raises
-        ``CollectiveTimeoutError`` naming ``what`` after ``timeout`` (the adapter's own wait).
+        ``inplace=True`` lets the adapter sum into ``tensors`` themselves. ``tensors`` may be empty (a
+        round of statistics only): the control vector then goes on ``like``'s device (a model tensor).
+        Raises ``CollectiveTimeoutError`` naming ``what`` after ``timeout`` (the adapter's own wait).
         """
 
     @abstractmethod
@@ -57,6 +58,12 @@ class Collectives(ABC):
         """The element-wise mean of ``tensors`` over the set, callable inside a traced training step
         (a Keras ``train_step``): gradient averaging. Traced, it cannot be timed out from Python:
         Gloo's own timeout bounds it (``HOROVOD_GLOO_TIMEOUT_SECONDS``)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot average tensors")
+
+    def timed_mean(self, tensors, *, name):
+        """``(mean(tensors), seconds it took)``, the seconds as a number or a backend scalar, measured
+        where the average runs (inside a compiled step too): the wait for the other ranks, which a
+        step's own compute excludes."""
         raise NotImplementedError(f"{type(self).__name__} cannot average tensors")
 
     @abstractmethod

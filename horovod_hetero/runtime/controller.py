@@ -14,7 +14,7 @@ from horovod_hetero.runtime.collectives import scaled
 from horovod_hetero.runtime.rounds import RoundProtocol
 from horovod_hetero.runtime.straggler import Slowdown
 from horovod_hetero.runtime.telemetry import Telemetry
-from horovod_hetero.strategies.base import AVERAGE, CONTINUE, Context, GroupAverage, StepReport
+from horovod_hetero.strategies.base import AVERAGE, CONTINUE, MEASURE, Context, GroupAverage, StepReport
 from horovod_hetero.transports import Transports
 
 
@@ -98,6 +98,7 @@ class HeteroController:
         self._t_last = clock()
         self._started = False          # the first start() takes the set's first rank's counters
         self._activity = None          # the collective this rank is in (names it if a rank is lost)
+        self._measuring = False        # the round being run carries statistics only (MEASURE)
 
     # -- lifecycle --
 
@@ -187,12 +188,14 @@ class HeteroController:
         if decision is AVERAGE:
             fields = self._round_fields(self._round())
             bytes_sent += ring_bytes(self.model.nbytes, self.size)
+        elif decision is MEASURE:
+            fields = self._round_fields(self._round(measure=True))
         elif isinstance(decision, GroupAverage):
             fields = self._group_average(decision)
             bytes_sent += ring_bytes(self.model.nbytes, len(decision.group))
         elif decision is not CONTINUE:
             raise TypeError(f"{type(self.strategy).__name__}.after_step answered {decision!r}; "
-                            f"a strategy answers CONTINUE, AVERAGE or a GroupAverage")
+                            f"a strategy answers CONTINUE, AVERAGE, MEASURE or a GroupAverage")
         comm_s += self._clock() - t0
         self.telemetry.record(step=self.strategy.step, local_steps=local_steps, compute_s=compute,
                               comm_s=comm_s + self._extra_comm, bytes_sent=bytes_sent, synced=decision is AVERAGE,
@@ -209,8 +212,13 @@ class HeteroController:
     def _average(self, weight, control):
         """The round protocol's fused collective: the weighted mean sum(w_i x_i) / sum(w_i) over all
         ranks, or, with rounds on changes, the ``aggregator``'s combination of every rank's change."""
-        self._activity = "model averaging round"
         tensors, agg = self.model.tensors(), self.aggregator
+        if self._measuring:                              # MEASURE: the statistics alone
+            self._activity = "statistics round"
+            _, control = self.collectives.allreduce_sum([], control, name="horovod_hetero.measure",
+                                                        what="statistics round", like=tensors[0] if tensors else None)
+            return control
+        self._activity = "model averaging round"
         if agg is None or not agg.ready:
             summed, control = self.collectives.allreduce_sum(scaled(tensors, weight), control,
                                                              name="horovod_hetero.average",
@@ -227,8 +235,12 @@ class HeteroController:
         agg.begin(self.model.tensors())
         return control[:head]
 
-    def _round(self, done=False):
-        result = self.protocol.run_round(done)
+    def _round(self, done=False, measure=False):
+        self._measuring = measure
+        try:
+            result = self.protocol.run_round(done)
+        finally:
+            self._measuring = False
         self._after_round(result)
         return result
 

@@ -9,6 +9,7 @@
 | ``elastic_bsp`` | ``ElasticBSP``: ZipLine plans each round's local steps (least waiting) | ElasticBSP |
 | ``dssp`` | ``DSSP``: local steps within a staleness bound picked each round | DSSP |
 | ``adsp`` | ``ADSP``: every rank commits at one searched rate, fast ranks step more in between | ADSP |
+| ``balanced`` | ``Balanced``: synchronous SGD, each rank's batch sized to its speed | LB-BSP, Cannikin |
 
 ``aggregation`` holds what every model-averaging strategy takes for its global rounds
 (``aggregate="mean"|"normalized"``, ``outer=OuterSGD(...)``). ``planned`` holds ``RoundPlanned``, the base of the strategies that plan every round from the
@@ -17,9 +18,10 @@ speeds the previous round carried.
 Adding one: see docs/architecture.md ("Adding a strategy").
 """
 from horovod_hetero.strategies.base import (  # noqa: F401
-    AVERAGE, CONTINUE, Context, Decision, GroupAverage, Plan, RoundResult, RoundStats, StepReport, Strategy,
+    AVERAGE, CONTINUE, MEASURE, Context, Decision, GroupAverage, Plan, RoundResult, RoundStats, StepReport, Strategy,
     check_strategy)
 from horovod_hetero.strategies.adsp import ADSP, Steps  # noqa: F401
+from horovod_hetero.strategies.balanced import Balanced  # noqa: F401
 from horovod_hetero.strategies.aggregation import AGGREGATES, OuterSGD  # noqa: F401
 from horovod_hetero.strategies.dssp import DSSP  # noqa: F401
 from horovod_hetero.strategies.elastic_bsp import ElasticBSP  # noqa: F401

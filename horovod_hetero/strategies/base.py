@@ -158,6 +158,10 @@ class _Named(Decision):
 CONTINUE = _Named("CONTINUE")
 #: Run a global averaging round now (every rank enters it, in the same order).
 AVERAGE = _Named("AVERAGE")
+#: Run a round that carries every rank's statistics and averages nothing (every rank enters it, in the
+#: same order): how a strategy whose gradients are averaged every step (``Balanced``) learns every
+#: rank's speed, with the control vector alone in the collective.
+MEASURE = _Named("MEASURE")
 
 
 @dataclass(frozen=True)
@@ -210,16 +214,20 @@ class Strategy:
     Class attributes a strategy may set:
         averages_gradients: True if gradients are allreduced every step by Horovod itself (as
             ``hvd.DistributedOptimizer`` does); then no model averaging is decided here.
+        weighs_gradients: with ``averages_gradients``, True if each rank's gradient counts with
+            ``gradient_weight()`` in the sum (``Balanced``: its share of the global batch) instead of
+            Horovod's plain average.
 
-    Attributes the runtime reads (set by ``__init__``'s ``aggregate``/``outer``, see
-    ``strategies.aggregation``):
-        aggregate: how a global round combines the models, ``"mean"`` or ``"normalized"``.
+    Attributes:
+        aggregate: how a global round combines the models, ``"mean"`` or ``"normalized"`` (set by
+            ``__init__``'s ``aggregate``, see ``strategies.aggregation``; the runtime reads it).
         outer: an ``OuterSGD`` applied to the round's combined change, or ``None`` (plain averaging).
             With ``normalized`` or an outer optimiser the runtime first averages the initial models
             once (the round's start ``w_t`` is then the same on every rank).
     """
 
     averages_gradients = False
+    weighs_gradients = False
     base_class = True                 # set in a class's own body: not a strategy to train with
 
     def __init__(self, aggregate="mean", outer=None):
@@ -287,6 +295,17 @@ class Strategy:
     def telemetry_fields(self):
         """Extra per-step telemetry (e.g. a state-server round trip)."""
         return {}
+
+    def batch_size(self, step):
+        """Samples of this rank's batch at local step ``step`` (1-based) if the strategy plans them
+        (``Balanced``), else ``None`` (the user's batch)."""
+        return None
+
+    def gradient_weight(self, rank, size):
+        """With ``weighs_gradients``: the weight of ``rank`` (of ``size``) in the gradient sum of the step
+        being computed (``step + 1``; called before the strategy starts, by the first step's gradient
+        hooks); the weights of all ranks sum to 1."""
+        raise NotImplementedError(f"{type(self).__name__} does not weigh gradients")
 
     @property
     def label(self):

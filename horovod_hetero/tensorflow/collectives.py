@@ -18,7 +18,7 @@ class TensorFlowCollectives(HorovodCollectives):
 
     hvd = hvd
 
-    def allreduce_sum(self, tensors, control, *, ranks=None, name, what, inplace=False):
+    def allreduce_sum(self, tensors, control, *, ranks=None, name, what, inplace=False, like=None):
         process_set = self.process_set_of(ranks)
         return call_with_timeout(lambda: self._grouped_sum(tensors, control, process_set, name), self.timeout, what)
 
@@ -58,3 +58,14 @@ class TensorFlowCollectives(HorovodCollectives):
 
     def mean(self, tensors, *, name):
         return self._grouped(tensors, hvd.Average, self.process_set, name)[0]
+
+    def timed_mean(self, tensors, *, name):
+        """``mean`` and the seconds it took, as a float64 tensor (``tf.timestamp`` around it: inside a
+        compiled step too)."""
+        start = tf.timestamp()
+        with tf.control_dependencies([start]):
+            tensors = [tf.identity(t) for t in tensors]
+        out = self.mean(tensors, name=name)
+        with tf.control_dependencies(out):
+            end = tf.timestamp()
+        return out, end - start

@@ -4,7 +4,7 @@ from horovod_hetero.errors import (  # noqa: F401
     CollectiveTimeoutError, ElasticResetError, HeteroError, RankLostError, RoundMismatchError)
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S  # noqa: F401
 from horovod_hetero.strategies import (  # noqa: F401
-    ADSP, DSSP, ESync, ElasticBSP, LocalSGD, OuterSGD, Steps, Strategy, Synchronous, WAGMA)
+    ADSP, Balanced, DSSP, ESync, ElasticBSP, LocalSGD, OuterSGD, Steps, Strategy, Synchronous, WAGMA)
 from horovod_hetero.torch.optimizer import DistributedOptimizer  # noqa: F401
 from horovod_hetero.torch.sampler import DistributedSampler  # noqa: F401
 from horovod_hetero.torch.slowdown import slow_down  # noqa: F401

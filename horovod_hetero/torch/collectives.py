@@ -35,9 +35,9 @@ class TorchCollectives(HorovodCollectives):
     hvd = hvd
 
     @torch.no_grad()
-    def allreduce_sum(self, tensors, control, *, ranks=None, name, what, inplace=False):
+    def allreduce_sum(self, tensors, control, *, ranks=None, name, what, inplace=False, like=None):
         self.check_enqueue(what)                # never enqueue into a failed Horovod: it would block
-        device = tensors[0].device if len(tensors) else torch.device("cpu")
+        device = tensors[0].device if len(tensors) else like.device if like is not None else torch.device("cpu")
         group = list(tensors) + [torch.tensor(control, dtype=torch.float64, device=device)]
         enqueue = hvd.grouped_allreduce_async_ if inplace else hvd.grouped_allreduce_async
         out = wait(enqueue(group, op=hvd.Sum, name=name, process_set=self.process_set_of(ranks)), self.timeout, what)
@@ -57,6 +57,12 @@ class TorchCollectives(HorovodCollectives):
         self.check_enqueue("the gradient average")
         handle = hvd.grouped_allreduce_async(list(tensors), op=hvd.Average, name=name, process_set=self.process_set)
         return wait(handle, self.timeout, "the gradient average")
+
+    def timed_mean(self, tensors, *, name):
+        """``mean`` and the seconds it took (eager: the wall clock around it)."""
+        start = time.perf_counter()
+        out = self.mean(tensors, name=name)
+        return out, time.perf_counter() - start
 
 
 class TorchModel(Model):

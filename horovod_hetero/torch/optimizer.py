@@ -210,6 +210,37 @@ class _SynchronousOptimizer(_HeteroMethods):
             hh.close()
 
 
+class _WeightedGradients:
+    """Horovod's gradient sum with each rank's gradient scaled first by the strategy's weight for the
+    step (``Balanced``: its share of the global batch; Horovod's ``op`` is ``Sum``), so the sum is the
+    mean gradient of the union of the ranks' batches. The scale is one in-place pass over each gradient
+    as its hook fires, before Horovod enqueues it."""
+
+    def _hh_scale(self, ps):
+        hh = self._hh
+        weight = hh.strategy.gradient_weight(hh.rank, hh.size)
+        for p in ps:
+            if p.grad is not None:
+                p.grad.mul_(weight)
+
+    def _allreduce_grad_async(self, p):
+        self._hh_scale([p])
+        return _SynchronousOptimizer._allreduce_grad_async(self, p)
+
+    def _grouped_allreduce_grad_async(self, ps):
+        self._hh_scale(ps)
+        return _SynchronousOptimizer._grouped_allreduce_grad_async(self, ps)
+
+    def step(self, closure=None):
+        sampler = self._hh_sampler
+        if sampler is not None and sampler.drawn == 0 and self._hh.strategy.step >= 1:
+            raise ValueError(f"{type(self._hh.strategy).__name__} plans every rank's batch, but no batch was drawn "
+                             f"from the bound sampler: build the loader as DataLoader(dataset, batch_sampler=sampler) "
+                             f"(not sampler=), with the hh.DistributedSampler(dataset, batch_size=...) given to "
+                             f"hh.DistributedOptimizer(..., sampler=sampler)")
+        return _HeteroMethods.step(self, closure)
+
+
 def _methods(*classes):
     out = {}
     for cls in classes:
@@ -248,8 +279,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
     Args:
         optimizer: the ``torch.optim.Optimizer`` to wrap.
         named_parameters: ``model.named_parameters()`` (names the collectives; optional).
-        strategy: ``Synchronous()`` (default), ``LocalSGD(period, warmup_steps)``,
-            ``ESync(global_lr, mode)``, ``WAGMA(group_size, sync_period)``, or any ``Strategy``.
+        strategy: ``Synchronous()`` (default), ``Balanced(global_batch, rebalance_every)``,
+            ``LocalSGD(period, warmup_steps)``, ``ESync(global_lr, mode)``, ``WAGMA(group_size, sync_period)``,
+            or any ``Strategy``.
         process_set: Horovod process set to synchronise over (default: all ranks).
         named_buffers: ``model.named_buffers()``: floating-point buffers (BatchNorm running
             statistics) are averaged with the parameters; without it only parameters are.
@@ -260,7 +292,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
         timeout: seconds any collective may take before ``CollectiveTimeoutError``.
         num_groups: deprecated in Horovod (``groups``); accepted with its ``DeprecationWarning``.
         sampler: an ``hh.DistributedSampler`` to bind: its epochs are split by the speeds this
-            optimizer's rounds measure.
+            optimizer's rounds measure; with ``batch_size`` its batches are sized by the strategy
+            (``Balanced`` needs one).
 
     Example::
 
@@ -300,6 +333,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
         raise NotImplementedError("Adasum does not support non-global process sets yet.")
     if sampler is not None and not isinstance(sampler, DistributedSampler):
         raise TypeError(f"sampler must be a horovod_hetero.torch.DistributedSampler, got {type(sampler).__name__}")
+    if strategy.weighs_gradients:
+        if op != hvd.Average or gradient_predivide_factor != 1.0:
+            raise ValueError(f"op and gradient_predivide_factor are set by {type(strategy).__name__}, which weighs "
+                             f"every rank's gradient by its share of the global batch: leave them at hvd.Average, 1.0")
+        if sampler is None or sampler.batch_size is None:
+            raise ValueError(f"{type(strategy).__name__} plans every rank's batch size: give sampler=hh.DistributedSampler("
+                             f"dataset, batch_size=B) and build the loader as DataLoader(dataset, batch_sampler=sampler)")
     owner = "horovod_hetero.torch.DistributedOptimizer"
     collectives = TorchCollectives(process_set, timeout, owner=owner, members_only=False)
     named_parameters = None if named_parameters is None else params
@@ -307,13 +347,15 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
     if strategy.averages_gradients:
         adasum = adasum and hvd.size() > 1
         base = _DistributedAdasumOptimizer if adasum else _DistributedOptimizer
-        cls = type(name, (optimizer.__class__,), _methods(base, _HeteroMethods, _SynchronousOptimizer))
+        mixins = (_WeightedGradients,) if strategy.weighs_gradients else ()
+        cls = type(name, (optimizer.__class__,), _methods(base, _HeteroMethods, _SynchronousOptimizer, *mixins))
         cls._hh_base = base
         if adasum:
             opt = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step)
         else:
-            opt = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-                      gradient_predivide_factor, groups, sparse_as_dense, collectives.process_set)
+            opt = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
+                      hvd.Sum if strategy.weighs_gradients else op, gradient_predivide_factor, groups,
+                      sparse_as_dense, collectives.process_set)
         opt._hh_grad_payload = sum(p.numel() * p.element_size() for _, p in params if p.requires_grad)
     else:
         if backward_passes_per_step != 1:
@@ -332,6 +374,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
             return OutsideController(strategy, hvd.rank(), records)
         return HeteroController(strategy, current, model, records, slowdown)
 
+    if sampler is not None and sampler.batch_size is not None and strategy.weighs_gradients:
+        strategy.use_batch(sampler.batch_size, collectives.size)     # the global batch: ranks x the user's batch
+    opt._hh_sampler = sampler
     opt._hh_setup(follow_ranks(hvd, process_set, telemetry, build))
     if sampler is not None:
         sampler.optimizer = opt

@@ -1,10 +1,12 @@
 """``hh.DistributedSampler``: torch's ``DistributedSampler``, with each rank's share of the epoch
-proportional to its speed."""
+proportional to its speed; with ``batch_size``, a batch sampler that hands each rank its batch of every
+step (``Balanced``'s sizes)."""
 import torch
 
 import horovod.torch as hvd
 
-from horovod_hetero.rules.partition import epoch_indices, step_times_of
+from horovod_hetero.rules.partition import epoch_indices, step_batch, step_times_of, steps_per_epoch
+from horovod_hetero.strategies.balanced import even_split
 from horovod_hetero.validation import check_bool, check_int
 
 
@@ -21,14 +23,26 @@ class DistributedSampler(torch.utils.data.Sampler):
     the same rounds and computes the same partition. With ``Synchronous`` (no rounds) the split stays
     even, as ``DistributedSampler``'s.
 
+    With ``batch_size`` it is a *batch sampler* (``DataLoader(dataset, batch_sampler=sampler)``): every step
+    takes the next ``global batch`` samples of the epoch's permutation (the same on every rank) and
+    each rank its part of them, so every rank takes the same number of steps per epoch (as synchronous
+    steps need) and every sample is used once (the epoch's last global batch is completed from its
+    start, as torch's ``DistributedSampler`` pads). The parts are the bound optimizer's strategy's
+    batch sizes for each step (``Balanced``: proportional to speed, recomputed every
+    ``rebalance_every`` steps; the global batch is the strategy's, by default ``num_replicas *
+    batch_size``), or ``batch_size`` each for any other strategy.
+
     Args:
         dataset: the dataset (only ``len(dataset)`` is used).
-        num_replicas, rank: the process set's size and this rank's place in it (default
-            ``hvd.size()``, ``hvd.rank()``).
+        num_replicas, rank: the process set's size and this rank's place in it (default: Horovod's
+            ``hvd.size()`` and ``hvd.rank()`` whenever the sampler splits an epoch, so after
+            ``hvd.elastic.run``'s reset it splits among the new ranks).
         shuffle: a new permutation every epoch (``seed`` and the epoch), the same on every rank.
         seed: the permutation's seed; the same on every rank.
         optimizer: the ``hh.DistributedOptimizer`` whose rounds measure the speeds; or bind it later
             with ``hh.DistributedOptimizer(..., sampler=this)``.
+        batch_size: ``None`` (a sampler of indices), or the samples per step of one rank (an int >= 1): a
+            batch sampler, whose batches the bound strategy may size per rank (``Balanced``).
 
     Example::
 
@@ -43,17 +57,27 @@ class DistributedSampler(torch.utils.data.Sampler):
             opt.sync_model()                 # every rank at the same round: the next split agrees
     """
 
-    def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0, optimizer=None):
+    def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0, optimizer=None, batch_size=None):
         if not hasattr(dataset, "__len__"):
             raise TypeError(f"dataset must have a length (a map-style dataset), got {type(dataset).__name__}")
         self.dataset = dataset
-        self.num_replicas = hvd.size() if num_replicas is None else check_int("num_replicas", num_replicas, 1)
-        self.rank = hvd.rank() if rank is None else check_int("rank", rank, 0, self.num_replicas - 1)
+        self._num_replicas = None if num_replicas is None else check_int("num_replicas", num_replicas, 1)
+        self._rank = None if rank is None else check_int("rank", rank, 0, self.num_replicas - 1)
         self.shuffle = check_bool("shuffle", shuffle)
         self.seed = check_int("seed", seed)
         self.epoch = 0
         self.optimizer = optimizer
+        self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
+        self.drawn = 0                  # batches handed out (a loader that never draws them is named)
         self._share = None
+
+    @property
+    def num_replicas(self):
+        return hvd.size() if self._num_replicas is None else self._num_replicas
+
+    @property
+    def rank(self):
+        return hvd.rank() if self._rank is None else self._rank
 
     def set_epoch(self, epoch):
         """Use ``epoch``'s permutation and the speeds measured so far for the next iteration."""
@@ -68,6 +92,37 @@ class DistributedSampler(torch.utils.data.Sampler):
         except ValueError as e:
             raise ValueError(f"num_replicas={self.num_replicas} does not match the optimizer's ranks: {e}") from None
 
+    def _strategy(self):
+        return getattr(self.optimizer, "strategy", None)
+
+    @property
+    def global_batch(self):
+        """Samples per step over every rank (batch mode): the bound strategy's, else ``num_replicas *
+        batch_size``."""
+        planned = getattr(self._strategy(), "global_batch", None)
+        return planned if planned is not None else self.num_replicas * self.batch_size
+
+    def batch_sizes(self, step):
+        """Every rank's batch at local step ``step`` (1-based): the bound strategy's plan, else an even split."""
+        strategy = self._strategy()
+        if strategy is not None and strategy.batch_size(step) is not None:
+            sizes = strategy.batch_sizes(step, self.num_replicas)
+            if len(sizes) != self.num_replicas:
+                raise ValueError(f"num_replicas={self.num_replicas} does not match the {len(sizes)} ranks the "
+                                 f"optimizer plans batches for")
+            return sizes
+        return even_split(self.global_batch, self.num_replicas)
+
+    def _batches(self):
+        order = (torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(self.seed + self.epoch))
+                 if self.shuffle else torch.arange(len(self.dataset))).tolist()
+        strategy = self._strategy()
+        start = strategy.step if strategy is not None else 0
+        for step in range(len(self)):
+            batch = step_batch(order, step, self.batch_sizes(start + step + 1), self.rank)
+            self.drawn += 1
+            yield batch
+
     def _current(self):
         if self._share is None:
             self._share = epoch_indices(len(self.dataset), self.step_times(), self.rank, self.epoch, self.seed,
@@ -75,8 +130,12 @@ class DistributedSampler(torch.utils.data.Sampler):
         return self._share
 
     def __iter__(self):
+        if self.batch_size is not None:
+            return self._batches()
         share, self._share = self._current(), None      # the next iteration splits with newer speeds
         return iter(share)
 
     def __len__(self):
+        if self.batch_size is not None:
+            return steps_per_epoch(len(self.dataset), self.global_batch)
         return len(self._current())

@@ -14,7 +14,7 @@ from elastic_job import log, set_hosts
 
 STRATEGIES = {"sync": hh.Synchronous, "localsgd": lambda: hh.LocalSGD(period=3), "esync": hh.ESync,
               "wagma": lambda: hh.WAGMA(group_size=2, sync_period=4), "elasticbsp": hh.ElasticBSP,
-              "dssp": hh.DSSP}
+              "dssp": hh.DSSP, "balanced": lambda: hh.Balanced(rebalance_every=2)}
 
 
 def main():
@@ -24,8 +24,11 @@ def main():
     hvd.init(process_sets="dynamic")                 # WAGMA adds its groups for each size
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
+    strategy = STRATEGIES[args.strategy]()
+    # Balanced draws its batches from the batch sampler, which splits among Horovod's current ranks
+    sampler = hh.DistributedSampler(range(10_000), batch_size=8) if strategy.weighs_gradients else None
     opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
-                                  named_parameters=model.named_parameters(), strategy=STRATEGIES[args.strategy]())
+                                  named_parameters=model.named_parameters(), strategy=strategy, sampler=sampler)
     state = hvd.elastic.TorchState(model=model, optimizer=opt, epoch=0, grown=-1, shrunk=-1)
     sizes = []
 
@@ -40,8 +43,10 @@ def main():
         while not (4 in sizes and size == 2 and epochs_here >= 2):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no resize seen: epoch {state.epoch}, size {size}")
+            batches = iter(sampler) if sampler is not None else None
             for _ in range(6):
-                x = torch.full((8, 4), float(rank + 1)) * torch.linspace(-1, 1, 8)[:, None]
+                n = len(next(batches)) if batches is not None else 8
+                x = torch.full((n, 4), float(rank + 1)) * torch.linspace(-1, 1, n)[:, None]
                 opt.zero_grad()
                 torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True) * 0.5).backward()
                 opt.step()
@@ -52,7 +57,9 @@ def main():
             state.epoch += 1
             epochs_here += 1
             plan = opt.strategy.plan
-            log(event="epoch", rank=rank, size=size, plan=None if plan is None else list(plan.steps))
+            if strategy.weighs_gradients:                # the batch sizes for the current ranks
+                plan = list(opt.strategy.batch_sizes(opt.strategy.step + 1, size))
+            log(event="epoch", rank=rank, size=size, plan=None if plan is None else list(getattr(plan, "steps", plan)))
             if rank == 0 and size == 2 and state.grown < 0:
                 state.grown = state.epoch
                 set_hosts("localhost:2\n127.0.0.1:2\n")                     # grow to 4

@@ -9,7 +9,7 @@ import pytest
 from elastic_job import check_grew_and_shrank, run
 
 
-@pytest.mark.parametrize("strategy", ["sync", "localsgd", "esync", "wagma", "elasticbsp", "dssp"])
+@pytest.mark.parametrize("strategy", ["sync", "localsgd", "esync", "wagma", "elasticbsp", "dssp", "balanced"])
 def test_training_goes_on_after_the_job_grows_and_shrinks(tmp_path, strategy):
     records = run(Path(__file__).with_name("elastic_worker.py"), strategy, tmp_path)
-    check_grew_and_shrank(records, planned=strategy in ("elasticbsp", "dssp"))
+    check_grew_and_shrank(records, planned=strategy in ("elasticbsp", "dssp", "balanced"))

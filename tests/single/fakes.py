@@ -72,7 +72,7 @@ class ArrayCollectives(Collectives):
         self._allreduce, self._broadcast = allreduce, broadcast
         self.calls = []
 
-    def allreduce_sum(self, tensors, control, *, ranks=None, name, what, inplace=False):
+    def allreduce_sum(self, tensors, control, *, ranks=None, name, what, inplace=False, like=None):
         self.calls.append((name, ranks))
         out = self._allreduce(self.rank, list(tensors) + [np.array(control)])
         return out[:-1], [float(c) for c in out[-1]]

@@ -25,7 +25,7 @@ from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod_hetero.runtime.straggler import Slowdown
 from horovod_hetero.runtime.telemetry import Telemetry
 from horovod_hetero.strategies import (
-    ADSP, AGGREGATES, DSSP, ESync, ElasticBSP, LocalSGD, OuterSGD, Steps, Synchronous, WAGMA)
+    ADSP, AGGREGATES, DSSP, Balanced, ESync, ElasticBSP, LocalSGD, OuterSGD, Steps, Synchronous, WAGMA)
 
 VALID = settings(max_examples=25, deadline=None, derandomize=True, database=None)
 INVALID = settings(max_examples=60, deadline=None, derandomize=True, database=None)
@@ -275,6 +275,9 @@ CORE = {
         Arg("directory", TELEMETRY_DIRS, BAD_TELEMETRY_DIRS, expect="telemetry"),
         Arg("keep", ints(0), bad_ints(0))], base={"rank": 0}),
     "Slowdown": Constructor(Slowdown, SLOWDOWN_ARGS, base={"rank": 0, "size": 4}),
+    "Balanced": Constructor(Balanced, [Arg("global_batch", st.one_of(st.none(), ints(1)), bad_ints(1, optional=True)),
+                                       Arg("rebalance_every", ints(1), bad_ints(1)),
+                                       Arg("max_batch", st.one_of(st.none(), ints(1)), bad_ints(1, optional=True))]),
     "OuterSGD": Constructor(OuterSGD, [Arg("lr", *TIMEOUT, expect="OuterSGD lr"),
                                        Arg("momentum", st.floats(0.0, 0.99), st.one_of(
                                            st.floats(1.0, 5.0), st.floats(max_value=-1e-9), NOT_FINITE, TEXT, st.none()),
@@ -326,6 +329,11 @@ def keras_constructors():
         "DSSPCallback": Constructor(cb.DSSPCallback, own["DSSP"] + options),
         "ADSPCallback": Constructor(cb.ADSPCallback, own["ADSP"] + [
             options_arg("adsp_options", ADSP_MORE, ("check_period", "search_every"))] + options),
+        "BalancedCallback": Constructor(cb.BalancedCallback, [
+            Arg("batch_size", ints(1), bad_ints(1)), Arg("global_batch", st.one_of(st.none(), ints(1)), bad_ints(1, optional=True)),
+            Arg("max_batch", st.one_of(st.none(), ints(1)), bad_ints(1, optional=True))]
+            + [a for a in options if a.name not in ("batch_size", "epoch_sync")],
+            base={"batch_size": 32}),
         "BroadcastGlobalVariablesCallback": Constructor(cb.BroadcastGlobalVariablesCallback, [
             Arg("root_rank", ints(0), bad_ints(0)), Arg("process_set", PROCESS_SETS, BAD_PROCESS_SETS),
             Arg("timeout", *TIMEOUT)]),
@@ -344,7 +352,7 @@ def keras_constructors():
 
 
 KERAS = ["HeteroSyncCallback", "LocalSGDCallback", "ESyncCallback", "WAGMACallback", "ElasticBSPCallback",
-         "DSSPCallback", "ADSPCallback", "BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateWarmupCallback",
+         "DSSPCallback", "ADSPCallback", "BalancedCallback", "BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateWarmupCallback",
          "DistributedOptimizer"]
 
 

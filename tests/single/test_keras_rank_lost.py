@@ -48,6 +48,9 @@ class StepCollectives:
             raise self.failure
         return list(tensors)
 
+    def timed_mean(self, tensors, *, name):
+        return self.mean(tensors, name=name), 0.0
+
     def know_peers(self):
         self.peers_known += 1
 

@@ -151,7 +151,7 @@ class FakeGroups(ArrayCollectives):
         super().__init__(None, rank=0, size=4)
         self.peer = peer
 
-    def allreduce_sum(self, tensors, control, *, ranks=None, name, what, inplace=False):
+    def allreduce_sum(self, tensors, control, *, ranks=None, name, what, inplace=False, like=None):
         if ranks is None:
             return [4 * t for t in tensors], [4 * c for c in control]
         return [tensors[0] + self.peer], [control[0] + 1.0, 2.0, 2 * control[2]]

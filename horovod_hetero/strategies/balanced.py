@@ -1,0 +1,184 @@
+"""Balanced: synchronous SGD at the fast workers' pace, each rank's batch sized to its speed."""
+import numpy as np
+
+from horovod_hetero.rules.balance import fit_step_time, plan_batches
+from horovod_hetero.strategies.base import CONTINUE, MEASURE, Strategy
+from horovod_hetero.validation import check_int
+
+#: windows of measurements a fit looks back over (older ones are dropped, so a change of speed is followed)
+WINDOWS = 3
+
+
+def even_split(global_batch, size):
+    """``global_batch`` samples in ``size`` batches as equal as integers allow (the first ranks take the
+    remainder).
+
+    Example:
+        >>> even_split(10, 4)
+        (3, 3, 2, 2)
+    """
+    base, extra = divmod(global_batch, size)
+    return tuple(base + (r < extra) for r in range(size))
+
+
+class Balanced(Strategy):
+    """Synchronous SGD at the fast workers' pace: every rank's batch is sized so that all finish together.
+
+    Plain synchronous SGD (``Synchronous``), but each rank computes the gradient of a batch it can finish
+    in the same time as the others (LB-BSP, Chen et al. 2020; Cannikin, Li et al. 2024): the averaged
+    gradient is exactly the gradient of one large batch (the union of the ranks' batches), so convergence
+    per sample is Synchronous's, no hyper-parameter changes (the global batch is fixed, so the learning
+    rate is too), and no rank waits.
+
+    On Horovod: the gradients are allreduced by Horovod's own hooks, as ``hvd.DistributedOptimizer``'s,
+    with ``op=Sum`` and each rank's gradient scaled first by its share ``b_i / sum(b)`` of the global batch
+    (``gradient_weight``): for a mean-reduced loss the sum is the mean gradient of the union batch. Each
+    rank's step is modelled as ``t_i(b) = alpha_i + beta_i * b`` (Cannikin: a fixed part and a part per
+    sample), fitted from the mean step time and batch size of the last windows of ``rebalance_every``
+    steps (``rules.balance``). Every ``rebalance_every`` steps a round carries every rank's measurements
+    (the decision ``MEASURE``: the round's control vector alone, no model), so every rank fits the same
+    lines and computes the same integer sizes: the split of the global batch that equalises the predicted
+    step times, at most ``max_batch`` each. A split computed after window ``p`` is used from window
+    ``p + 2`` on, so a loader that prefetches fewer than ``rebalance_every`` batches draws every batch
+    with sizes already known. The first window holds the first step (start-up, tracing) and is not
+    measured; the first three windows use an even split; the first fit takes time as proportional to the
+    batch (one batch size measured), later ones fit both parts over the last three windows.
+
+    The batches come from ``hh.DistributedSampler(dataset, batch_size=B)``, a batch sampler bound to the
+    optimizer (``sampler=``): every step it hands each rank its current size, every rank takes the same
+    number of steps per epoch, and every sample is used once per epoch (the last global batch is completed
+    from the epoch's start, as torch's ``DistributedSampler`` pads). BatchNorm sees each rank's batch of
+    its own size: its statistics are per rank, as in Synchronous.
+
+    Args:
+        global_batch: samples per step over all ranks, an int >= the number of ranks; ``None``: the number
+            of ranks times the bound sampler's ``batch_size`` (the user's batch).
+        rebalance_every: steps per window, an int >= 1 (a ``MEASURE`` round after each).
+        max_batch: the largest batch a rank may get (memory), an int with ``max_batch * ranks >=
+            global_batch``, or ``None``.
+
+    Example:
+        >>> s = Balanced(global_batch=128, rebalance_every=2)
+        >>> s.check_size(4); s.batch_sizes(1, size=4)
+        (32, 32, 32, 32)
+
+    With Horovod::
+
+        sampler = hh.DistributedSampler(train_set, batch_size=32)       # the user's batch: 128 over 4 ranks
+        loader = torch.utils.data.DataLoader(train_set, batch_sampler=sampler)
+        opt = hh.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                      strategy=hh.Balanced(rebalance_every=20), sampler=sampler)
+    """
+
+    averages_gradients = True
+    weighs_gradients = True
+
+    def __init__(self, global_batch=None, rebalance_every=20, max_batch=None):
+        super().__init__()
+        self.global_batch = None if global_batch is None else check_int("global_batch", global_batch, 1)
+        self.rebalance_every = check_int("rebalance_every", rebalance_every, 1)
+        self.max_batch = None if max_batch is None else check_int("max_batch", max_batch, 1)
+        if self.global_batch is not None and self.max_batch is not None and self.max_batch > self.global_batch:
+            self.max_batch = self.global_batch
+        self.plans = {}               # window -> the batch sizes of every rank in it
+        self.history = []             # the last windows' (sizes, seconds per step) of every rank
+
+    def check_size(self, size):
+        if self.global_batch is not None and self.global_batch < size:
+            raise ValueError(f"global_batch must be an int >= the number of ranks ({size}), got {self.global_batch}")
+        if self.global_batch is not None and self.max_batch is not None and self.max_batch * size < self.global_batch:
+            raise ValueError(f"max_batch must be >= global_batch / ranks = {self.global_batch} / {size} "
+                             f"(= {-(-self.global_batch // size)}), got {self.max_batch}")
+
+    def use_batch(self, batch_size, size):
+        """Take ``size * batch_size`` as the global batch where none was given (the bound sampler's)."""
+        if self.global_batch is None:
+            self.global_batch = check_int("batch_size", batch_size, 1) * size
+            self.check_size(size)
+
+    def on_start(self, ctx):
+        if self.global_batch is None:
+            raise ValueError("Balanced(global_batch=None) takes the number of ranks times the batch of the bound "
+                             "sampler: bind hh.DistributedSampler(dataset, batch_size=B) (sampler=...), or give "
+                             "global_batch=")
+        self.check_size(ctx.size)
+        if any(len(sizes) != ctx.size for sizes in self.plans.values()):
+            self.plans, self.history = {}, []          # planned for another number of ranks (an elastic resize)
+
+    def window(self, step):
+        """The window of local step ``step`` (1-based)."""
+        return (step - 1) // self.rebalance_every
+
+    def batch_sizes(self, step, size=None):
+        """Every rank's batch at local step ``step`` (1-based): the plan of its window, or an even split
+        over ``size`` ranks (default: the ranks it started with) before the first plan; a ``ValueError``
+        for a window whose plan is not made yet (a loader that prefetches ``rebalance_every`` batches or
+        more ahead)."""
+        window = self.window(step)
+        if window in self.plans:
+            return self.plans[window]
+        if window > self.window(self.step + 1) + 1:
+            raise ValueError(f"batch sizes asked for step {step}, {step - self.step - 1} steps ahead of training: "
+                             f"the loader prefetches more batches than rebalance_every ({self.rebalance_every}); "
+                             f"raise rebalance_every or lower the DataLoader's prefetch (num_workers x prefetch_factor)")
+        latest = [w for w in self.plans if w <= window]
+        return self.plans[max(latest)] if latest else even_split(self.global_batch, size or self.size)
+
+    def batch_size(self, step):
+        return self.batch_sizes(step)[self.rank]
+
+    def gradient_weight(self, rank, size):
+        return self.batch_sizes(self.step + 1, size)[rank] / self.global_batch
+
+    def decide(self, report):
+        return MEASURE if self.step % self.rebalance_every == 0 else CONTINUE
+
+    def on_round(self, result):
+        stats = result.stats
+        if stats is None or result.done:
+            return
+        window = self.window(self.step)
+        sizes = self.batch_sizes(self.step)
+        measured = (stats.local_steps > 0) & np.isfinite(stats.step_s) & (stats.step_s > 0)
+        reported = stats.samples > 0
+        if reported.any():
+            used = stats.samples / np.maximum(stats.local_steps, 1)
+            wrong = [r for r in range(self.size) if reported[r] and abs(used[r] - sizes[r]) > 0.5]
+            if wrong:
+                r = wrong[0]
+                raise ValueError(
+                    f"Balanced planned batches of {sizes[r]} samples on rank {r} in steps "
+                    f"{window * self.rebalance_every + 1}-{self.step}, but it reported {used[r]:g} on average: draw "
+                    f"the batches from hh.DistributedSampler(dataset, batch_size=...) as DataLoader(dataset, "
+                    f"batch_sampler=sampler), and bind it with hh.DistributedOptimizer(..., sampler=sampler)")
+        if not measured.all() or window == 0:      # window 0 holds the first step (start-up, tracing): no speed
+            return
+        self.history = (self.history + [(tuple(sizes), tuple(float(t) for t in stats.step_s))])[-WINDOWS:]
+        lines = [fit_step_time([h[0][r] for h in self.history], [h[1][r] for h in self.history])
+                 for r in range(self.size)]
+        alpha, beta = zip(*lines)
+        self.plans[window + 2] = tuple(int(b) for b in plan_batches(self.global_batch, alpha, beta, self.max_batch))
+        self.plans = {w: p for w, p in self.plans.items() if w >= window}
+
+    def telemetry_fields(self):
+        return {"batch": self.batch_size(self.step)} if self.global_batch is not None and self.step else {}
+
+    @property
+    def label(self):
+        return f"Balanced({self.rebalance_every})"
+
+    def state_dict(self):
+        return dict(super().state_dict(), global_batch=self.global_batch,
+                    plans={str(w): list(p) for w, p in self.plans.items()},
+                    history=[[list(sizes), list(times)] for sizes, times in self.history])
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        if state.get("global_batch") is not None:
+            self.global_batch = check_int("state['global_batch']", state["global_batch"], 1)
+        self.plans = {int(w): tuple(p) for w, p in state.get("plans", {}).items()}
+        self.history = [(tuple(sizes), tuple(times)) for sizes, times in state.get("history", [])]
+
+    def __repr__(self):
+        return (f"Balanced(global_batch={self.global_batch!r}, rebalance_every={self.rebalance_every}, "
+                f"max_batch={self.max_batch!r})")

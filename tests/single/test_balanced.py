@@ -1,0 +1,172 @@
+"""Balanced: the batch plan from injected step-time lines (exact), its windows and rounds, the batch
+sampler's epochs, the simulator, and bad input."""
+import numpy as np
+import pytest
+
+from fakes import round_result
+from horovod_hetero.rules.balance import fit_step_time, plan_batches, predicted_step
+from horovod_hetero.rules.partition import step_batch, steps_per_epoch
+from horovod_hetero.simulate import Cluster, simulate
+from horovod_hetero.strategies import MEASURE, Balanced, RoundResult, RoundStats, Synchronous
+from horovod_hetero.strategies.balanced import even_split
+
+
+@pytest.mark.parametrize("alpha, beta, cap, want", [
+    ([0.0] * 4, [1.0] * 4, None, [32, 32, 32, 32]),
+    ([0.0] * 4, [1.0, 1.0, 1.0, 4.0], None, [40, 40, 39, 9]),
+    ([0.01, 0.01, 0.01, 0.04], [0.001, 0.001, 0.001, 0.004], None, [42, 42, 42, 2]),
+    ([0.0] * 4, [1.0, 1.0, 1.0, 4.0], 34, [34, 34, 34, 26]),
+    ([0.0, 0.0], [1.0, 1e-9], None, [1, 127]),
+])
+def test_the_plan_splits_the_global_batch_exactly_equalising_the_predicted_steps(alpha, beta, cap, want):
+    sizes = plan_batches(128, alpha, beta, cap)
+    assert sizes.tolist() == want and sizes.sum() == 128 and (sizes >= 1).all()
+    assert cap is None or sizes.max() <= cap
+    best = predicted_step(alpha, beta, sizes)           # no single move of one sample shortens the longest step
+    for a in range(len(sizes)):
+        for b in range(len(sizes)):
+            if a != b and sizes[a] > 1 and (cap is None or sizes[b] < cap):
+                moved = sizes.copy()
+                moved[a] -= 1
+                moved[b] += 1
+                assert predicted_step(alpha, beta, moved) >= best
+
+
+def test_a_plan_that_cannot_exist_is_refused():
+    with pytest.raises(ValueError, match="cannot be split into 4 batches of 1 to 20"):
+        plan_batches(128, [0.0] * 4, [1.0] * 4, 20)
+
+
+def test_step_time_lines():
+    assert fit_step_time([10, 20, 40], [0.03, 0.05, 0.09]) == (0.01, 0.002)
+    assert fit_step_time([10, 10], [0.05, 0.07]) == (0.0, 0.006)            # one batch size: proportional
+    assert fit_step_time([10, 20], [0.09, 0.05]) == (0.0, 0.0038)           # a falling line: through the origin
+
+
+def test_every_step_gives_every_rank_its_part_and_the_epoch_uses_every_sample():
+    order = list(np.random.default_rng(0).permutation(103))
+    plans = [(40, 40, 39, 9)] * 2 + [(32, 32, 32, 32)]
+    assert steps_per_epoch(103, 128) == 1 and steps_per_epoch(1000, 128) == 8
+    seen = []
+    for step, sizes in enumerate(plans):
+        parts = [step_batch(order, step, sizes, r) for r in range(4)]
+        assert [len(p) for p in parts] == list(sizes)
+        seen += sum(parts, [])
+    assert set(seen) == set(order)                          # every sample, a few more than once (wrapped)
+
+
+def balanced(size=4, **kwargs):
+    s = Balanced(**{"global_batch": 128, "rebalance_every": 2, **kwargs})
+    from fakes import context
+    ctx, transports = context(rank=0, size=size)
+    s.start(ctx)
+    return s, transports
+
+
+def stats(step_s, sizes, steps=2):
+    n = len(step_s)
+    return RoundStats(local_steps=np.full(n, steps), step_s=np.asarray(step_s, dtype=float), loss=np.full(n, np.nan),
+                      samples=np.asarray(sizes) * steps, done=np.zeros(n, dtype=bool))
+
+
+def run_windows(s, speeds, windows):
+    """``windows`` windows of ``rebalance_every`` steps; rank r's step takes ``speeds[r] * batch`` s. Returns
+    every window's sizes."""
+    seen, rnd = [], 0
+    for _ in range(windows):
+        sizes = s.batch_sizes(s.step + 1)
+        seen.append(sizes)
+        for _ in range(s.rebalance_every):
+            decision = s.after_step()
+        assert decision is MEASURE
+        rnd += 1
+        s.after_round(RoundResult(rnd, 1.0, 4.0, 0, stats([v * b for v, b in zip(speeds, sizes)], sizes)))
+    return seen
+
+
+def test_windows_are_measured_and_the_sizes_follow_the_speeds_within_three_rebalances():
+    s, transports = balanced()
+    assert [repr(s.after_step()) for _ in range(4)] == ["CONTINUE", "MEASURE", "CONTINUE", "MEASURE"]
+    s, transports = balanced()
+    seen = run_windows(s, [1.0, 1.0, 1.0, 4.0], 8)
+    assert seen[:3] == [(32, 32, 32, 32)] * 3                 # window 0 is start-up: not measured
+    assert seen[3] == (40, 40, 39, 9) and seen[-1] == (40, 40, 39, 9)
+    transports.close()
+
+
+def test_the_sizes_follow_a_change_of_speed():
+    s, transports = balanced()
+    run_windows(s, [1.0, 1.0, 1.0, 4.0], 5)
+    seen = run_windows(s, [4.0, 1.0, 1.0, 1.0], 6)
+    assert seen[-1] == (10, 40, 39, 39)
+    transports.close()
+
+
+def test_gradient_weights_are_the_shares_of_the_global_batch():
+    s, transports = balanced()
+    run_windows(s, [1.0, 1.0, 1.0, 4.0], 4)
+    assert [s.gradient_weight(r, 4) for r in range(4)] == [40 / 128, 40 / 128, 39 / 128, 9 / 128]
+    assert sum(s.gradient_weight(r, 4) for r in range(4)) == 1.0
+    fresh = Balanced(global_batch=10)                           # before it starts: an even split over the size given
+    assert [fresh.gradient_weight(r, 4) for r in range(4)] == [0.3, 0.3, 0.2, 0.2]
+    transports.close()
+
+
+def test_a_loader_that_ignores_the_plan_is_named_at_the_first_measured_round():
+    s, transports = balanced()
+    run_windows(s, [1.0, 1.0, 1.0, 4.0], 3)
+    for _ in range(2):
+        s.after_step()
+    with pytest.raises(ValueError, match=r"planned batches of 40 samples on rank 0 .* reported 32 on average: draw "
+                                         r"the batches from hh.DistributedSampler"):
+        s.after_round(RoundResult(9, 1.0, 4.0, 0, stats([0.032, 0.032, 0.032, 0.128], [32] * 4)))
+    transports.close()
+
+
+def test_asking_sizes_beyond_the_plans_made_is_an_error_naming_the_prefetch():
+    s, transports = balanced(rebalance_every=5)
+    assert s.batch_sizes(10) == (32, 32, 32, 32)
+    with pytest.raises(ValueError, match="prefetches more batches than rebalance_every"):
+        s.batch_sizes(11)
+    transports.close()
+
+
+def test_the_plans_round_trip_through_state_dict():
+    s, transports = balanced()
+    run_windows(s, [1.0, 1.0, 1.0, 4.0], 5)
+    t = Balanced(rebalance_every=2)
+    t.load_state_dict(s.state_dict())
+    assert t.global_batch == 128 and t.plans == s.plans and t.history == s.history and t.step == s.step
+    transports.close()
+
+
+@pytest.mark.parametrize("kwargs, size, error, match", [
+    ({"global_batch": 0}, 4, ValueError, "global_batch must be an int >= 1"),
+    ({"global_batch": 3}, 4, ValueError, r"global_batch must be an int >= the number of ranks \(4\), got 3"),
+    ({"global_batch": "128"}, 4, TypeError, "global_batch must be an int"),
+    ({"rebalance_every": 0}, 4, ValueError, "rebalance_every must be an int >= 1"),
+    ({"global_batch": 128, "max_batch": 30}, 4, ValueError, r"max_batch must be >= global_batch / ranks = 128 / 4 "
+                                                            r"\(= 32\), got 30"),
+    ({"max_batch": 2.5}, 4, TypeError, "max_batch must be an int"),
+])
+def test_bad_input_is_named(kwargs, size, error, match):
+    with pytest.raises(error, match=match):
+        Balanced(**kwargs).check_size(size)
+
+
+def test_without_a_global_batch_it_takes_the_samplers():
+    s = Balanced()
+    s.use_batch(32, 4)
+    assert s.global_batch == 128
+    with pytest.raises(ValueError, match="Balanced\\(global_batch=None\\) takes the number of ranks times the batch"):
+        from fakes import context
+        Balanced().start(context(0, 4)[0])
+
+
+def test_the_simulator_runs_balanced_at_the_fast_workers_pace():
+    cluster = Cluster(step_times=[0.05, 0.05, 0.05, 0.2], samples_per_step=32, model_bytes=0.0, latency_s=0.0)
+    sync = simulate(cluster, Synchronous(), 60.0)
+    bal = simulate(cluster, Balanced(global_batch=128, rebalance_every=10), 60.0)
+    assert bal.steps.min() == bal.steps.max() and bal.samples.tolist()[3] < bal.samples.tolist()[0] / 3
+    assert 2.9 < bal.samples_per_s / sync.samples_per_s < 3.25          # 3.2x once planned; the first windows even
+    assert even_split(10, 4) == (3, 3, 2, 2)
