@@ -22,6 +22,7 @@ The collective is injected (``average``), as Horovod's ``common/elastic.py`` tak
 broadcast: the protocol runs unchanged over torch, TensorFlow or a fake in tests.
 """
 import math
+import statistics
 
 import numpy as np
 
@@ -51,6 +52,8 @@ class RoundProtocol:
             return the summed control vector.
         size: number of ranks in the process set.
         rank: this rank (which block of the control vector it fills).
+        median: carry the median of this rank's step times since the previous round instead of their
+            mean (a strategy that plans from the typical step: one stall does not move it).
 
     Example:
         >>> fake = lambda weight, control: [c * 2 for c in control]   # two identical ranks
@@ -59,8 +62,8 @@ class RoundProtocol:
         2.0
     """
 
-    def __init__(self, average, size, rank=0):
-        self._average = average
+    def __init__(self, average, size, rank=0, median=False):
+        self._average, self._median = average, bool(median)
         self.size = check_int("size", size, 1)
         self.rank = check_int("rank", rank, 0, self.size - 1)
         self.round = 0
@@ -69,6 +72,7 @@ class RoundProtocol:
 
     def _reset_stats(self):
         self._step_s, self._loss, self._losses, self._samples = 0.0, 0.0, 0, 0
+        self._times = []
 
     @property
     def samples_since_round(self):
@@ -79,6 +83,8 @@ class RoundProtocol:
         """Record one local update that the next round must carry, and its statistics."""
         self.steps_since_round += 1
         self._step_s += step_s
+        if self._median:
+            self._times.append(step_s)
         if loss is not None and math.isfinite(loss):
             self._loss += loss
             self._losses += 1
@@ -91,7 +97,8 @@ class RoundProtocol:
         steps = self.steps_since_round
         start = _HEAD + _WIDTH * self.rank
         control[start:start + _WIDTH] = [
-            1.0 if done else 0.0, float(steps), self._step_s / steps if steps else math.nan,
+            1.0 if done else 0.0, float(steps),
+            (statistics.median(self._times) if self._median else self._step_s / steps) if steps else math.nan,
             self._loss / self._losses if self._losses else math.nan, float(self._samples)]
         return control
 

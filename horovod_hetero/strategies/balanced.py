@@ -34,8 +34,9 @@ class Balanced(Strategy):
     with ``op=Sum`` and each rank's gradient scaled first by its share ``b_i / sum(b)`` of the global batch
     (``gradient_weight``): for a mean-reduced loss the sum is the mean gradient of the union batch. Each
     rank's step is modelled as ``t_i(b) = alpha_i + beta_i * b`` (Cannikin: a fixed part and a part per
-    sample), fitted from the mean step time and batch size of the last windows of ``rebalance_every``
-    steps (``rules.balance``). Every ``rebalance_every`` steps a round carries every rank's measurements
+    sample), fitted from the median step time and batch size of the last windows of ``rebalance_every``
+    steps (``rules.balance``; the median, so that one stall, a garbage collection or the OS, does not
+    move the plan). Every ``rebalance_every`` steps a round carries every rank's measurements
     (the decision ``MEASURE``: the round's control vector alone, no model), so every rank fits the same
     lines and computes the same integer sizes: the split of the global batch that equalises the predicted
     step times, at most ``max_batch`` each. A split computed after window ``p`` is used from window
@@ -72,6 +73,7 @@ class Balanced(Strategy):
 
     averages_gradients = True
     weighs_gradients = True
+    median_step_time = True          # a window's step time is its median step: one stall does not move the plan
 
     def __init__(self, global_batch=None, rebalance_every=20, max_batch=None):
         super().__init__()
@@ -113,16 +115,18 @@ class Balanced(Strategy):
         """Every rank's batch at local step ``step`` (1-based): the plan of its window, or an even split
         over ``size`` ranks (default: the ranks it started with) before the first plan; a ``ValueError``
         for a window whose plan is not made yet (a loader that prefetches ``rebalance_every`` batches or
-        more ahead)."""
+        more ahead). Plans made for another number of ranks (before an elastic resize) are not used."""
+        size = size or self.size
+        plans = {w: p for w, p in self.plans.items() if len(p) == size}
         window = self.window(step)
-        if window in self.plans:
-            return self.plans[window]
+        if window in plans:
+            return plans[window]
         if window > self.window(self.step + 1) + 1:
             raise ValueError(f"batch sizes asked for step {step}, {step - self.step - 1} steps ahead of training: "
                              f"the loader prefetches more batches than rebalance_every ({self.rebalance_every}); "
                              f"raise rebalance_every or lower the DataLoader's prefetch (num_workers x prefetch_factor)")
-        latest = [w for w in self.plans if w <= window]
-        return self.plans[max(latest)] if latest else even_split(self.global_batch, size or self.size)
+        latest = [w for w in plans if w <= window]
+        return plans[max(latest)] if latest else even_split(self.global_batch, size)
 
     def batch_size(self, step):
         return self.batch_sizes(step)[self.rank]

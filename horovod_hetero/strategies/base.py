@@ -217,6 +217,8 @@ class Strategy:
         weighs_gradients: with ``averages_gradients``, True if each rank's gradient counts with
             ``gradient_weight()`` in the sum (``Balanced``: its share of the global batch) instead of
             Horovod's plain average.
+        median_step_time: True if a round should carry the median of each rank's step times since
+            the previous round instead of their mean (``Balanced`` plans from the typical step).
 
     Attributes:
         aggregate: how a global round combines the models, ``"mean"`` or ``"normalized"`` (set by
@@ -228,6 +230,7 @@ class Strategy:
 
     averages_gradients = False
     weighs_gradients = False
+    median_step_time = False
     base_class = True                 # set in a class's own body: not a strategy to train with
 
     def __init__(self, aggregate="mean", outer=None):

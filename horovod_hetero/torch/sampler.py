@@ -105,7 +105,7 @@ class DistributedSampler(torch.utils.data.Sampler):
     def batch_sizes(self, step):
         """Every rank's batch at local step ``step`` (1-based): the bound strategy's plan, else an even split."""
         strategy = self._strategy()
-        if strategy is not None and strategy.batch_size(step) is not None:
+        if strategy is not None and strategy.weighs_gradients:
             sizes = strategy.batch_sizes(step, self.num_replicas)
             if len(sizes) != self.num_replicas:
                 raise ValueError(f"num_replicas={self.num_replicas} does not match the {len(sizes)} ranks the "
