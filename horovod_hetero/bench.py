@@ -60,7 +60,7 @@ STRATEGIES = {"sync": ("Synchronous", ["--strategy", "sync"]),
               "elasticbsp": ("ElasticBSP(15)", ["--strategy", "elasticbsp", "--lookahead", "15"]),
               "dssp": ("DSSP(3,15)", ["--strategy", "dssp", "--staleness", "3", "15"]),
               "adsp": ("ADSP(10steps)", ["--strategy", "adsp", "--check-period", "10steps"]),
-              "balanced": ("Balanced(20)", ["--strategy", "balanced", "--rebalance-every", "20"])}
+              "balanced": ("Balanced(5)", ["--strategy", "balanced", "--rebalance-every", "5"])}
 RESULTS = "results.json"
 FORMAT = "horovod-hetero-bench/2"
 #: ``--aggregate`` variants of the model-averaging strategies: how global rounds combine the models

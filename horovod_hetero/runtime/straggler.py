@@ -186,8 +186,9 @@ class Slowdown:
     Every argument and variable is checked here; errors name the argument or the variable.
 
     Example:
-        >>> Slowdown(rank=1, factors="1,3", sleep=lambda s: None).pad(0.01)
-        0.02
+        >>> s = Slowdown(rank=1, factors="1,3", sleep=lambda s: None)
+        >>> s.pad(2.5), s.pad(0.01)                   # the first step holds the start-up: not slowed
+        (0.0, 0.02)
     """
 
     def __init__(self, rank, factors=None, base_step_s=None, sleep=time.sleep, size=None, random_delay=None,
@@ -227,14 +228,17 @@ class Slowdown:
 
     def pad(self, measured_s, step=0):
         """Sleep so that a step that took ``measured_s`` appears ``factor`` times slower (plus the
-        random delay if this rank is drawn at ``step``); return the sleep."""
-        if self._t0 is None:
+        random delay if this rank is drawn at ``step``); return the sleep. Without a base step (time
+        proportional to the measured compute) the first step is not slowed: it holds the start-up
+        (imports, tracing, the first allocation), which a slower device does not multiply."""
+        first = self._t0 is None
+        if first:
             self._t0 = self._clock()
         factor = self.factor
         if self.base_step_s is not None:
             extra = factor * self.base_step_s - measured_s
         else:
-            extra = (factor - 1.0) * measured_s
+            extra = 0.0 if first else (factor - 1.0) * measured_s
         extra = max(0.0, extra)
         if self.random_delay and self.rank in delayed_ranks(self.size, self.random_delay[0], step):
             extra += self.random_delay[1]

@@ -20,6 +20,7 @@ class FakeClock:
 def test_slowdown_proportional_and_fixed_base():
     slept = []
     s = Slowdown(rank=3, factors="1,1,1,4", sleep=slept.append)
+    assert s.pad(5.0) == 0.0 and slept == []                            # the first step (start-up) is not slowed
     assert s.pad(0.01) == pytest.approx(0.03) and slept == [pytest.approx(0.03)]
     fixed = Slowdown(rank=1, factors=[1, 2], base_step_s=0.05, sleep=slept.append)
     assert fixed.pad(0.01) == pytest.approx(0.09)
