@@ -262,7 +262,9 @@ class Pacer:
     Example:
         >>> t = [0.0]
         >>> pacer = Pacer(Slowdown(0, "3", sleep=lambda s: None), clock=lambda: t[0])
-        >>> t[0] = 0.1; pacer.stop(); t[0] = 0.5; round(pacer.pad(), 6)     # 0.1 s of work: 0.2 s more
+        >>> t[0] = 0.1; pacer.stop(); t[0] = 0.5; round(pacer.pad(), 6)     # the first step: start-up
+        0.0
+        >>> t[0] = 0.6; pacer.stop(); round(pacer.pad(), 6)     # 0.1 s of work: 0.2 s more
         0.2
     """
 

@@ -60,21 +60,21 @@ def test_controller_records_compute_comm_and_bytes(tmp_path):
                            ArrayModel({}, nbytes=1000), telemetry=str(tmp_path),
                            slowdown=Slowdown(1, "1,3", sleep=sleep), clock=clock)
     for _ in range(4):
-        clock.now += 0.1                           # 0.1 s of compute, padded to 0.3 s
+        clock.now += 0.1                           # 0.1 s of compute, padded to 0.3 s (the first step: not padded)
         ctl.telemetry.annotate(samples=32, loss=1.0)
         ctl.after_step()
     ctl.telemetry.close()
     recs = load(str(tmp_path))[1]
     assert [r["synced"] for r in recs] == [False, True, False, True]
     assert [r["local_steps"] for r in recs] == [1, 2, 1, 2]
-    assert [round(r["compute_s"], 9) for r in recs] == [0.3] * 4
+    assert [round(r["compute_s"], 9) for r in recs] == [0.1, 0.3, 0.3, 0.3]
     assert [round(r["comm_s"], 9) for r in recs] == [0.0, 0.5, 0.0, 0.5]
     assert [r["bytes_sent"] for r in recs] == [0, 1000, 0, 1000] == [0, ring_bytes(1000, 2), 0, 1000]
     summary = summarize({1: recs})[1]
     assert summary["steps"] == 4 and summary["syncs"] == 2 and summary["samples"] == 128
-    assert summary["compute_ratio"] == pytest.approx(1.2 / 2.2)
-    assert summary["wait_share"] == pytest.approx(1.0 / 2.2)
-    assert summary["samples_per_s"] == pytest.approx(128 / 2.2)
+    assert summary["compute_ratio"] == pytest.approx(1.0 / 2.0)
+    assert summary["wait_share"] == pytest.approx(1.0 / 2.0)
+    assert summary["samples_per_s"] == pytest.approx(128 / 2.0)
     assert summary["mean_local_steps"] == 2.0
     assert "samples/s" in format_summary(summarize({1: recs}))
     assert json.loads((tmp_path / "rank1.jsonl").read_text().splitlines()[0])["rank"] == 1
