@@ -31,10 +31,11 @@ logged and counted, and the responder goes on.
 import logging
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
 from horovod_hetero.errors import RoundMismatchError
+from horovod_hetero.runtime.collectives import timeout_error
 from horovod_hetero.runtime.rounds import tag as exact_tag
 
 #: Seconds close() waits for group averages the responder is still serving (daemon threads after that).
@@ -137,7 +138,11 @@ class GroupExchange:
             self._main_tag = tag
             self._lock.notify_all()
         if future is not None:
-            summed, total = future.result(self.timeout)
+            try:
+                summed, total = future.result(self.timeout)
+            except FutureTimeout:       # the responder's allreduce is stuck (its own timeout may not have fired yet)
+                raise timeout_error(f"group average {tag} over ranks {list(group)} (served from this rank's "
+                                    f"published model)", self.timeout) from None
             return GroupResult(tag, group, summed, total, stale=True)
         if self._activations is not None:
             for peer in group:

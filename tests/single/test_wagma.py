@@ -11,6 +11,7 @@ import zmq
 
 from fakes import ArrayCollectives, ArrayModel, context, run_ranks
 from horovod_hetero._horovod import registered_ids, world_size
+from horovod_hetero.errors import CollectiveTimeoutError
 from horovod_hetero.rules.grouping import butterfly_groups, process_set_ranks, resolve_group_size
 from horovod_hetero.runtime.controller import HeteroController
 from horovod_hetero.runtime.straggler import Slowdown, delayed_ranks, parse_random_delay
@@ -357,4 +358,28 @@ def test_responder_threads_are_bounded_and_other_activations_dropped_and_counted
     assert wait_until(lambda: not any(t.is_alive() for t in exchange._serving), timeout=30)
     acts.queue.put((600, (0, 2)))                                                  # served once threads are free
     assert wait_until(lambda: "horovod_hetero.group.600" in started)
+    exchange.close()
+
+
+def test_a_served_group_average_that_never_completes_ends_the_rank_with_a_named_timeout():
+    """The responder served tag 7 from the published model and its allreduce hangs (a peer stopped):
+    when this rank reaches tag 7 it waits ``timeout`` for that result, then raises a
+    ``CollectiveTimeoutError`` naming the group average, not the futures module's bare
+    ``TimeoutError`` (seen in 1 fault run of 43: torch-wagma-stop-rank1)."""
+    release = threading.Event()
+
+    def hung_allreduce(model, weight, control, group, name):
+        release.wait(10)
+        raise RuntimeError("released")
+
+    acts = QueuedActivations()
+    exchange = GroupExchange(0, hung_allreduce, acts, timeout=0.3, groups=[(0, 1)])
+    exchange.publish([1.0])
+    acts.queue.put((7, (0, 1)))
+    assert wait_until(lambda: exchange.served_stale == 1)
+    t0 = time.monotonic()
+    with pytest.raises(CollectiveTimeoutError, match=r"group average 7 over ranks \[0, 1\].* in 0.3 s"):
+        exchange.average(7, (0, 1), [2.0])
+    assert 0.3 <= time.monotonic() - t0 < 2.0
+    release.set()
     exchange.close()
