@@ -23,7 +23,7 @@ from horovod.common.process_sets import ProcessSet
 from horovod_hetero.errors import ElasticResetError, RankLostError
 from horovod_hetero.rules.grouping import process_set_ranks
 from horovod_hetero.runtime.collectives import (
-    DEFAULT_TIMEOUT_S, Collectives, background_failure, call_with_timeout, check_background)
+    DEFAULT_TIMEOUT_S, Collectives, background_failure, call_with_timeout, check_background, failure_seen)
 from horovod_hetero.runtime.membership import Membership
 from horovod_hetero.runtime.straggler import Slowdown, check_base_step, check_random_delay, check_slowdown
 from horovod_hetero.runtime.telemetry import Telemetry, telemetry_directory
@@ -207,33 +207,54 @@ def collective_failed(error):
 #: Seconds Horovod's failed background thread is held for the main thread to raise ``RankLostError``
 #: and exit; a main thread still running then (blocked inside Horovod) is ended with the same error.
 HOLD_S = 20.0
-#: Seconds without the GIL after which a process with process sets ends (``guard_gil``).
+#: Seconds without the GIL after which a process with process sets ends (``guard_gil``), unless the
+#: environment sets ``ENV_GIL_LIMIT`` (0: never).
 GIL_LIMIT_S = 45.0
+ENV_GIL_LIMIT = "HOROVOD_HETERO_GIL_LIMIT_S"
 #: The name of ``guard_gil``'s thread.
 GIL_GUARD_THREAD = "horovod_hetero-gil-guard"
 _hook = {}
 _guard, _guard_lock = {"running": False}, threading.Lock()
 
 
+def gil_limit_s():
+    """Seconds without the GIL that ``guard_gil`` allows: ``ENV_GIL_LIMIT`` or ``GIL_LIMIT_S`` (0: never)."""
+    text = os.environ.get(ENV_GIL_LIMIT)
+    if text is None:
+        return GIL_LIMIT_S
+    try:
+        return check_float(ENV_GIL_LIMIT, float(text), 0.0)
+    except ValueError:
+        raise ValueError(f"{ENV_GIL_LIMIT} must be seconds >= 0 (0: never end the process), got {text!r}") from None
+
+
 def guard_gil(running):
     """End the process (exit code 1, every thread's traceback on stderr) if no Python code could run
-    for ``GIL_LIMIT_S`` s while Horovod runs (``running()``: ``hvd.is_initialized``): Python's
-    ``faulthandler`` watchdog, a C thread that needs no GIL, re-armed every second by a daemon thread
-    of ours, which cancels it and ends when Horovod shuts down (the next adapter that needs it starts
-    it again). Started when process sets are used: there a main thread that enqueued a collective
-    while Horovod's failed background thread holds the process-set lock waits for it forever holding
-    the GIL, and the terminate handler (``catch_background_abort``), which needs the GIL, never runs.
+    for ``gil_limit_s()`` seconds *after a failure*: while an enqueue of ours runs (``gil_guarded``), or
+    once this process has seen a collective fail (``runtime.collectives.failure_seen``). Python's
+    ``faulthandler`` watchdog, a C thread that needs no GIL, armed then and re-armed every second by a
+    daemon thread of ours, which ends when Horovod shuts down (``running()``: ``hvd.is_initialized``;
+    the next adapter that needs it starts it again). A healthy process is never ended: a user's step
+    that holds the GIL for minutes (a multi-GB ``pickle`` or ``torch.save``) runs outside our enqueues
+    and before any failure.
+
+    Started when process sets are used: there a main thread that enqueues a collective while
+    Horovod's failed background thread holds the process-set lock waits for it forever holding the
+    GIL, and the terminate handler (``catch_background_abort``), which needs the GIL, never runs.
     (``check_enqueue`` keeps this rank's own enqueues out of that lock when it sees a rank of this
-    host die; the watchdog covers the rest: a rank lost on another host, a user's own collective.)"""
+    host die; the watchdog covers the rest: a rank lost on another host, a user's own collective after
+    a failure. Not covered: a user's own collective that blocks before any failure was seen here.)"""
+    limit = gil_limit_s()
     with _guard_lock:
-        if _guard["running"] or sys.__stderr__ is None:
+        if _guard["running"] or sys.__stderr__ is None or not limit:
             return
-        _guard["running"] = True
+        _guard["running"], _guard["limit"] = True, limit
 
     def rearm():
         try:
             while running():
-                faulthandler.dump_traceback_later(GIL_LIMIT_S, exit=True, file=sys.__stderr__)
+                if failure_seen.is_set() or background_failure.is_set():
+                    faulthandler.dump_traceback_later(limit, exit=True, file=sys.__stderr__)
                 time.sleep(1.0)
         finally:
             with _guard_lock:
@@ -241,6 +262,21 @@ def guard_gil(running):
                 _guard["running"] = False
 
     threading.Thread(target=rearm, name=GIL_GUARD_THREAD, daemon=True).start()
+
+
+@contextlib.contextmanager
+def gil_guarded():
+    """Around an enqueue into Horovod while ``guard_gil`` runs: the watchdog is armed until it returns
+    (about 0.1 ms; an enqueue that waits for a failed background thread holds the GIL forever)."""
+    if not _guard["running"]:
+        yield
+        return
+    faulthandler.dump_traceback_later(_guard["limit"], exit=True, file=sys.__stderr__)
+    try:
+        yield
+    finally:
+        if not (failure_seen.is_set() or background_failure.is_set()):
+            faulthandler.cancel_dump_traceback_later()
 
 
 def catch_background_abort():

@@ -1,5 +1,6 @@
 """The ``horovod-hetero`` command: ``bench`` and ``report`` (time to accuracy, measured and drawn), ``demo``
-(a preset of ``bench``), ``simulate``, ``plan`` and ``telemetry``."""
+(a preset of ``bench``), ``simulate``, ``advise`` (strategies ranked from a run's telemetry), ``plan`` and
+``telemetry``."""
 import dataclasses
 import pathlib
 import signal
@@ -255,19 +256,12 @@ def simulate(speeds, strategies, duration, jitter, change_at, change_factors, mo
 
     The strategies are the library's own objects (one per simulated worker), on a virtual clock."""
     from horovod_hetero import simulate as sim
-    from horovod_hetero import strategies as lib
 
     step_times = parse_speeds(speeds)
-    makers = {"sync": lambda: lib.Synchronous(), "localsgd": lambda: lib.LocalSGD(period),
-              "esync": lambda: lib.ESync(), "elasticbsp": lambda: lib.ElasticBSP(lookahead),
-              "dssp": lambda: lib.DSSP((s_lower, s_upper)),
-              "wagma": lambda: lib.WAGMA(group_size, wagma_period), "adsp": lambda: lib.ADSP(check_period),
-              "balanced": lambda: lib.Balanced(batch * len(step_times), rebalance_every)}
-    names = list(makers) if strategies == "all" else [n.strip() for n in strategies.split(",")]
-    unknown = [n for n in names if n not in makers]
-    if unknown:
-        raise click.BadParameter(f"unknown {', '.join(unknown)}; choose from all, {', '.join(makers)}",
-                                 param_hint="--strategy")
+    makers = strategy_makers(len(step_times), batch, period=period, lookahead=lookahead, staleness=(s_lower, s_upper),
+                             group_size=group_size, wagma_period=wagma_period, check_period=check_period,
+                             rebalance_every=rebalance_every)
+    names = chosen(strategies, makers)
     try:
         cluster = sim.Cluster(step_times, jitter=jitter, change_at=change_at,
                               change_factors=parse_floats(change_factors, "--change-factors") if change_factors else None,
@@ -297,6 +291,61 @@ def simulate(speeds, strategies, duration, jitter, change_at, change_factors, mo
     if png:
         plot_results(results, png)
         click.echo(f"chart: {png}")
+
+
+def strategy_makers(size, batch, period=8, lookahead=15, staleness=(3, 15), group_size=None, wagma_period=10,
+                    check_period="10steps", rebalance_every=20):
+    """``{name: () -> Strategy}`` of what ``simulate`` runs (bench's names, ``simulate``'s options)."""
+    from horovod_hetero import strategies as lib
+
+    return {"sync": lambda: lib.Synchronous(), "localsgd": lambda: lib.LocalSGD(period),
+            "esync": lambda: lib.ESync(), "elasticbsp": lambda: lib.ElasticBSP(lookahead),
+            "dssp": lambda: lib.DSSP(staleness),
+            "wagma": lambda: lib.WAGMA(group_size, wagma_period), "adsp": lambda: lib.ADSP(check_period),
+            "balanced": lambda: lib.Balanced(batch * size, rebalance_every)}
+
+
+def chosen(strategies, makers):
+    """The names ``--strategy`` gives (``all``, or a comma list of the keys of ``makers``)."""
+    names = list(makers) if strategies == "all" else [n.strip() for n in strategies.split(",")]
+    unknown = [n for n in names if n not in makers]
+    if unknown or not names:
+        raise click.BadParameter(f"unknown {', '.join(unknown) or 'empty list'}; choose from all, {', '.join(makers)}",
+                                 param_hint="--strategy")
+    return names
+
+
+@cli.command()
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--strategy", "strategies", default="all", show_default=True,
+              help="all, or a comma list of sync, localsgd, esync, elasticbsp, dssp, wagma, adsp, balanced")
+@click.option("--duration", type=float, default=None,
+              help="simulated seconds (default: 300 steps of the slowest rank)")
+def advise(directory, strategies, duration):
+    """Rank the strategies for the cluster a run's telemetry shows.
+
+    DIRECTORY holds rank<r>.jsonl files (telemetry=DIR in a run with any strategy, e.g.
+    Synchronous; or a bench job's directory). The ranks' measured step times, how they vary and what a
+    synchronising collective cost go into the simulator, which runs every strategy as bench configures
+    it (``bench.STRATEGIES``: LocalSGD(8), WAGMA every 8, ElasticBSP(15), DSSP(3,15), ADSP(10steps), Balanced(5))."""
+    from horovod_hetero import advise as adv
+
+    path = pathlib.Path(directory)
+    if not list(path.glob("rank*.jsonl")) and (path / "telemetry").is_dir():
+        path = path / "telemetry"
+    by_rank = load(path)
+    if not by_rank:
+        raise click.ClickException(f"no rank*.jsonl files in {directory} (run with telemetry=DIR)")
+    try:
+        measured = adv.measure(by_rank)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    names = chosen(strategies, bench.STRATEGIES)
+    try:
+        results = adv.predict(measured, {n: bench.strategy_object(n) for n in names}, duration)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(adv.format_advice(measured, results))
 
 
 def plot_results(results, path):

@@ -53,6 +53,9 @@ class Cluster:
         bandwidth: bytes per second per link.
         samples_per_step: mini-batch size, for samples/s.
         seed: random seed of the jitter.
+        step_factors: per worker, measured step times over its typical step (``advise`` takes them
+            from telemetry): each step's time is ``step_times[q]`` times a factor drawn from worker
+            q's list (instead of ``jitter``; e.g. a transient straggler's occasional 4x steps).
         staleness: the synthetic training loss every step reports (what ``ADSP`` searches on):
             ``1 / (1 + progress / 1000) + 0.05``, where every step adds ``1 / (1 + k / staleness)``
             to the cluster's progress, k being the worker's local steps since its last round (a
@@ -69,6 +72,7 @@ class Cluster:
     samples_per_step: int = 32
     seed: int = 0
     staleness: float = 16.0
+    step_factors: list = None
     rng: np.random.Generator = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -86,6 +90,13 @@ class Cluster:
         check_float("latency_s", self.latency_s, 0.0)
         check_float("model_bytes", self.model_bytes, 0.0)
         check_float("staleness", self.staleness, 0.0, min_exclusive=True)
+        if self.step_factors is not None:
+            self.step_factors = [np.asarray(f, dtype=float) for f in self.step_factors]
+            if len(self.step_factors) != self.n or not all(f.ndim == 1 and f.size and (f > 0).all()
+                                                           for f in self.step_factors):
+                raise ValueError("step_factors must give every worker a non-empty list of positive factors")
+            if self.jitter:
+                raise ValueError("give jitter or step_factors, not both")
         self.rng = np.random.default_rng(self.seed)
         self._normals = []
 
@@ -102,6 +113,8 @@ class Cluster:
     def draw(self, t, k):
         """Durations (n x k) of the next k steps of every worker starting at time t."""
         mean = self.mean_step_times(t)[:, None]
+        if self.step_factors is not None:
+            return mean * np.stack([self.rng.choice(f, k) for f in self.step_factors])
         if not self.jitter:
             return np.repeat(mean, k, axis=1)
         return mean * np.maximum(0.05, 1.0 + self.jitter * self.rng.standard_normal((mean.shape[0], k)))
@@ -109,6 +122,8 @@ class Cluster:
     def draw_one(self, t, q):
         """Duration of worker q's next step starting at t (scalar path of ``draw`` for event loops)."""
         mean = float(self.mean_step_times(t)[q])
+        if self.step_factors is not None:
+            return mean * float(self.rng.choice(self.step_factors[q]))
         if not self.jitter:
             return mean
         if not self._normals:

@@ -149,16 +149,21 @@ def call_with_timeout(fn, timeout_s, what):
 #: ``_horovod.catch_background_abort``): every wait then ends at once with a ``RankLostError``.
 background_failure = threading.Event()
 background_failure.reason = None
+#: Set once this process has seen a collective fail (a ``RankLostError`` or a timeout of ours, or
+#: ``background_failure``): from then on ``_horovod.guard_gil`` watches that Python code still runs.
+failure_seen = threading.Event()
 
 
 def check_background(what):
     """Raise ``RankLostError`` naming ``what`` if the collectives' background thread failed."""
     if background_failure.is_set():
+        failure_seen.set()
         raise RankLostError(f"{what} cannot complete: {background_failure.reason}")
 
 
 def timeout_error(what, timeout_s):
     """The error every stuck collective raises, torch and Keras alike."""
+    failure_seen.set()
     return CollectiveTimeoutError(
         f"{what} did not complete in {timeout_s:g} s: a rank may have died, or ranks stopped entering the "
         f"same rounds (every rank must end with sync_model(), which Keras calls in on_train_end), or a rank "

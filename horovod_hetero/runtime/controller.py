@@ -10,7 +10,7 @@ import time
 from horovod_hetero.errors import RankLostError
 from horovod_hetero.rules.partition import latest_step_times
 from horovod_hetero.runtime.aggregation import Aggregator
-from horovod_hetero.runtime.collectives import scaled
+from horovod_hetero.runtime.collectives import failure_seen, scaled
 from horovod_hetero.runtime.rounds import RoundProtocol
 from horovod_hetero.runtime.straggler import Slowdown
 from horovod_hetero.runtime.telemetry import Telemetry
@@ -40,6 +40,7 @@ def rank_lost_error(error, doing, round_, step, rank, lost):
     """
     who = (", ".join(f"rank {r} {state}" for r, state in sorted(lost.items())) if lost
            else "which rank is not known here")
+    failure_seen.set()
     kind = type(error) if isinstance(error, RankLostError) else RankLostError
     return kind(f"{doing} (round {round_}, step {step}) failed on rank {rank}: a rank was lost ({who}). Every rank "
                 f"stops; restart from a checkpoint, or train under hvd.elastic.run. Cause: {type(error).__name__}: "

@@ -5,7 +5,7 @@ import torch
 
 import horovod.torch as hvd
 
-from horovod_hetero._horovod import HorovodCollectives
+from horovod_hetero._horovod import HorovodCollectives, gil_guarded
 from horovod_hetero.runtime.collectives import Model, check_background, timeout_error
 
 
@@ -40,7 +40,9 @@ class TorchCollectives(HorovodCollectives):
         device = tensors[0].device if len(tensors) else like.device if like is not None else torch.device("cpu")
         group = list(tensors) + [torch.tensor(control, dtype=torch.float64, device=device)]
         enqueue = hvd.grouped_allreduce_async_ if inplace else hvd.grouped_allreduce_async
-        out = wait(enqueue(group, op=hvd.Sum, name=name, process_set=self.process_set_of(ranks)), self.timeout, what)
+        with gil_guarded():
+            handle = enqueue(group, op=hvd.Sum, name=name, process_set=self.process_set_of(ranks))
+        out = wait(handle, self.timeout, what)
         return out[:-1], out[-1].tolist()
 
     @torch.no_grad()
@@ -49,13 +51,16 @@ class TorchCollectives(HorovodCollectives):
 
     def broadcast(self, tensors, root_rank, *, name, what):
         self.check_enqueue(what)
-        handles = [hvd.broadcast_async(t.detach(), root_rank, name=f"{name}.{i}", process_set=self.process_set)
-                   for i, t in enumerate(tensors)]
+        with gil_guarded():
+            handles = [hvd.broadcast_async(t.detach(), root_rank, name=f"{name}.{i}", process_set=self.process_set)
+                       for i, t in enumerate(tensors)]
         return [wait(h, self.timeout, what) for h in handles]
 
     def mean(self, tensors, *, name):
         self.check_enqueue("the gradient average")
-        handle = hvd.grouped_allreduce_async(list(tensors), op=hvd.Average, name=name, process_set=self.process_set)
+        with gil_guarded():
+            handle = hvd.grouped_allreduce_async(list(tensors), op=hvd.Average, name=name,
+                                                 process_set=self.process_set)
         return wait(handle, self.timeout, "the gradient average")
 
     def timed_mean(self, tensors, *, name):

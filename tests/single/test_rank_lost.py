@@ -1,5 +1,6 @@
 """A lost rank (issue 16): one error, RankLostError, naming the collective, the round, the step and the
 lost rank; raised by every wait of ours once the collectives' background thread has failed."""
+import os
 import signal
 import subprocess
 import sys
@@ -148,9 +149,8 @@ def test_with_process_sets_an_enqueue_is_refused_once_a_rank_of_this_host_died(m
             stopped.kill()
 
 
-def test_the_gil_watchdog_follows_horovod_and_ends_a_process_whose_python_cannot_run():
+def test_the_gil_watchdog_follows_horovod_and_ends_only_a_process_whose_python_cannot_run_after_a_failure():
     import threading
-    import time
 
     def guards():
         return [t for t in threading.enumerate() if t.name == _horovod.GIL_GUARD_THREAD]
@@ -162,9 +162,35 @@ def test_the_gil_watchdog_follows_horovod_and_ends_a_process_whose_python_cannot
     running[0] = False                                       # Horovod shut down: the watchdog ends
     guards()[0].join(5)
     assert guards() == []
-    # a main thread that holds the GIL in C for 3 s (PyDLL keeps it), the limit at 1 s: exit 1 with a dump
-    code = ("import ctypes, time; from horovod_hetero import _horovod; _horovod.GIL_LIMIT_S = 1.0; "
-            "_horovod.guard_gil(lambda: True); time.sleep(0.2); ctypes.PyDLL(None).sleep(3); print('survived')")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+
+    def run(body, limit):
+        """A process with the watchdog running (limit from the environment) whose main thread then runs
+        ``body``; ``ctypes.PyDLL(None).sleep(n)`` holds the GIL in C for n s."""
+        code = ("import ctypes, time\nfrom horovod_hetero import _horovod\nfrom horovod_hetero.runtime import "
+                "collectives\n_horovod.guard_gil(lambda: True)\ntime.sleep(0.2)\n" + body + "\nprint('survived')")
+        env = {**os.environ, _horovod.ENV_GIL_LIMIT: str(limit)}
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+
+    # an enqueue of ours that holds the GIL past the limit (1 s): exit 1 with every thread's traceback
+    done = run("with _horovod.gil_guarded():\n    ctypes.PyDLL(None).sleep(3)", 1)
     assert done.returncode == 1 and "survived" not in done.stdout, (done.returncode, done.stdout)
     assert "Timeout (0:00:01)!" in done.stderr and "in <module>" in done.stderr
+    # once a collective failed here, any code that holds the GIL past the limit
+    done = run("collectives.failure_seen.set(); time.sleep(1.5); ctypes.PyDLL(None).sleep(3)", 1)
+    assert done.returncode == 1 and "Timeout (0:00:01)!" in done.stderr, (done.returncode, done.stdout)
+    # a healthy process holding the GIL for 60 s (a multi-GB torch.save) at the default limit (45 s) lives,
+    # and an enqueue that returns disarms the watchdog
+    done = run("with _horovod.gil_guarded():\n    pass\nctypes.PyDLL(None).sleep(60)", _horovod.GIL_LIMIT_S)
+    assert done.returncode == 0 and "survived" in done.stdout, (done.returncode, done.stderr[-2000:])
+
+
+def test_the_gil_limit_is_a_setting_and_zero_turns_the_watchdog_off(monkeypatch):
+    monkeypatch.setenv(_horovod.ENV_GIL_LIMIT, "soon")
+    with pytest.raises(ValueError, match=r"HOROVOD_HETERO_GIL_LIMIT_S must be seconds >= 0.*got 'soon'"):
+        _horovod.gil_limit_s()
+    monkeypatch.setenv(_horovod.ENV_GIL_LIMIT, "0")
+    assert _horovod.gil_limit_s() == 0.0
+    _horovod.guard_gil(lambda: True)
+    assert not _horovod._guard["running"]
+    monkeypatch.delenv(_horovod.ENV_GIL_LIMIT)
+    assert _horovod.gil_limit_s() == _horovod.GIL_LIMIT_S == 45.0

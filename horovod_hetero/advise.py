@@ -1,0 +1,185 @@
+"""Which strategy for this cluster: advice from the telemetry of a run the user already has.
+
+``measure`` reads what every rank recorded (``runtime.telemetry``: each step's compute seconds,
+communication seconds, bytes and samples) and characterises the cluster: each rank's typical step
+(the 25th percentile of its compute times, so that a rank delayed in half of its steps is not
+called slow), how its steps vary around it, whether slowness is *persistent* (the same ranks slow
+in nearly every window of steps: a slower GPU, a busy host) or *transient* (occasional slow steps:
+noisy neighbours, the WAGMA paper's random stragglers), and what one synchronising collective
+costs (the least any rank spent in it; the others were also waiting). ``predict`` runs the
+simulator (``simulate``: the library's own strategy objects on a virtual clock) over every strategy
+with those measurements, each step's time drawn from the rank's own measured steps, and ranks the
+strategies by predicted samples/s; ``caveat`` says what samples/s does not show.
+
+Samples/s is not accuracy: a strategy that averages models every few local steps converges
+differently per sample (``horovod-hetero bench`` measures time to accuracy on a task).
+
+Example:
+    >>> recs = {r: [{"rank": r, "step": s, "compute_s": 0.1 * (4 if r == 3 else 1), "comm_s": 0.01,
+    ...               "bytes_sent": 1_500_000, "samples": 32} for s in range(1, 41)] for r in range(4)}
+    >>> m = measure(recs)
+    >>> m.kind, m.slow_ranks, [round(s, 2) for s in m.step_s], m.model_bytes
+    ('persistent', [3], [0.1, 0.1, 0.1, 0.4], 1000000.0)
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+from horovod_hetero import simulate as sim
+
+#: steps a rank records before the first one measured (start-up: tracing, the first allreduces)
+SKIP_STEPS = 5
+#: steps a rank must have recorded after those
+MIN_STEPS = 10
+#: steps per window when telling persistent slowness from transient
+WINDOW = 10
+#: a rank is slow where its step is at least this many times the fastest rank's
+SLOW_RATIO = 1.5
+#: persistent: a slow rank is slow in at least this share of the windows
+PERSISTENT_SHARE = 0.8
+#: a transient slow step takes at least this many times the rank's typical step
+TRANSIENT_FACTOR = 3.0
+#: transient: on average over ranks, at least this share of steps are transient slow steps (4 ranks on
+#: this 2-core machine under Synchronous: 9-14%; the WAGMA paper's random stragglers, 2 ranks of 4: 50%)
+TRANSIENT_SHARE = 0.2
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A cluster as its telemetry shows it.
+
+    Attributes:
+        step_s: each rank's typical step in seconds (25th percentile of its compute times, at
+            ``samples_per_step`` samples).
+        factors: each rank's measured steps over its typical step (arrays).
+        samples_per_step: the median samples of a step.
+        model_bytes: the payload of one synchronising collective (bytes).
+        comm_s: median seconds of one synchronising collective (the least any rank spent in it).
+        kind: ``"persistent"``, ``"transient"``, ``"both"`` or ``"even"``.
+        slow_ranks: the persistently slow ranks.
+        transient_share: the mean share of a rank's steps at ``TRANSIENT_FACTOR`` times its typical step or more.
+        steps: steps measured per rank (the fewest).
+    """
+
+    step_s: list
+    factors: list
+    samples_per_step: float
+    model_bytes: float
+    comm_s: float
+    kind: str
+    slow_ranks: list
+    transient_share: float
+    steps: int
+
+    @property
+    def size(self):
+        return len(self.step_s)
+
+
+def measure(by_rank, skip=SKIP_STEPS):
+    """Characterise the cluster from ``{rank: [record, ...]}`` (``runtime.telemetry.load``).
+
+    Raises ValueError when fewer than 2 ranks recorded ``MIN_STEPS`` steps after ``skip``."""
+    ranks = sorted(by_rank)
+    recs = {r: [x for x in by_rank[r] if "compute_s" in x][skip:] for r in ranks}
+    if ranks != list(range(len(ranks))) or len(ranks) < 2 or min(len(v) for v in recs.values()) < MIN_STEPS:
+        raise ValueError(f"advice needs the telemetry of ranks 0..P-1 (P >= 2), each with at least {MIN_STEPS} steps "
+                         f"after the first {skip}; got ranks {ranks} with "
+                         f"{[len(recs[r]) for r in ranks]} steps")
+    samples = [x["samples"] for r in ranks for x in recs[r] if x.get("samples")]
+    per_step = float(np.median(samples)) if samples else 1.0
+    times = []
+    for r in ranks:             # at the typical batch: a Balanced run's steps differ in samples
+        times.append(np.array([x["compute_s"] * (per_step / x["samples"] if x.get("samples") else 1.0)
+                               for x in recs[r]]))
+    step_s = [max(float(np.percentile(t, 25)), 1e-6) for t in times]
+    factors = [np.maximum(t / s, 1e-3) for t, s in zip(times, step_s)]
+    steps = min(len(t) for t in times)
+    windows = [np.array([np.median(t[w:w + WINDOW]) for w in range(0, steps - WINDOW + 1, WINDOW)]) for t in times]
+    fastest = np.min(windows, axis=0)
+    slow_ranks = [r for r in ranks if step_s[r] >= SLOW_RATIO * min(step_s)
+                  and np.mean(windows[r] >= SLOW_RATIO * fastest) >= PERSISTENT_SHARE]
+    transient_share = float(np.mean([np.mean(f >= TRANSIENT_FACTOR) for f in factors]))
+    transient = transient_share >= TRANSIENT_SHARE
+    kind = {(True, True): "both", (True, False): "persistent", (False, True): "transient",
+            (False, False): "even"}[(bool(slow_ranks), transient)]
+    by_step = {}                # step -> [(comm_s, bytes_sent)] of every rank, for steps that moved bytes
+    for r in ranks:
+        for x in recs[r]:
+            if x.get("bytes_sent") and "step" in x:
+                by_step.setdefault(x["step"], []).append((x.get("comm_s", 0.0), x["bytes_sent"]))
+    rounds = [v for v in by_step.values() if len(v) == len(ranks)]
+    n = len(ranks)
+    comm_s = float(np.median([min(c for c, _ in v) for v in rounds])) if rounds else 0.0
+    ring = float(np.median([b for v in rounds for _, b in v])) if rounds else 0.0
+    return Measured(step_s, factors, per_step, ring * n / (2 * (n - 1)), comm_s, kind, slow_ranks,
+                    transient_share, steps)
+
+
+def cluster(measured, seed=0):
+    """The simulator's ``Cluster`` for ``measured``: its typical steps, its measured step factors, and a
+    network that moves ``model_bytes`` in ``comm_s`` (all of it bandwidth: no separate latency)."""
+    n = measured.size
+    ring = 2 * (n - 1) / n * measured.model_bytes
+    bandwidth = ring / measured.comm_s if ring > 0 and measured.comm_s > 0 else 1e15
+    return sim.Cluster(measured.step_s, model_bytes=measured.model_bytes, latency_s=0.0, bandwidth=bandwidth,
+                       samples_per_step=max(1, round(measured.samples_per_step)), seed=seed,
+                       step_factors=measured.factors)
+
+
+def predict(measured, strategies, duration=None):
+    """Simulate ``{name: Strategy}`` (e.g. ``bench.strategy_object(name)``) on ``measured``'s cluster;
+    ``[(name, SimResult)]``, the most samples/s first. ``duration``: simulated seconds (default: 300 of the slowest rank's typical steps)."""
+    duration = duration or 300 * max(measured.step_s)
+    c = cluster(measured)
+    for s in strategies.values():
+        if s.weighs_gradients:      # Balanced: its global batch is the ranks' batches, as in the run
+            s.use_batch(c.samples_per_step, measured.size)
+    results = [(name, sim.compare(c, [s], duration)[0]) for name, s in strategies.items()]
+    return sorted(results, key=lambda nr: -nr[1].samples_per_s)
+
+
+#: what predicted samples/s does not show, by strategy name
+CAVEATS = {
+    "sync": "the baseline: every step at the slowest rank's pace",
+    "balanced": "Synchronous per sample (no accuracy cost), if a step's time grows with its batch",
+    "wagma": "groups every step, global every few; needs its process sets at hvd.init",
+}
+#: the caveat of the model-averaging strategies
+LOCAL_STEPS = "fast ranks take more local steps: check accuracy with bench; skewed data: aggregate='normalized'"
+
+
+def caveat(name, measured):
+    """What ``name``'s predicted samples/s does not show on ``measured``'s cluster."""
+    text = CAVEATS.get(name, LOCAL_STEPS)
+    if name == "balanced" and measured.kind in ("transient", "both"):
+        text += "; plans from past windows, so transient slow steps still make every rank wait"
+    return text
+
+
+def describe(measured):
+    """Lines that say what the telemetry shows."""
+    times = " ".join(f"{s * 1000:.1f}" for s in measured.step_s)
+    fastest = min(measured.step_s)
+    slow = ", ".join(f"rank {r} {measured.step_s[r] / fastest:.1f}x the fastest" for r in measured.slow_ranks)
+    kinds = {"persistent": f"persistent stragglers ({slow})",
+             "transient": "transient stragglers (occasional slow steps on changing ranks)",
+             "both": f"persistent ({slow}) and transient stragglers",
+             "even": "no straggler: the ranks' steps are within "
+                     f"{SLOW_RATIO:g}x of each other"}
+    return [f"{measured.size} ranks, {measured.steps} steps each measured, {measured.samples_per_step:g} samples a step",
+            f"typical step (ms): {times}",
+            f"{kinds[measured.kind]}; {measured.transient_share:.0%} of steps took {TRANSIENT_FACTOR:g}x a rank's typical step or more",
+            f"one synchronising collective: {measured.comm_s * 1000:.2f} ms for {measured.model_bytes / 1e6:.2f} MB"]
+
+
+def format_advice(measured, results):
+    """The advice as text: what the telemetry shows, then the ranked table."""
+    base = next((r.samples_per_s for name, r in results if name == "sync"), None) or results[-1][1].samples_per_s
+    lines = describe(measured) + ["", f"{'#':>2} {'strategy':<16} {'samples/s':>10} {'vs Sync':>8} {'compute':>8}  note"]
+    for i, (name, r) in enumerate(results, 1):
+        lines.append(f"{i:>2} {r.strategy:<16} {r.samples_per_s:>10.1f} {r.samples_per_s / base:>7.2f}x "
+                     f"{r.compute_ratio.mean():>8.2f}  {caveat(name, measured)}")
+    lines += ["", "predicted by the simulator from these measurements; samples/s is not accuracy: "
+                  "horovod-hetero bench measures time to accuracy on a task"]
+    return "\n".join(lines)
