@@ -46,21 +46,15 @@ from horovod_hetero import simulate as sim
 from horovod_hetero.data import TASKS, check_split, check_task, class_shares
 from horovod_hetero.runtime.straggler import parse_random_delay, parse_slowdown
 from horovod_hetero.runtime.telemetry import load, summarize
+from horovod_hetero.strategies.registry import REGISTRY, bench_options
 from horovod_hetero.validation import check_float, check_int
 
 #: The directory holding the ``horovod_hetero`` package this command runs (a checkout or site-packages):
 #: the jobs' workers import the same copy.
 PACKAGE_PARENT = pathlib.Path(horovod_hetero.__file__).resolve().parent.parent
 MODULES = {"torch": "horovod_hetero.examples.torch_digits", "keras": "horovod_hetero.examples.keras_digits"}
-#: name -> (row label, the examples' strategy options); Synchronous first
-STRATEGIES = {"sync": ("Synchronous", ["--strategy", "sync"]),
-              "localsgd": ("LocalSGD(8)", ["--strategy", "localsgd", "--period", "8"]),
-              "esync": ("ESync", ["--strategy", "esync"]),
-              "wagma": ("WAGMA(S=2,8)", ["--strategy", "wagma", "--period", "8"]),
-              "elasticbsp": ("ElasticBSP(15)", ["--strategy", "elasticbsp", "--lookahead", "15"]),
-              "dssp": ("DSSP(3,15)", ["--strategy", "dssp", "--staleness", "3", "15"]),
-              "adsp": ("ADSP(10steps)", ["--strategy", "adsp", "--check-period", "10steps"]),
-              "balanced": ("Balanced(5)", ["--strategy", "balanced", "--rebalance-every", "5"])}
+#: name -> (row label, the examples' options that build it), from ``strategies.registry``
+STRATEGIES = {name: (entry.label, bench_options(name)) for name, entry in REGISTRY.items()}   # Synchronous first
 RESULTS = "results.json"
 FORMAT = "horovod-hetero-bench/2"
 #: ``--aggregate`` variants of the model-averaging strategies: how global rounds combine the models

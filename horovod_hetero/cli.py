@@ -13,6 +13,7 @@ from horovod_hetero import bench
 from horovod_hetero.data import TASKS, check_available, task_data
 from horovod_hetero.runtime.straggler import parse_slowdown
 from horovod_hetero.runtime.telemetry import format_summary, load, summarize
+from horovod_hetero.strategies.registry import REGISTRY, build
 
 #: demo rows: name -> (row label, framework, strategy); the strategies are bench's
 DEMO_STRATEGIES = {**{name: (label, "torch", name) for name, (label, _) in bench.STRATEGIES.items()},
@@ -227,7 +228,7 @@ def parse_floats(text, name):
 @click.option("--speeds", required=True,
               help="seconds per step of each worker: 1,1,1,4 or 1.0x4,3.2x4 (value x count)")
 @click.option("--strategy", "strategies", default="all", show_default=True,
-              help="all, or a comma list of sync, localsgd, esync, elasticbsp, dssp, wagma, adsp, balanced")
+              help=f"all, or a comma list of {', '.join(REGISTRY)}")
 @click.option("--duration", default=300.0, show_default=True, help="simulated seconds")
 @click.option("--jitter", default=0.0, show_default=True, help="relative std of each step's time")
 @click.option("--change-at", type=float, default=None, help="time at which step times change")
@@ -258,10 +259,10 @@ def simulate(speeds, strategies, duration, jitter, change_at, change_factors, mo
     from horovod_hetero import simulate as sim
 
     step_times = parse_speeds(speeds)
-    makers = strategy_makers(len(step_times), batch, period=period, lookahead=lookahead, staleness=(s_lower, s_upper),
-                             group_size=group_size, wagma_period=wagma_period, check_period=check_period,
-                             rebalance_every=rebalance_every)
-    names = chosen(strategies, makers)
+    options = dict(period=period, sync_period=wagma_period, lookahead=lookahead, staleness=(s_lower, s_upper),
+                   group_size=group_size, check_period=check_period, rebalance_every=rebalance_every,
+                   global_batch=batch * len(step_times))
+    names = chosen(strategies, REGISTRY)
     try:
         cluster = sim.Cluster(step_times, jitter=jitter, change_at=change_at,
                               change_factors=parse_floats(change_factors, "--change-factors") if change_factors else None,
@@ -274,7 +275,7 @@ def simulate(speeds, strategies, duration, jitter, change_at, change_factors, mo
     results = []
     for name in names:
         try:
-            strategy = makers[name]()
+            strategy = build(name, **options)
         except (TypeError, ValueError) as e:
             raise click.BadParameter(str(e), param_hint=f"the {name} options") from None
         try:
@@ -293,32 +294,25 @@ def simulate(speeds, strategies, duration, jitter, change_at, change_factors, mo
         click.echo(f"chart: {png}")
 
 
-def strategy_makers(size, batch, period=8, lookahead=15, staleness=(3, 15), group_size=None, wagma_period=10,
-                    check_period="10steps", rebalance_every=20):
-    """``{name: () -> Strategy}`` of what ``simulate`` runs (bench's names, ``simulate``'s options)."""
-    from horovod_hetero import strategies as lib
-
-    return {"sync": lambda: lib.Synchronous(), "localsgd": lambda: lib.LocalSGD(period),
-            "esync": lambda: lib.ESync(), "elasticbsp": lambda: lib.ElasticBSP(lookahead),
-            "dssp": lambda: lib.DSSP(staleness),
-            "wagma": lambda: lib.WAGMA(group_size, wagma_period), "adsp": lambda: lib.ADSP(check_period),
-            "balanced": lambda: lib.Balanced(batch * size, rebalance_every)}
+#: what ``plan`` prints: the strategies whose rounds' local steps differ per worker (planned from the
+#: measured step times, or ADSP's per commit)
+PLANS = [name for name, entry in REGISTRY.items() if hasattr(entry.cls, "plan_steps") or name == "adsp"]
 
 
-def chosen(strategies, makers):
-    """The names ``--strategy`` gives (``all``, or a comma list of the keys of ``makers``)."""
-    names = list(makers) if strategies == "all" else [n.strip() for n in strategies.split(",")]
-    unknown = [n for n in names if n not in makers]
+def chosen(strategies, registered=REGISTRY):
+    """The names ``--strategy`` gives (``all``, or a comma list of ``registered``)."""
+    names = list(registered) if strategies == "all" else [n.strip() for n in strategies.split(",")]
+    unknown = [n for n in names if n not in registered]
     if unknown or not names:
-        raise click.BadParameter(f"unknown {', '.join(unknown) or 'empty list'}; choose from all, {', '.join(makers)}",
-                                 param_hint="--strategy")
+        raise click.BadParameter(f"unknown {', '.join(unknown) or 'empty list'}; choose from all, "
+                                 f"{', '.join(registered)}", param_hint="--strategy")
     return names
 
 
 @cli.command()
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 @click.option("--strategy", "strategies", default="all", show_default=True,
-              help="all, or a comma list of sync, localsgd, esync, elasticbsp, dssp, wagma, adsp, balanced")
+              help=f"all, or a comma list of {', '.join(REGISTRY)}")
 @click.option("--duration", type=float, default=None,
               help="simulated seconds (default: 300 steps of the slowest rank)")
 def advise(directory, strategies, duration):
@@ -340,7 +334,7 @@ def advise(directory, strategies, duration):
         measured = adv.measure(by_rank)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
-    names = chosen(strategies, bench.STRATEGIES)
+    names = chosen(strategies)
     try:
         results = adv.predict(measured, {n: bench.strategy_object(n) for n in names}, duration)
     except ValueError as e:
@@ -376,7 +370,7 @@ def plot_results(results, path):
 @cli.command()
 @click.option("--step-times", required=True, help="seconds per step of each worker: 0.1,0.1,0.1,0.4 or 0.1x3,0.4")
 @click.option("--strategy", "strategies", default="elasticbsp,dssp", show_default=True,
-              help="comma list of elasticbsp, dssp, adsp")
+              help=f"comma list of {', '.join(PLANS)}")
 @click.option("-R", "lookahead", default=15, show_default=True, help="ElasticBSP lookahead R")
 @click.option("--s-lower", default=3, show_default=True, help="DSSP lower staleness bound")
 @click.option("--s-upper", default=15, show_default=True, help="DSSP upper staleness bound")
@@ -386,27 +380,20 @@ def plan(step_times, strategies, lookahead, s_lower, s_upper, check_period):
     """Print the local steps each worker runs before the next round, as the strategy objects plan
     them after a round that measured these step times (ElasticBSP, DSSP), or as they run them per
     commit at the search's first rate (ADSP, on the simulator's virtual clock)."""
-    from horovod_hetero import strategies as lib
-
-    makers = {"elasticbsp": lambda: lib.ElasticBSP(lookahead), "dssp": lambda: lib.DSSP((s_lower, s_upper)),
-              "adsp": lambda: lib.ADSP(check_period)}
-    names = [n.strip() for n in strategies.split(",")]
-    unknown = [n for n in names if n not in makers]
-    if unknown:
-        raise click.BadParameter(f"unknown {', '.join(unknown)}; choose from {', '.join(makers)}",
-                                 param_hint="--strategy")
+    names = chosen(strategies, PLANS)
     step_s = parse_speeds(step_times)
     if not all(0 < s < float("inf") for s in step_s):
         raise click.BadParameter("step times must be finite seconds > 0", param_hint="--step-times")
     try:
-        chosen = [makers[n]() for n in names]
-        plans = [s.plan_steps(step_s) if hasattr(s, "plan_steps") else steady_round(s, step_s) for s in chosen]
+        objects = [build(n, lookahead=lookahead, staleness=(s_lower, s_upper), check_period=check_period)
+                   for n in names]
+        plans = [s.plan_steps(step_s) if hasattr(s, "plan_steps") else steady_round(s, step_s) for s in objects]
     except (TypeError, ValueError) as e:
         raise click.ClickException(str(e)) from None
-    click.echo(f"{'worker':>6} {'step s':>8} " + " ".join(f"{s.label:>16}" for s in chosen))
+    click.echo(f"{'worker':>6} {'step s':>8} " + " ".join(f"{s.label:>16}" for s in objects))
     for p, seconds in enumerate(step_s):
         click.echo(f"{p:>6} {seconds:>8g} " + " ".join(f"{steps[p]:>16}" for steps in plans))
-    for strategy, steps in zip(chosen, plans):
+    for strategy, steps in zip(objects, plans):
         ends = [k * t for k, t in zip(steps, step_s)]
         click.echo(f"{strategy.label}: barrier at {max(ends):g} s, longest wait {max(ends) - min(ends):g} s")
 

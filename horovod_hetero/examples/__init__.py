@@ -3,7 +3,8 @@
     horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.torch_digits --strategy esync
     horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.keras_digits --strategy localsgd
 
-Both take the same strategy options (``add_strategy_arguments``) and build the same strategy objects
+Both take the same strategy options (``add_strategy_arguments``: ``--strategy`` of
+``strategies.registry.REGISTRY`` and every strategy's options) and build the same strategy objects
 (``build_strategy``): the torch example hands it to ``hh.DistributedOptimizer``, the Keras one to
 ``hh.callbacks.HeteroSyncCallback``. Both take the same task and evaluation options
 (``add_run_arguments``: ``--task`` of ``horovod_hetero.data.TASKS``, ``--split``, ``--curve``, ``--eval-interval``,
@@ -17,21 +18,12 @@ import numpy as np
 
 from horovod_hetero import strategies
 from horovod_hetero.data import TASKS
+from horovod_hetero.strategies.registry import REGISTRY, build
 
-
-#: ``--strategy`` name -> the strategy, from the parsed options (``build_strategy``); one table for the
-#: examples' choices and ``horovod-hetero bench``'s strategies.
-BUILDERS = {
-    "sync": lambda args: strategies.Synchronous(),
-    "localsgd": lambda args: strategies.LocalSGD(period=args.period, warmup_steps=args.warmup_steps, **aggregation(args)),
-    "esync": lambda args: strategies.ESync(global_lr=args.global_lr, mode=args.mode, **aggregation(args)),
-    "wagma": lambda args: strategies.WAGMA(group_size=args.group_size, sync_period=args.period, **aggregation(args)),
-    "elasticbsp": lambda args: strategies.ElasticBSP(lookahead=args.lookahead, **aggregation(args)),
-    "dssp": lambda args: strategies.DSSP(staleness=tuple(args.staleness), **aggregation(args)),
-    "adsp": lambda args: strategies.ADSP(check_period=args.check_period, search_every=args.search_every,
-                                         **aggregation(args)),
-    "balanced": lambda args: strategies.Balanced(rebalance_every=args.rebalance_every),
-}
+#: the options ``add_strategy_arguments`` adds that go to the strategy's class as they are (each class takes
+#: its own: ``registry.build``), besides ``aggregate`` and ``outer`` (``aggregation``)
+STRATEGY_OPTIONS = ("period", "warmup_steps", "mode", "global_lr", "group_size", "lookahead", "staleness",
+                    "check_period", "search_every", "rebalance_every")
 
 
 def aggregation(args):
@@ -45,7 +37,7 @@ def aggregation(args):
 
 def add_strategy_arguments(parser):
     """The options that choose and configure a strategy, on an ``argparse`` parser."""
-    parser.add_argument("--strategy", choices=list(BUILDERS), default="localsgd")
+    parser.add_argument("--strategy", choices=list(REGISTRY), default="localsgd")
     parser.add_argument("--period", type=int, default=8, help="LocalSGD period, WAGMA sync_period")
     parser.add_argument("--warmup-steps", type=int, default=0, help="LocalSGD steps averaged each")
     parser.add_argument("--mode", choices=["blocking", "delayed_ack"], default="blocking", help="ESync mode")
@@ -64,8 +56,10 @@ def add_strategy_arguments(parser):
 
 
 def build_strategy(args):
-    """The strategy ``args`` (parsed with ``add_strategy_arguments``) name."""
-    return BUILDERS[args.strategy](args)
+    """The strategy ``args`` (parsed with ``add_strategy_arguments``) name, with its options."""
+    options = {key: getattr(args, key) for key in STRATEGY_OPTIONS}
+    options["staleness"] = tuple(options["staleness"])
+    return build(args.strategy, **options, **aggregation(args))
 
 
 def add_run_arguments(parser):

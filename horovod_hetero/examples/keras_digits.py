@@ -20,7 +20,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import horovod_hetero.keras as hh  # noqa: E402
 from horovod_hetero.data import TASKS, class_accuracy, score, task_data  # noqa: E402
 from horovod_hetero.examples import (  # noqa: E402
-    BUILDERS, Curve, add_run_arguments, add_strategy_arguments, build_strategy, curve_subset)
+    Curve, add_run_arguments, add_strategy_arguments, build_strategy, curve_subset)
 
 keras = hh.keras_module()
 if keras.backend.backend() == "torch":
@@ -98,7 +98,7 @@ def main():
     add_run_arguments(p)
     args = p.parse_args()
     task = TASKS[args.task]
-    if BUILDERS[args.strategy](args).weighs_gradients:
+    if build_strategy(args).weighs_gradients:
         raise SystemExit("--strategy balanced: the Keras example trains one fit() for the whole budget, and Balanced's "
                          "Keras callback plans a batch size per fit() (an epoch): see hh.callbacks.BalancedCallback; "
                          "horovod_hetero.examples.torch_digits runs it")

@@ -233,3 +233,8 @@ class SlowdownCallback(SlowdownCallbackImpl, Callback):
         model.compile(optimizer=hh.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss=...)
         model.fit(x, y, epochs=5, callbacks=[hh.callbacks.SlowdownCallback()])
     """
+
+
+#: every callback of this module (``horovod_hetero.tensorflow.keras.callbacks`` re-exports them all)
+__all__ = [name for name, value in list(globals().items())
+           if name.endswith("Callback") and name != "Callback" and isinstance(value, type)]

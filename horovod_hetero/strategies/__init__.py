@@ -11,7 +11,8 @@
 | ``adsp`` | ``ADSP``: every rank commits at one searched rate, fast ranks step more in between | ADSP |
 | ``balanced`` | ``Balanced``: synchronous SGD, each rank's batch sized to its speed | LB-BSP, Cannikin |
 
-``aggregation`` holds what every model-averaging strategy takes for its global rounds
+``registry`` is the one list of them the tools derive theirs from (name -> class, bench's
+configuration, the Keras callback). ``aggregation`` holds what every model-averaging strategy takes for its global rounds
 (``aggregate="mean"|"normalized"``, ``outer=OuterSGD(...)``). ``planned`` holds ``RoundPlanned``, the base of the strategies that plan every round from the
 speeds the previous round carried.
 
@@ -30,3 +31,4 @@ from horovod_hetero.strategies.local_sgd import LocalSGD  # noqa: F401
 from horovod_hetero.strategies.synchronous import Synchronous  # noqa: F401
 from horovod_hetero.strategies.planned import RoundPlanned  # noqa: F401
 from horovod_hetero.strategies.wagma import WAGMA  # noqa: F401
+from horovod_hetero.strategies.registry import REGISTRY  # noqa: F401

@@ -326,8 +326,8 @@ def test_the_noniid_split_refuses_more_workers_than_classes(tmp_path):
 
 
 def test_the_bench_runs_every_strategy_the_examples_build_each_from_its_own_options():
-    from horovod_hetero import examples
-    assert list(bench.STRATEGIES) == list(examples.BUILDERS)
+    from horovod_hetero.strategies.registry import REGISTRY
+    assert list(bench.STRATEGIES) == list(REGISTRY)
     for name, (label, options) in bench.STRATEGIES.items():
         assert options[:2] == ["--strategy", name]
         assert label.startswith(type(bench.strategy_object(name)).__name__), (name, label)

@@ -1,4 +1,3 @@
-"""The Keras callbacks under Horovod's module name (``horovod_hetero.keras.callbacks``)."""
-from horovod_hetero.keras.callbacks import (  # noqa: F401
-    ADSPCallback, BroadcastGlobalVariablesCallback, DSSPCallback, ElasticBSPCallback, ESyncCallback, HeteroSyncCallback, LearningRateWarmupCallback, LocalSGDCallback,
-    MetricAverageCallback, WAGMACallback)
+"""The Keras callbacks under Horovod's module name: every callback of ``horovod_hetero.keras.callbacks``."""
+from horovod_hetero.keras.callbacks import *  # noqa: F401,F403
+from horovod_hetero.keras.callbacks import __all__  # noqa: F401

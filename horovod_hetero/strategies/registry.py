@@ -1,0 +1,89 @@
+"""The one list of strategies: name -> class, the configuration bench runs, its Keras callback.
+
+Everything that lists strategies is derived from ``REGISTRY``: the examples' ``--strategy`` choices
+and the objects they build (``build``), ``horovod-hetero bench``'s jobs, row labels and options
+(``bench_options``), ``demo``, ``simulate``'s and ``advise``'s strategies, and the Keras callback each
+strategy has (``hh.callbacks.<callback>``). Adding a strategy is one ``Registered`` line here (and
+its module); see docs/architecture.md.
+
+Example:
+    >>> REGISTRY["localsgd"].cls.__name__, bench_options("localsgd")
+    ('LocalSGD', ['--strategy', 'localsgd', '--period', '8'])
+    >>> build("wagma", period=4, lookahead=3).label        # each class takes its own options
+    'WAGMA(S=auto,4)'
+"""
+import inspect
+from dataclasses import dataclass, field
+
+from horovod_hetero.strategies.adsp import ADSP
+from horovod_hetero.strategies.balanced import Balanced
+from horovod_hetero.strategies.dssp import DSSP
+from horovod_hetero.strategies.elastic_bsp import ElasticBSP
+from horovod_hetero.strategies.esync import ESync
+from horovod_hetero.strategies.local_sgd import LocalSGD
+from horovod_hetero.strategies.synchronous import Synchronous
+from horovod_hetero.strategies.wagma import WAGMA
+
+
+@dataclass(frozen=True)
+class Registered:
+    """One strategy as the tools know it.
+
+    Attributes:
+        name: its command-line name (``--strategy``, ``--strategies``).
+        cls: the ``Strategy`` class.
+        label: bench's row label for ``bench`` below.
+        bench: the keyword arguments bench, demo and advise run it with.
+        callback: the name of its Keras callback in ``hh.callbacks`` (``None``: Keras trains it with
+            ``hh.DistributedOptimizer`` alone).
+        flags: keyword -> the examples' option that gives it where that is not the keyword itself
+            (WAGMA's ``sync_period`` comes from ``--period``, as LocalSGD's ``period``).
+    """
+
+    name: str
+    cls: type
+    label: str
+    bench: dict = field(default_factory=dict)
+    callback: str = None
+    flags: dict = field(default_factory=dict)
+
+
+REGISTRY = {r.name: r for r in (
+    Registered("sync", Synchronous, "Synchronous"),
+    Registered("localsgd", LocalSGD, "LocalSGD(8)", {"period": 8}, "LocalSGDCallback"),
+    Registered("esync", ESync, "ESync", {}, "ESyncCallback"),
+    Registered("wagma", WAGMA, "WAGMA(S=2,8)", {"sync_period": 8}, "WAGMACallback", {"sync_period": "period"}),
+    Registered("elasticbsp", ElasticBSP, "ElasticBSP(15)", {"lookahead": 15}, "ElasticBSPCallback"),
+    Registered("dssp", DSSP, "DSSP(3,15)", {"staleness": (3, 15)}, "DSSPCallback"),
+    Registered("adsp", ADSP, "ADSP(10steps)", {"check_period": "10steps"}, "ADSPCallback"),
+    Registered("balanced", Balanced, "Balanced(5)", {"rebalance_every": 5}, "BalancedCallback"),
+)}
+
+
+def _lookup(name):
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(REGISTRY)}") from None
+
+
+def build(name, **options):
+    """The strategy ``name`` with those of ``options`` its class takes: by keyword, else from the option
+    ``Registered.flags`` names; the others are ignored, so one set of options serves every strategy."""
+    entry = _lookup(name)
+    kwargs = {}
+    for key in inspect.signature(entry.cls).parameters:
+        source = key if key in options else entry.flags.get(key)
+        if source in options:
+            kwargs[key] = options[source]
+    return entry.cls(**kwargs)
+
+
+def bench_options(name):
+    """The examples' command-line options that build ``name`` as bench runs it."""
+    entry = _lookup(name)
+    out = ["--strategy", name]
+    for key, value in entry.bench.items():
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        out += [f"--{entry.flags.get(key, key).replace('_', '-')}", *map(str, values)]
+    return out
