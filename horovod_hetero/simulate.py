@@ -35,7 +35,7 @@ import numpy as np
 
 from horovod_hetero.rules.esync import ESyncState
 from horovod_hetero.strategies.base import (
-    AVERAGE, MEASURE, Context, GroupAverage, RoundResult, RoundStats, StepReport, Strategy)
+    AVERAGE, MEASURE, Context, GroupAverage, RoundResult, RoundStats, StepReport, Strategy, check_decision)
 from horovod_hetero.validation import check_float
 
 
@@ -288,7 +288,7 @@ def simulate(cluster, strategy, duration):
         progress += 1.0 / (1.0 + since[q] / cluster.staleness)
         loss = cluster.loss(progress)
         since_loss[q] += loss
-        decision = workers[q].after_step(StepReport(float(running[q]), loss, int(batch[q])))
+        decision = check_decision(workers[q], workers[q].after_step(StepReport(float(running[q]), loss, int(batch[q]))))
         if t >= duration:
             past.add(q)
         # a gradient allreduce after every step (averages_gradients), a round when the strategy says so

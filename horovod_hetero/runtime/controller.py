@@ -14,7 +14,7 @@ from horovod_hetero.runtime.collectives import failure_seen, scaled
 from horovod_hetero.runtime.rounds import RoundProtocol
 from horovod_hetero.runtime.straggler import Slowdown
 from horovod_hetero.runtime.telemetry import Telemetry
-from horovod_hetero.strategies.base import AVERAGE, CONTINUE, MEASURE, Context, GroupAverage, StepReport
+from horovod_hetero.strategies.base import AVERAGE, MEASURE, Context, GroupAverage, StepReport, check_decision
 from horovod_hetero.transports import Transports
 
 
@@ -184,7 +184,7 @@ class HeteroController:
         if self._left:                                  # training again after a join
             self._left = False
             self._publish()
-        decision = self.strategy.after_step(report)
+        decision = check_decision(self.strategy, self.strategy.after_step(report))
         fields = {}
         if decision is AVERAGE:
             fields = self._round_fields(self._round())
@@ -194,9 +194,6 @@ class HeteroController:
         elif isinstance(decision, GroupAverage):
             fields = self._group_average(decision)
             bytes_sent += ring_bytes(self.model.nbytes, len(decision.group))
-        elif decision is not CONTINUE:
-            raise TypeError(f"{type(self.strategy).__name__}.after_step answered {decision!r}; "
-                            f"a strategy answers CONTINUE, AVERAGE, MEASURE or a GroupAverage")
         comm_s += self._clock() - t0
         self.telemetry.record(step=self.strategy.step, local_steps=local_steps, compute_s=compute,
                               comm_s=comm_s + self._extra_comm, bytes_sent=bytes_sent, synced=decision is AVERAGE,

@@ -164,6 +164,23 @@ AVERAGE = _Named("AVERAGE")
 MEASURE = _Named("MEASURE")
 
 
+def check_decision(strategy, decision):
+    """``decision`` if it is one ``strategy.after_step`` may answer (``CONTINUE``, ``AVERAGE``,
+    ``MEASURE`` or a ``GroupAverage``), else a ``TypeError`` naming the strategy: the runtime and the
+    simulator carry out the same four.
+
+    Example:
+        >>> check_decision(object(), "AVERAGE")
+        Traceback (most recent call last):
+        ...
+        TypeError: object.after_step answered 'AVERAGE'; a strategy answers CONTINUE, AVERAGE, MEASURE or a GroupAverage
+    """
+    if decision is CONTINUE or decision is AVERAGE or decision is MEASURE or isinstance(decision, GroupAverage):
+        return decision
+    raise TypeError(f"{type(strategy).__name__}.after_step answered {decision!r}; "
+                    f"a strategy answers CONTINUE, AVERAGE, MEASURE or a GroupAverage")
+
+
 @dataclass(frozen=True)
 class GroupAverage(Decision):
     """Average the model within ``group`` now (the members must answer the same ``tag``).

@@ -106,6 +106,17 @@ def test_a_group_average_that_leaves_out_this_rank_is_refused():
     ctl.close()
 
 
+def test_an_answer_that_is_not_a_decision_is_refused_naming_the_strategy():
+    class Answers(Strategy):
+        def decide(self, report):
+            return "AVERAGE"
+
+    ctl = HeteroController(Answers(), FourRanks(), ArrayModel({"w": np.zeros(1)}), slowdown=[1.0] * 4)
+    with pytest.raises(TypeError, match=r"^Answers.after_step answered 'AVERAGE'; a strategy answers CONTINUE"):
+        ctl.after_step()
+    ctl.close()
+
+
 def test_step_reports_carry_the_annotated_loss_and_samples_into_the_rounds_statistics():
     seen = []
 

@@ -119,3 +119,12 @@ def test_bad_clusters():
         Cluster([1.0], change_at=3.0)
     with pytest.raises(TypeError, match="strategy must be"):
         simulate(Cluster([1.0]), "sync", 1.0)
+
+
+def test_an_answer_that_is_not_a_decision_is_refused_by_the_simulator_as_by_the_runtime():
+    class Answers(Strategy):
+        def decide(self, report):
+            return True                       # meant AVERAGE
+
+    with pytest.raises(TypeError, match=r"^Answers.after_step answered True; a strategy answers CONTINUE, AVERAGE"):
+        simulate(free_network([1, 2]), Answers(), duration=4.0)
