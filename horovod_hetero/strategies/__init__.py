@@ -13,7 +13,7 @@
 
 ``registry`` is the one list of them the tools derive theirs from (name -> class, bench's
 configuration, the Keras callback). ``aggregation`` holds what every model-averaging strategy takes for its global rounds
-(``aggregate="mean"|"normalized"``, ``outer=OuterSGD(...)``). ``planned`` holds ``RoundPlanned``, the base of the strategies that plan every round from the
+(``aggregate="mean"|"normalized"``, ``outer=OuterSGD(...)``). ``periodic`` holds ``Periodic``, the schedule of LocalSGD's rounds and WAGMA's global averages. ``planned`` holds ``RoundPlanned``, the base of the strategies that plan every round from the
 speeds the previous round carried.
 
 Adding one: see docs/architecture.md ("Adding a strategy").

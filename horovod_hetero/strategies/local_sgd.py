@@ -1,6 +1,6 @@
 """Local SGD: every worker steps alone; the model is averaged every ``period`` steps."""
 from horovod_hetero.strategies.base import AVERAGE, CONTINUE, Strategy
-from horovod_hetero.validation import as_schedule, check_int
+from horovod_hetero.strategies.periodic import Periodic
 
 
 class LocalSGD(Strategy):
@@ -32,44 +32,23 @@ class LocalSGD(Strategy):
 
     def __init__(self, period, warmup_steps=0, aggregate="mean", outer=None):
         super().__init__(aggregate, outer)
-        self.period = as_schedule("period", period, minimum=1)
-        self.warmup_steps = check_int("warmup_steps", warmup_steps, 0)
+        self.schedule = Periodic(period, warmup_steps)
+        self.period, self.warmup_steps = self.schedule.period, self.schedule.warmup_steps
         self._period_arg = period
-        self._next = None
 
     def decide(self, report):
-        return self._scheduled(self.step)
-
-    def _scheduled(self, step):
-        """``AVERAGE`` if ``step`` averages, else ``CONTINUE``; called for every step, in order."""
-        if step <= self.warmup_steps:
-            return AVERAGE
-        if step < self._upcoming():
-            return CONTINUE
-        self._next = step + self.period(step)
-        return AVERAGE
-
-    def _upcoming(self):
-        """The next averaging step after the warm-up."""
-        if self._next is None:
-            self._next = self.warmup_steps + self.period(self.warmup_steps)
-        return self._next
-
-    def _skip_to(self, step):
-        """Continue the schedule after ``step`` as if every step up to it had been decided."""
-        while self._upcoming() <= step:
-            self._next += self.period(self._next)
+        return AVERAGE if self.schedule.due(self.step) else CONTINUE
 
     @property
     def label(self):
         return f"LocalSGD({self._period_arg if isinstance(self._period_arg, int) else 'schedule'})" + self.aggregation_label
 
     def state_dict(self):
-        return dict(super().state_dict(), next=self._next)
+        return dict(super().state_dict(), next=self.schedule.next)
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
-        self._next = state.get("next")
+        self.schedule.next = state.get("next")
 
     def __repr__(self):
         return f"LocalSGD(period={self._period_arg!r}, warmup_steps={self.warmup_steps}{self._aggregation_repr()})"

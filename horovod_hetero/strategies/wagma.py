@@ -1,8 +1,8 @@
 """WAGMA-SGD: wait-avoiding group model averaging over Horovod process sets."""
 from horovod_hetero.rules.grouping import butterfly_group, group_process_sets, resolve_group_size
-from horovod_hetero.strategies.base import AVERAGE, CONTINUE, GroupAverage
-from horovod_hetero.strategies.local_sgd import LocalSGD
-from horovod_hetero.validation import as_schedule, check_bool, check_float, check_int
+from horovod_hetero.strategies.base import AVERAGE, CONTINUE, GroupAverage, Strategy
+from horovod_hetero.strategies.periodic import Periodic
+from horovod_hetero.validation import check_bool, check_float, check_int
 
 
 def init_call(size, group_size):
@@ -10,7 +10,7 @@ def init_call(size, group_size):
     return f"hvd.init(process_sets=hh.wagma_process_sets(group_size={group_size!r}))  # P={size}"
 
 
-class WAGMA(LocalSGD):
+class WAGMA(Strategy):
     """WAGMA-SGD: average within butterfly groups every step, globally every ``sync_period`` steps.
 
     Li et al., "Breaking (Global) Barriers in Parallel Stochastic Optimization with
@@ -60,7 +60,8 @@ class WAGMA(LocalSGD):
 
     def __init__(self, group_size=None, sync_period=10, wait_avoiding=True, patience=0.0, timeout=300.0,
                  aggregate="mean", outer=None):
-        super().__init__(as_schedule("sync_period", sync_period, minimum=1), aggregate=aggregate, outer=outer)
+        super().__init__(aggregate, outer)
+        self.schedule = Periodic(sync_period, name="sync_period")
         self._period_arg = sync_period
         self.group_size = group_size
         if group_size is not None and check_int("group_size", group_size, 1) & (group_size - 1):
@@ -93,7 +94,7 @@ class WAGMA(LocalSGD):
 
     def decide(self, report):
         self.t += 1
-        if self._scheduled(self.t) is AVERAGE:
+        if self.schedule.due(self.t):
             return AVERAGE                  # global average (line 16)
         if self.S > 1:
             return GroupAverage(self.group_of(self.t), tag=self.t)
@@ -106,13 +107,14 @@ class WAGMA(LocalSGD):
         if result.done >= self.size:        # every rank joined (sync_model): continue at the furthest t
             self.t += max(self._since_sync) - self._since_sync[self.rank]
             self._since_sync = [0] * self.size
-            self._skip_to(self.t)
+            self.schedule.skip_to(self.t)
 
     def state_dict(self):
-        return dict(super().state_dict(), t=self.t, since_sync=self._since_sync)
+        return dict(super().state_dict(), next=self.schedule.next, t=self.t, since_sync=self._since_sync)
 
     def load_state_dict(self, state):
         super().load_state_dict(state)
+        self.schedule.next = state.get("next")
         self.t = check_int("state['t']", state.get("t", self.step), 0)
         self._since_sync = None if state.get("since_sync") is None else list(state["since_sync"])
 

@@ -260,7 +260,7 @@ def test_after_a_join_of_every_rank_all_continue_at_the_furthest_ranks_step():
         assert s.step == steps + 5
         restored = WAGMA(group_size=2, sync_period=4)
         restored.load_state_dict(s.state_dict())
-        assert (restored.t, restored._next) == (11, 12)
+        assert (restored.t, restored.schedule.next) == (11, 12)
 
 
 def wait_until(condition, timeout=5.0):
