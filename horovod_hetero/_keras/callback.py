@@ -14,7 +14,7 @@ from horovod_hetero.rules.partition import epoch_indices, step_batch, step_times
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, Model
 from horovod_hetero.runtime.controller import HeteroController
 from horovod_hetero.runtime.straggler import Pacer, Slowdown
-from horovod_hetero.strategies.base import check_strategy
+from horovod_hetero.strategies.registry import check_strategy
 from horovod_hetero.validation import check_bool, check_float, check_int
 
 

@@ -15,7 +15,7 @@ from horovod_hetero.runtime.rounds import RoundProtocol
 from horovod_hetero.runtime.straggler import Slowdown
 from horovod_hetero.runtime.telemetry import Telemetry
 from horovod_hetero.strategies.base import AVERAGE, MEASURE, Context, GroupAverage, StepReport, check_decision
-from horovod_hetero.transports import Transports
+from horovod_hetero.runtime.transports import Transports
 
 
 def ring_bytes(payload_bytes, size):

@@ -20,7 +20,7 @@ Adding one: see docs/architecture.md ("Adding a strategy").
 """
 from horovod_hetero.strategies.base import (  # noqa: F401
     AVERAGE, CONTINUE, MEASURE, Context, Decision, GroupAverage, Plan, RoundResult, RoundStats, StepReport, Strategy,
-    check_strategy)
+    check_decision)
 from horovod_hetero.strategies.adsp import ADSP, Steps  # noqa: F401
 from horovod_hetero.strategies.balanced import Balanced  # noqa: F401
 from horovod_hetero.strategies.aggregation import AGGREGATES, OuterSGD  # noqa: F401
@@ -31,4 +31,4 @@ from horovod_hetero.strategies.local_sgd import LocalSGD  # noqa: F401
 from horovod_hetero.strategies.synchronous import Synchronous  # noqa: F401
 from horovod_hetero.strategies.planned import RoundPlanned  # noqa: F401
 from horovod_hetero.strategies.wagma import WAGMA  # noqa: F401
-from horovod_hetero.strategies.registry import REGISTRY  # noqa: F401
+from horovod_hetero.strategies.registry import REGISTRY, check_strategy  # noqa: F401

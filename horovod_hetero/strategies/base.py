@@ -248,7 +248,6 @@ class Strategy:
     averages_gradients = False
     weighs_gradients = False
     median_step_time = False
-    base_class = True                 # set in a class's own body: not a strategy to train with
 
     def __init__(self, aggregate="mean", outer=None):
         self.aggregate, self.outer = check_aggregation(aggregate, outer)
@@ -357,29 +356,3 @@ class Strategy:
 
     def __repr__(self):
         return f"{type(self).__name__}()"
-
-
-def check_strategy(strategy):
-    """Return ``strategy`` (default ``Synchronous()``) or raise ``TypeError`` naming the strategies."""
-    from horovod_hetero.strategies.synchronous import Synchronous
-
-    if strategy is None:
-        return Synchronous()
-    if isinstance(strategy, type) and issubclass(strategy, Strategy):
-        raise TypeError(f"strategy must be an instance, e.g. strategy={strategy.__name__}(...), "
-                        f"not the class {strategy.__name__}")
-    if not isinstance(strategy, Strategy):
-        raise TypeError(f"strategy must be one of {', '.join(library_strategies())} (or a Strategy "
-                        f"subclass); got {strategy!r} ({type(strategy).__name__})")
-    return strategy
-
-
-def library_strategies():
-    """Names of the strategies this library ships, sorted."""
-    seen, todo = set(), [Strategy]
-    while todo:
-        cls = todo.pop()
-        todo.extend(cls.__subclasses__())
-        if cls.__module__.startswith("horovod_hetero.strategies.") and not vars(cls).get("base_class"):
-            seen.add(cls.__name__)
-    return sorted(seen)

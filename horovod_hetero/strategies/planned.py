@@ -20,8 +20,6 @@ class RoundPlanned(Strategy):
     measurement in the round, every rank runs one step, to measure it.
     """
 
-    base_class = True
-
     def __init__(self, aggregate="mean", outer=None):
         super().__init__(aggregate, outer)
         self.warming_up = False       # the next round measured each rank's first step only

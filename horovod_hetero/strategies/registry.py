@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from horovod_hetero.strategies.adsp import ADSP
 from horovod_hetero.strategies.balanced import Balanced
+from horovod_hetero.strategies.base import Strategy
 from horovod_hetero.strategies.dssp import DSSP
 from horovod_hetero.strategies.elastic_bsp import ElasticBSP
 from horovod_hetero.strategies.esync import ESync
@@ -87,3 +88,17 @@ def bench_options(name):
         values = value if isinstance(value, (tuple, list)) else (value,)
         out += [f"--{entry.flags.get(key, key).replace('_', '-')}", *map(str, values)]
     return out
+
+
+def check_strategy(strategy):
+    """Return ``strategy`` (default ``Synchronous()``) or raise ``TypeError`` naming the strategies."""
+    if strategy is None:
+        return Synchronous()
+    if isinstance(strategy, type) and issubclass(strategy, Strategy):
+        raise TypeError(f"strategy must be an instance, e.g. strategy={strategy.__name__}(...), "
+                        f"not the class {strategy.__name__}")
+    if not isinstance(strategy, Strategy):
+        names = sorted(entry.cls.__name__ for entry in REGISTRY.values())
+        raise TypeError(f"strategy must be one of {', '.join(names)} (or a Strategy subclass); got "
+                        f"{strategy!r} ({type(strategy).__name__})")
+    return strategy

@@ -20,7 +20,7 @@ class WAGMA(Strategy):
     standard allreduce). The runtime runs each group average as one fused allreduce over the
     group's Horovod process set, registered once at ``hvd.init``.
 
-    Wait-avoidance on Horovod (``transports.group_exchange``): Horovod has no one-sided
+    Wait-avoidance on Horovod (``runtime.group_exchange``): Horovod has no one-sided
     activation, a collective completes only when every member of its process set has enqueued
     it. So every worker runs a *responder* thread; the first member of a group to finish its step
     activates its peers, and a peer still inside its own step has its responder enqueue the same

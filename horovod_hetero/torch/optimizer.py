@@ -16,7 +16,7 @@ from horovod.torch.optimizer import _DistributedAdasumOptimizer, _DistributedOpt
 from horovod_hetero._horovod import check_run_options, follow_ranks
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, call_with_timeout
 from horovod_hetero.runtime.controller import HeteroController, OutsideController, ring_bytes
-from horovod_hetero.strategies.base import check_strategy
+from horovod_hetero.strategies.registry import check_strategy
 from horovod_hetero.torch.collectives import TorchCollectives, TorchModel, wait
 from horovod_hetero.torch.sampler import DistributedSampler
 from horovod_hetero.validation import check_bool, check_float, check_int

@@ -1,6 +1,6 @@
 """Activation messages between ranks (ZeroMQ PUSH/PULL): "group average ``tag`` of ``group`` has started".
 
-Horovod has no one-sided activation, so wait-avoiding group averaging (``group_exchange``)
+Horovod has no one-sided activation, so wait-avoiding group averaging (``runtime.group_exchange``)
 sends one: each rank binds a PULL socket, the addresses are exchanged with one
 ``allgather_object``, and a rank that starts a group average pushes ``b"<tag> <r1>,<r2>,..."`` to
 its peers, sealed with the job's key (``transports.auth``)::

@@ -2,7 +2,7 @@
 
 The server is started on rank 0: one daemon thread serves every connection (``selectors``,
 non-blocking sockets); it keeps a ``rules.esync.ESyncState`` and answers every worker's QUERY-STATE.
-``transports.Transports.state_service`` opens both ends for a strategy and closes them.
+``runtime.transports.Transports.state_service`` opens both ends for a strategy and closes them.
 A client is one TCP connection: ``query`` waits for the answer (blocking mode),
 ``send_query``/``poll`` let the worker train on while the answer travels (delayed-ACK mode).
 Messages are JSON objects, one per line; each query carries a sequence number so a late answer

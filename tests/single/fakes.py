@@ -6,7 +6,7 @@ import numpy as np
 
 from horovod_hetero.runtime.collectives import Collectives, Model
 from horovod_hetero.strategies.base import Context, RoundResult, RoundStats
-from horovod_hetero.transports import Transports
+from horovod_hetero.runtime.transports import Transports
 
 
 class ThreadAllreduce:

@@ -51,3 +51,66 @@ def test_importing_common_loads_no_framework():
             "print(sorted(n for n in sys.modules if n.split('.')[0] in %r))" % FORBIDDEN)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def import_graph():
+    """``{module: {module it imports}}`` over the package, every import statement (inside functions too)."""
+    modules = {}
+    for file in PACKAGE.rglob("*.py"):
+        parts = ("horovod_hetero",) + file.relative_to(PACKAGE).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = file
+
+    def known(name):                    # horovod_hetero.x.y.Name -> the module horovod_hetero.x.y
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph = {m: set() for m in modules}
+    for module, file in modules.items():
+        for node in ast.walk(ast.parse(file.read_text())):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets = [f"{node.module}.{a.name}" for a in node.names]
+            graph[module] |= {known(t) for t in targets if t.startswith("horovod_hetero")} - {module, ""}
+    return graph
+
+
+def cycles(graph):
+    """The strongly connected components of more than one node (Tarjan), each sorted."""
+    index, low, stack, out = {}, {}, [], []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+def test_no_import_cycle_between_modules_nor_between_the_cores_packages():
+    graph = import_graph()
+    assert cycles(graph) == []
+    package = lambda m: ".".join(m.split(".")[:2])      # noqa: E731
+    packages = {}
+    for module, targets in graph.items():
+        packages.setdefault(package(module), set()).update(package(t) for t in targets if package(t) != package(module))
+    # the one package cycle: horovod_hetero.tensorflow holds the TensorFlow collectives (that _keras uses) and
+    # the Keras module under Horovod's name (an alias of horovod_hetero.keras); no module cycle in it
+    assert cycles(packages) == [["horovod_hetero._keras", "horovod_hetero.keras", "horovod_hetero.tensorflow"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]     # the check finds one

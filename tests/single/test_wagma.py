@@ -18,7 +18,7 @@ from horovod_hetero.runtime.straggler import Slowdown, delayed_ranks, parse_rand
 from horovod_hetero.strategies import WAGMA
 from horovod_hetero.transports.activations import MAX_MESSAGE_BYTES, Activations, encode
 from horovod_hetero.transports.auth import Channel, new_key
-from horovod_hetero.transports.group_exchange import MAX_SERVING, GroupExchange
+from horovod_hetero.runtime.group_exchange import MAX_SERVING, GroupExchange
 
 KEY = new_key()
 
