@@ -38,8 +38,12 @@ def csv(text, name):
 
 def run_plan(out, jobs, settings):
     """Write the plan, run it with a progress bar per job; returns the results (see ``bench.run_bench``)."""
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    try:
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    except ImportError:
+        raise click.ClickException("bench and demo show their progress with rich: pip install "
+                                   "'horovod-hetero[bench]'") from None
 
     try:
         bench.horovodrun(settings["np"])

@@ -25,7 +25,7 @@ import math
 import operator
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -35,23 +35,65 @@ from horovod_hetero.validation import check_int
 
 # --- what the strategy is given ------------------------------------------------------------------
 
+@runtime_checkable
+class StateService(Protocol):
+    """ESync's state-server client as a strategy uses it: ``transports.StateClient`` over TCP, and the
+    simulator's in-process one over the same ``rules.esync.ESyncState``."""
+
+    last_rtt: Optional[float]
+    slowest: bool
+
+    def query(self, k: int, capability: float, round: int) -> bool: ...
+
+    def send_query(self, k: int, capability: float, round: int) -> int: ...
+
+    def poll(self, wait_s: float = 0.0) -> list: ...
+
+    def reset(self, round: int) -> None: ...
+
+    def leave(self) -> None: ...
+
+    def enter(self, round: int) -> None: ...
+
+
+@runtime_checkable
+class StrategyTransports(Protocol):
+    """What a strategy may open (``Context.transports``): ``runtime.transports.Transports`` under
+    Horovod, the simulator's in-process ones on its virtual clock. The runtime closes what was opened."""
+
+    def state_service(self, *, epsilon: float, overshoot: float, timeout: float,
+                      address: Optional[str] = None) -> StateService: ...
+
+    def open_groups(self, rank_lists: Sequence[Sequence[int]], init_call: str, *, wait_avoiding: bool,
+                    patience: float, timeout: float) -> None: ...
+
+
+@runtime_checkable
+class ObjectCollectives(Protocol):
+    """Object collectives over the ranks (``Context.collectives``; ``runtime.collectives.Collectives``)."""
+
+    def broadcast_object(self, obj: Any, *, what: str) -> Any: ...
+
+    def allgather_object(self, obj: Any, *, what: str) -> list: ...
+
+
 @dataclass(frozen=True)
 class Context:
     """What a strategy is given when it starts.
 
     Attributes:
         rank, size: this rank and the number of ranks synchronising.
-        transports: opens the transports a strategy may use (``Transports``: ``state_service``,
+        transports: opens the transports a strategy may use (a ``StrategyTransports``: ``state_service``,
             ``open_groups``); the runtime closes them.
-        collectives: ``broadcast_object``/``allgather_object`` over the ranks (``Collectives``),
+        collectives: ``broadcast_object``/``allgather_object`` over the ranks (an ``ObjectCollectives``),
             or ``None`` where there are none (the simulator).
         clock: seconds, monotonic (a virtual clock in the simulator).
     """
 
     rank: int
     size: int
-    transports: Any
-    collectives: Any = None
+    transports: StrategyTransports
+    collectives: Optional[ObjectCollectives] = None
     clock: Callable[[], float] = time.perf_counter
 
 

@@ -49,6 +49,7 @@ class Registered:
     flags: dict = field(default_factory=dict)
 
 
+#: ``{name: Registered}``, Synchronous first: every strategy this library ships, in the order tools list them.
 REGISTRY = {r.name: r for r in (
     Registered("sync", Synchronous, "Synchronous"),
     Registered("localsgd", LocalSGD, "LocalSGD(8)", {"period": 8}, "LocalSGDCallback"),

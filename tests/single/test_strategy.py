@@ -74,3 +74,27 @@ def test_check_strategy():
     s = LocalSGD(2)
     assert check_strategy(s) is s
     assert isinstance(s, Strategy)
+
+
+def test_the_runtime_and_the_simulator_provide_the_seams_strategies_are_typed_against():
+    import inspect
+
+    from horovod_hetero import simulate
+    from horovod_hetero.runtime.collectives import Collectives
+    from horovod_hetero.runtime.transports import Transports
+    from horovod_hetero.strategies.base import ObjectCollectives, StateService, StrategyTransports
+    from horovod_hetero.transports.state_server import StateClient
+
+    seams = {StrategyTransports: [Transports, simulate._SimTransports], StateService: [StateClient, simulate._SimClient],
+             ObjectCollectives: [Collectives]}
+    for protocol, implementations in seams.items():
+        methods = [n for n, v in vars(protocol).items() if inspect.isfunction(v) and not n.startswith("_")]
+        assert methods
+        for implementation in implementations:
+            for name in methods:
+                assert (list(inspect.signature(getattr(implementation, name)).parameters)
+                        == list(inspect.signature(getattr(protocol, name)).parameters)), (implementation, name)
+    world = simulate._World(2)
+    assert isinstance(simulate._SimTransports(world, 0), StrategyTransports)
+    client = simulate._SimTransports(world, 0).state_service(epsilon=0.1, overshoot=0.0, timeout=1.0)
+    assert isinstance(client, StateService) and not isinstance(object(), StrategyTransports)
