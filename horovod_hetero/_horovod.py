@@ -231,7 +231,8 @@ def gil_limit_s():
 def guard_gil(running):
     """End the process (exit code 1, every thread's traceback on stderr) if no Python code could run
     for ``gil_limit_s()`` seconds *after a failure*: while an enqueue of ours runs (``gil_guarded``), or
-    once this process has seen a collective fail (``runtime.collectives.failure_seen``). Python's
+    once this process has seen a collective fail (``runtime.collectives.failure_seen``, cleared when
+    ``hvd.elastic`` has started Horovod again). Python's
     ``faulthandler`` watchdog, a C thread that needs no GIL, armed then and re-armed every second by a
     daemon thread of ours, which ends when Horovod shuts down (``running()``: ``hvd.is_initialized``;
     the next adapter that needs it starts it again). A healthy process is never ended: a user's step

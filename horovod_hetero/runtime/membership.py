@@ -10,6 +10,8 @@ carries over (its step counters), and re-plans when the new controller starts.
 import contextlib
 import logging
 
+from horovod_hetero.runtime.collectives import failure_seen
+
 log = logging.getLogger(__name__)
 
 
@@ -49,6 +51,7 @@ class Membership:
                          self._seen, world, ", after a failed collective" if self._failed else "")
                 with contextlib.suppress(Exception):      # the old ranks' transports: peers may be gone
                     previous.close()
+                failure_seen.clear()                      # Horovod started again: its failure is over
             self.controller = self._build(previous)
             self._seen, self._failed = world, False
         return self.controller

@@ -4,6 +4,7 @@ import pytest
 
 from fakes import ArrayCollectives, ArrayModel
 from horovod_hetero.runtime.controller import HeteroController
+from horovod_hetero.runtime.collectives import failure_seen
 from horovod_hetero.runtime.membership import Membership
 from horovod_hetero.strategies import DSSP, WAGMA, Context, ElasticBSP, LocalSGD, Plan
 
@@ -83,8 +84,10 @@ def test_membership_rebuilds_after_a_new_world_or_a_failed_collective_and_closes
         with m.guard() as ctl:
             assert ctl is second
             raise OSError("HorovodInternalError stands in: a rank died in a collective")
+    failure_seen.set()                                               # what a failed collective of ours sets
     third = m.current()                                              # the same (rank, size), but failed
     assert third is not second and second.closed                     # its close raised: suppressed
+    assert not failure_seen.is_set()                                 # Horovod again: the GIL watchdog disarmed
     with pytest.raises(ValueError):
         with m.guard():
             raise ValueError("not a failed collective")
