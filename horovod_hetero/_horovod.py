@@ -211,6 +211,8 @@ HOLD_S = 20.0
 #: environment sets ``ENV_GIL_LIMIT`` (0: never).
 GIL_LIMIT_S = 45.0
 ENV_GIL_LIMIT = "HOROVOD_HETERO_GIL_LIMIT_S"
+#: Seconds ``lost_ranks`` waits, after a failed collective, for a rank of this host to show as dead.
+LOST_SETTLE_S = 1.0
 #: The name of ``guard_gil``'s thread.
 GIL_GUARD_THREAD = "horovod_hetero-gil-guard"
 _hook = {}
@@ -436,8 +438,17 @@ class HorovodCollectives(Collectives):
         return {rank: pid for rank, (host, pid) in enumerate(self._peers or ()) if host == here and rank != self.rank}
 
     def lost_ranks(self):
-        states = {rank: process_state(pid) for rank, pid in self._local_peers().items()}
-        return {rank: state for rank, state in states.items() if state}
+        """As ``Collectives.lost_ranks``; waits up to ``LOST_SETTLE_S`` for a rank of this host that is
+        still exiting (asked after a collective failed: a killed process closes its sockets, which
+        fails its peers' collective, a moment before the kernel makes it a zombie)."""
+        peers = self._local_peers()
+        deadline = time.monotonic() + (LOST_SETTLE_S if peers else 0.0)
+        while True:
+            states = {rank: process_state(pid) for rank, pid in peers.items()}
+            lost = {rank: state for rank, state in states.items() if state}
+            if lost or time.monotonic() >= deadline:
+                return lost
+            time.sleep(0.02)
 
     def watch_peers(self):
         """Check this host's other ranks before every enqueue (``check_enqueue``) and end a process

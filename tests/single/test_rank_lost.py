@@ -194,3 +194,25 @@ def test_the_gil_limit_is_a_setting_and_zero_turns_the_watchdog_off(monkeypatch)
     assert not _horovod._guard["running"]
     monkeypatch.delenv(_horovod.ENV_GIL_LIMIT)
     assert _horovod.gil_limit_s() == _horovod.GIL_LIMIT_S == 45.0
+
+
+def test_a_rank_of_this_host_still_exiting_is_named_once_it_is_a_zombie(monkeypatch):
+    """A killed rank closes its sockets (its peers' collective fails) a moment before the kernel makes
+    it a zombie: ``lost_ranks`` waits up to LOST_SETTLE_S for it (a fresh clone's fault run named no
+    rank once in 43, torch-dssp-kill-rank1); with nothing lost it answers after that wait."""
+    import socket
+    import time
+
+    from horovod_hetero.torch.collectives import TorchCollectives
+    c = object.__new__(TorchCollectives)
+    c.rank = 0
+    c._peers = [(socket.gethostname(), 0), (socket.gethostname(), 4242), ("another-host", 7)]
+    exits_at = time.monotonic() + 0.3
+    monkeypatch.setattr(_horovod, "process_state", lambda pid: "died" if time.monotonic() >= exits_at else None)
+    assert c.lost_ranks() == {1: "died"} and time.monotonic() - exits_at < 0.2
+    monkeypatch.setattr(_horovod, "process_state", lambda pid: None)
+    t0 = time.monotonic()
+    assert c.lost_ranks() == {} and _horovod.LOST_SETTLE_S <= time.monotonic() - t0 < _horovod.LOST_SETTLE_S + 0.5
+    c._peers = [(socket.gethostname(), 0), ("another-host", 7)]                 # no rank of this host to wait for
+    t0 = time.monotonic()
+    assert c.lost_ranks() == {} and time.monotonic() - t0 < 0.1
