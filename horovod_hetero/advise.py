@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from horovod_hetero import simulate as sim
+from horovod_hetero.bench import rounds_of
 
 #: steps a rank records before the first one measured (start-up: tracing, the first allreduces)
 SKIP_STEPS = 5
@@ -103,15 +104,11 @@ def measure(by_rank, skip=SKIP_STEPS):
     transient = transient_share >= TRANSIENT_SHARE
     kind = {(True, True): "both", (True, False): "persistent", (False, True): "transient",
             (False, False): "even"}[(bool(slow_ranks), transient)]
-    by_step = {}                # step -> [(comm_s, bytes_sent)] of every rank, for steps that moved bytes
-    for r in ranks:
-        for x in recs[r]:
-            if x.get("bytes_sent") and "step" in x:
-                by_step.setdefault(x["step"], []).append((x.get("comm_s", 0.0), x["bytes_sent"]))
-    rounds = [v for v in by_step.values() if len(v) == len(ranks)]
+    rounds = rounds_of(recs)    # {rank: comm_s} of each collective every rank took part in (bench's reading)
+    sent = [x["bytes_sent"] for r in ranks for x in recs[r] if x.get("bytes_sent")]
     n = len(ranks)
-    comm_s = float(np.median([min(c for c, _ in v) for v in rounds])) if rounds else 0.0
-    ring = float(np.median([b for v in rounds for _, b in v])) if rounds else 0.0
+    comm_s = float(np.median([min(v.values()) for v in rounds])) if rounds else 0.0
+    ring = float(np.median(sent)) if rounds and sent else 0.0
     return Measured(step_s, factors, per_step, ring * n / (2 * (n - 1)), comm_s, kind, slow_ranks,
                     transient_share, steps)
 
