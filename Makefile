@@ -15,11 +15,16 @@ env: $(READY)
 demo: $(READY)
 	$(PY) -m horovod_hetero.cli demo
 
-test: test-single test-parallel test-elastic test-bench test-faults test-multihost docs
+test: test-single typecheck test-parallel test-elastic test-bench test-faults test-multihost docs
 
 test-single: $(READY)
 	$(PY) -m pytest -q -p no:cacheprovider tests/single
 	$(PY) -m pytest -q -p no:cacheprovider --doctest-modules horovod_hetero
+
+#: mypy on the core, as pyproject.toml's [tool.mypy] sets it (its files; every definition annotated)
+.PHONY: typecheck
+typecheck: $(READY)
+	$(PY) -m mypy
 
 #: the Keras test files run again on these stacks (first run: Keras 3 with the TensorFlow backend)
 KERAS_STACKS ?= KERAS_BACKEND=torch TF_USE_LEGACY_KERAS=1

@@ -21,12 +21,17 @@ Example:
     >>> m.kind, m.slow_ranks, [round(s, 2) for s in m.step_s], m.model_bytes
     ('persistent', [3], [0.1, 0.1, 0.1, 0.4], 1000000.0)
 """
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from horovod_hetero import simulate as sim
 from horovod_hetero.bench import rounds_of
+from horovod_hetero.strategies.base import Strategy
 
 #: steps a rank records before the first one measured (start-up: tracing, the first allreduces)
 SKIP_STEPS = 5
@@ -62,22 +67,22 @@ class Measured:
         steps: steps measured per rank (the fewest).
     """
 
-    step_s: list
-    factors: list
+    step_s: list[float]
+    factors: list[np.ndarray]
     samples_per_step: float
     model_bytes: float
     comm_s: float
     kind: str
-    slow_ranks: list
+    slow_ranks: list[int]
     transient_share: float
     steps: int
 
     @property
-    def size(self):
+    def size(self) -> int:
         return len(self.step_s)
 
 
-def measure(by_rank, skip=SKIP_STEPS):
+def measure(by_rank: Mapping[int, Sequence[Mapping[str, Any]]], skip: int = SKIP_STEPS) -> Measured:
     """Characterise the cluster from ``{rank: [record, ...]}`` (``runtime.telemetry.load``).
 
     Raises ValueError when fewer than 2 ranks recorded ``MIN_STEPS`` steps after ``skip``."""
@@ -113,7 +118,7 @@ def measure(by_rank, skip=SKIP_STEPS):
                     transient_share, steps)
 
 
-def cluster(measured, seed=0):
+def cluster(measured: Measured, seed: int = 0) -> sim.Cluster:
     """The simulator's ``Cluster`` for ``measured``: its typical steps, its measured step factors, and a
     network that moves ``model_bytes`` in ``comm_s`` (all of it bandwidth: no separate latency)."""
     n = measured.size
@@ -124,7 +129,8 @@ def cluster(measured, seed=0):
                        step_factors=measured.factors)
 
 
-def predict(measured, strategies, duration=None):
+def predict(measured: Measured, strategies: Mapping[str, Strategy],
+            duration: float | None = None) -> list[tuple[str, sim.SimResult]]:
     """Simulate ``{name: Strategy}`` (e.g. ``bench.strategy_object(name)``) on ``measured``'s cluster;
     ``[(name, SimResult)]``, the most samples/s first. ``duration``: simulated seconds (default: 300 of the slowest rank's typical steps)."""
     duration = duration or 300 * max(measured.step_s)
@@ -146,7 +152,7 @@ CAVEATS = {
 LOCAL_STEPS = "fast ranks take more local steps: check accuracy with bench; skewed data: aggregate='normalized'"
 
 
-def caveat(name, measured):
+def caveat(name: str, measured: Measured) -> str:
     """What ``name``'s predicted samples/s does not show on ``measured``'s cluster."""
     text = CAVEATS.get(name, LOCAL_STEPS)
     if name == "balanced" and measured.kind in ("transient", "both"):
@@ -154,7 +160,7 @@ def caveat(name, measured):
     return text
 
 
-def describe(measured):
+def describe(measured: Measured) -> list[str]:
     """Lines that say what the telemetry shows."""
     times = " ".join(f"{s * 1000:.1f}" for s in measured.step_s)
     fastest = min(measured.step_s)
@@ -170,7 +176,7 @@ def describe(measured):
             f"one synchronising collective: {measured.comm_s * 1000:.2f} ms for {measured.model_bytes / 1e6:.2f} MB"]
 
 
-def format_advice(measured, results):
+def format_advice(measured: Measured, results: Sequence[tuple[str, sim.SimResult]]) -> str:
     """The advice as text: what the telemetry shows, then the ranked table."""
     base = next((r.samples_per_s for name, r in results if name == "sync"), None) or results[-1][1].samples_per_s
     lines = describe(measured) + ["", f"{'#':>2} {'strategy':<16} {'samples/s':>10} {'vs Sync':>8} {'compute':>8}  note"]

@@ -27,15 +27,20 @@ Example:
     >>> r.steps.tolist()
     [10, 10, 10, 10]
 """
+from __future__ import annotations
+
 import copy
 import heapq
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from horovod_hetero.rules.esync import ESyncState
 from horovod_hetero.strategies.base import (
-    AVERAGE, MEASURE, Context, GroupAverage, RoundResult, RoundStats, StepReport, Strategy, check_decision)
+    AVERAGE, MEASURE, Context, Decision, GroupAverage, RoundResult, RoundStats, StepReport, Strategy, check_decision)
 from horovod_hetero.validation import check_float
 
 
@@ -62,20 +67,21 @@ class Cluster:
             stale replica's step helps less), a number > 0.
     """
 
-    step_times: list
+    # step_times, change_factors, step_factors: sequences as given, arrays (a list of arrays) after __post_init__
+    step_times: Any
     jitter: float = 0.0
-    change_at: float = None
-    change_factors: list = None
+    change_at: float | None = None
+    change_factors: Any = None
     model_bytes: float = 4e6
     latency_s: float = 50e-6
     bandwidth: float = 1.25e9
     samples_per_step: int = 32
     seed: int = 0
     staleness: float = 16.0
-    step_factors: list = None
+    step_factors: Any = None
     rng: np.random.Generator = field(init=False, repr=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.step_times = np.asarray(self.step_times, dtype=float)
         if self.step_times.ndim != 1 or self.step_times.size == 0 or not (self.step_times > 0).all():
             raise ValueError("step_times must be a non-empty list of positive seconds per step")
@@ -98,19 +104,19 @@ class Cluster:
             if self.jitter:
                 raise ValueError("give jitter or step_factors, not both")
         self.rng = np.random.default_rng(self.seed)
-        self._normals = []
+        self._normals: list[float] = []
 
     @property
-    def n(self):
+    def n(self) -> int:
         return self.step_times.size
 
-    def mean_step_times(self, t):
+    def mean_step_times(self, t: float) -> npt.NDArray[np.float64]:
         """Expected step time of every worker at simulated time t (what a worker would measure)."""
         if self.change_at is not None and t >= self.change_at:
             return self.step_times * self.change_factors
         return self.step_times
 
-    def draw(self, t, k):
+    def draw(self, t: float, k: int) -> npt.NDArray[np.float64]:
         """Durations (n x k) of the next k steps of every worker starting at time t."""
         mean = self.mean_step_times(t)[:, None]
         if self.step_factors is not None:
@@ -119,7 +125,7 @@ class Cluster:
             return np.repeat(mean, k, axis=1)
         return mean * np.maximum(0.05, 1.0 + self.jitter * self.rng.standard_normal((mean.shape[0], k)))
 
-    def draw_one(self, t, q):
+    def draw_one(self, t: float, q: int) -> float:
         """Duration of worker q's next step starting at t (scalar path of ``draw`` for event loops)."""
         mean = float(self.mean_step_times(t)[q])
         if self.step_factors is not None:
@@ -130,17 +136,17 @@ class Cluster:
             self._normals = self.rng.standard_normal(65536).tolist()
         return mean * max(0.05, 1.0 + self.jitter * self._normals.pop())
 
-    def loss(self, progress):
+    def loss(self, progress: float) -> float:
         """The synthetic training loss after ``progress`` (see ``staleness``)."""
         return 1.0 / (1.0 + progress / 1000.0) + 0.05
 
-    def allreduce_s(self, k):
+    def allreduce_s(self, k: int) -> float:
         """Seconds of a ring allreduce of the model over k workers."""
         if k <= 1:
             return 0.0
         return 2 * (k - 1) * self.latency_s + 2 * (k - 1) / k * self.model_bytes / self.bandwidth
 
-    def ring_bytes(self, k):
+    def ring_bytes(self, k: int) -> float:
         return 2 * (k - 1) / k * self.model_bytes if k > 1 else 0.0
 
 
@@ -157,22 +163,23 @@ class SimResult:
     syncs: np.ndarray
     bytes_sent: np.ndarray
     samples_per_step: int
-    round_steps: list = field(default_factory=list, repr=False)   # per round: each worker's local steps
-    samples: np.ndarray = None                                      # per worker (default: steps x samples_per_step)
+    round_steps: list[np.ndarray] = field(default_factory=list, repr=False)   # per round: each worker's local steps
+    # per worker (default: steps x samples_per_step)
+    samples: np.ndarray = None  # type: ignore[assignment]  # None only until __post_init__ fills it in
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.samples is None:
             self.samples = self.steps * self.samples_per_step
 
     @property
-    def compute_ratio(self):
+    def compute_ratio(self) -> np.ndarray:
         return self.compute_s / self.duration
 
     @property
-    def samples_per_s(self):
+    def samples_per_s(self) -> float:
         return float(self.samples.sum() / self.duration)
 
-    def summary(self):
+    def summary(self) -> dict[str, Any]:
         return {"strategy": self.strategy, "samples_per_s": self.samples_per_s,
                 "compute_ratio_mean": float(self.compute_ratio.mean()),
                 "compute_ratio_min": float(self.compute_ratio.min()),
@@ -185,69 +192,74 @@ class SimResult:
 class _SimClient:
     """ESync's state-server client inside the simulator: queries reach the shared ``ESyncState`` at once."""
 
-    last_rtt = 0.0
+    last_rtt: float | None = 0.0
 
-    def __init__(self, state, rank):
+    def __init__(self, state: ESyncState, rank: int) -> None:
         self._state, self.rank = state, rank
         self.slowest = False
-        self._answers, self._seq = [], 0
+        self._answers: list[dict[str, Any]] = []
+        self._seq = 0
 
-    def query(self, k, capability, round):
+    def query(self, k: int, capability: float | None, round: int) -> bool:
         ready, self.slowest = self._state.answer(self.rank, k, capability, round)
         return ready
 
-    def send_query(self, k, capability, round):
+    def send_query(self, k: int, capability: float | None, round: int) -> int:
         self._seq += 1
         ready = self.query(k, capability, round)
         self._answers.append({"seq": self._seq, "ready": ready, "round": round, "slowest": self.slowest})
         return self._seq
 
-    def poll(self, wait_s=0.0):
+    def poll(self, wait_s: float = 0.0) -> list[dict[str, Any]]:
         out, self._answers = self._answers, []
         return out
 
-    def reset(self, round):
+    def reset(self, round: int) -> None:
         self._state.reset(self.rank, round, self._state.clock())
 
-    def leave(self):
+    def leave(self) -> None:
         self._state.leave(self.rank)
 
-    def enter(self, round):
+    def enter(self, round: int) -> None:
         self._state.enter(self.rank, round)
 
 
 class _SimTransports:
     """The transports a strategy opens, inside the simulator: no sockets, no threads."""
 
-    def __init__(self, world, rank):
+    def __init__(self, world: _World, rank: int) -> None:
         self._world, self._rank = world, rank
 
-    def state_service(self, *, epsilon, overshoot, timeout, address=None):
+    def state_service(self, *, epsilon: float, overshoot: float, timeout: float,
+                      address: str | None = None) -> _SimClient:
         world = self._world
         if world.esync is None:                      # rank 0's server: one state for every worker
             world.esync = ESyncState(world.size, epsilon=epsilon, overshoot=overshoot, clock=world.clock)
         return _SimClient(world.esync, self._rank)
 
-    def open_groups(self, rank_lists, init_call, *, wait_avoiding, patience, timeout):
+    def open_groups(self, rank_lists: Sequence[Sequence[int]], init_call: str, *, wait_avoiding: bool,
+                    patience: float, timeout: float) -> None:
         """Group averages are carried out (costed) by the simulation itself."""
 
 
 class _World:
     """What the simulated workers share: the virtual clock and the state server's state."""
 
-    def __init__(self, size):
+    esync: ESyncState | None
+
+    def __init__(self, size: int) -> None:
         self.size, self.now, self.esync = size, 0.0, None
 
-    def clock(self):
+    def clock(self) -> float:
         return self.now
 
 
-def label(strategy):
+def label(strategy: Strategy) -> str:
     """The name a strategy has in tables (``LocalSGD(8)``)."""
     return strategy.label
 
 
-def simulate(cluster, strategy, duration):
+def simulate(cluster: Cluster, strategy: Strategy, duration: float) -> SimResult:
     """Simulate ``strategy`` on ``cluster`` for ``duration`` seconds; return a ``SimResult``.
 
     ``strategy`` is a ``Strategy``; a fresh copy runs on every worker. The simulation ends with the first round that ends at or after
@@ -266,9 +278,13 @@ def simulate(cluster, strategy, duration):
     since_loss, progress = np.zeros(n), 0.0                         # the synthetic loss (Cluster.staleness)
     since_samples = np.zeros(n, dtype=np.int64)
     running, batch = np.zeros(n), np.full(n, cluster.samples_per_step)   # each worker's step: seconds, samples
+    barrier: dict[int, tuple[float, Decision]]
+    past: set[int]
+    events: list[tuple[float, int]]
+    round_steps: list[np.ndarray]
     barrier, past, events, rounds, end, round_steps = {}, set(), [], 0, 0.0, []
 
-    def begin(q, t):
+    def begin(q: int, t: float) -> None:
         planned = workers[q].batch_size(workers[q].step + 1)
         batch[q] = cluster.samples_per_step if planned is None else planned
         running[q] = cluster.draw_one(t, q) * batch[q] / cluster.samples_per_step
@@ -334,7 +350,7 @@ def simulate(cluster, strategy, duration):
                      sent, cluster.samples_per_step, round_steps, samples)
 
 
-def compare(cluster, strategies, duration):
+def compare(cluster: Cluster, strategies: Iterable[Strategy], duration: float) -> list[SimResult]:
     """Simulate each strategy on the same cluster (fresh jitter stream each); list of SimResults."""
     out = []
     for s in strategies:
@@ -343,7 +359,7 @@ def compare(cluster, strategies, duration):
     return out
 
 
-def format_table(results):
+def format_table(results: Sequence[SimResult]) -> str:
     """A comparison table, samples/s relative to the first row."""
     base = results[0].samples_per_s or 1.0
     head = (f"{'strategy':<22} {'samples/s':>10} {'vs first':>9} {'compute':>8} {'min comp':>9} "

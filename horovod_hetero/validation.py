@@ -3,15 +3,18 @@
 Bad configuration fails at construction with a ``TypeError``/``ValueError`` that names the
 argument and the allowed values, before any collective is entered.
 """
+from __future__ import annotations
+
 import ipaddress
 import math
 import numbers
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 
-def check_bool(name, value):
+def check_bool(name: str, value: object) -> bool:
     """Return ``value`` if it is ``True`` or ``False`` (not a string, a number or None), else raise naming ``name``.
 
     Example:
@@ -25,7 +28,7 @@ def check_bool(name, value):
     return value
 
 
-def check_int(name, value, minimum=None, maximum=None):
+def check_int(name: str, value: object, minimum: int | None = None, maximum: int | None = None) -> int:
     """Return ``value`` if it is an int in ``[minimum, maximum]``, else raise naming ``name``."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
@@ -33,7 +36,8 @@ def check_int(name, value, minimum=None, maximum=None):
     return int(value)
 
 
-def check_float(name, value, minimum=None, maximum=None, min_exclusive=False):
+def check_float(name: str, value: object, minimum: float | None = None, maximum: float | None = None,
+                min_exclusive: bool = False) -> float:
     """Return ``value`` as a float if it is a finite number in range, else raise naming ``name``.
 
     Example:
@@ -52,15 +56,16 @@ def check_float(name, value, minimum=None, maximum=None, min_exclusive=False):
     return float(value)
 
 
-def _check_range(name, value, minimum, maximum, kind="an int"):
+def _check_range(name: str, value: numbers.Real, minimum: float | None, maximum: float | None,
+                 kind: str = "an int") -> None:
     if minimum is not None and value < minimum:
         hint = f"{kind} >= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
         raise ValueError(f"{name} must be {hint}, got {value!r}")
-    if maximum is not None and value > maximum:
+    if maximum is not None and value > maximum:  # type: ignore[operator]  # typeshed's numbers.Real lacks __gt__
         raise ValueError(f"{name} must be <= {maximum}, got {value!r}")
 
 
-def check_loss(value, name="loss"):
+def check_loss(value: object, name: str = "loss") -> float:
     """A training loss as a float: a real number, or a one-element tensor or array (``.item()``).
     NaN and infinity pass (strategies skip them); anything else raises a ``TypeError`` naming ``name``.
 
@@ -83,7 +88,7 @@ def check_loss(value, name="loss"):
     return float(value)
 
 
-def as_schedule(name, value, minimum=1):
+def as_schedule(name: str, value: int | Callable[[int], int], minimum: int = 1) -> Callable[[int], int]:
     """Convert an int or a ``step -> int`` callable into a checked ``step -> int`` function.
 
     An int becomes a constant schedule (checked now); a callable is checked each time it is
@@ -95,7 +100,7 @@ def as_schedule(name, value, minimum=1):
         (2, 8)
     """
     if callable(value):
-        def schedule(step):
+        def schedule(step: int) -> int:
             return check_int(f"{name}({step})", value(step), minimum)
         schedule.__doc__ = f"{name} schedule from {value!r}"
         return schedule
@@ -106,7 +111,7 @@ def as_schedule(name, value, minimum=1):
     return lambda step: constant
 
 
-def parse_address(address, name="server_address"):
+def parse_address(address: object, name: str = "server_address") -> tuple[str, int]:
     """``tcp://host:port`` (or ``host:port``) -> ``(host, port)``, else a ``ValueError`` naming ``name``.
 
     Example:
@@ -121,7 +126,7 @@ def parse_address(address, name="server_address"):
     return host, int(port)
 
 
-def check_host(name, value):
+def check_host(name: str, value: object) -> str:
     """``value`` if it is a host name (letters, digits, ``.``, ``-``, ``_``) or an IP address, else raise
     naming ``name``.
 
@@ -144,7 +149,7 @@ def check_host(name, value):
     return value
 
 
-def check_options(name, value, accepted):
+def check_options(name: str, value: object, accepted: Iterable[str]) -> dict[str, Any]:
     """``value`` (a dict of keyword arguments, or None) as a dict, refusing keys not in ``accepted``.
 
     Example:
@@ -168,7 +173,7 @@ def check_options(name, value, accepted):
     return dict(value)
 
 
-def check_directory(name, value):
+def check_directory(name: str, value: object) -> str | None:
     """``value`` as a path string if it is a directory that exists or can be created, and written to;
     ``None`` or ``""`` gives ``None``. Raises a ``TypeError``/``ValueError`` naming ``name``; nothing
     is created.

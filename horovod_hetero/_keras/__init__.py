@@ -1,7 +1,11 @@
 """Backend-agnostic logic of the Keras callbacks (as Horovod's ``horovod/_keras``), and which Keras runs."""
 import os
+import weakref
 
 import numpy as np
+
+#: model -> the strategy callbacks training it (``strategy_callbacks``).
+_strategy_callbacks = weakref.WeakKeyDictionary()
 
 
 def keras_module():
@@ -58,3 +62,17 @@ def to_tensor(array, variable):
 def weights(model):
     """``model.weights``, empty while the model is not built (Keras 2 raises then)."""
     return list(model.weights) if getattr(model, "built", True) else []
+
+
+def strategy_callbacks(model):
+    """The strategy callbacks (``HeteroSyncCallbackImpl``) that train ``model``, a weak set each adds
+    itself to when training begins."""
+    return _strategy_callbacks.setdefault(model, weakref.WeakSet())
+
+
+def sync_epoch(model, epoch):
+    """Bring ``model``'s strategy callbacks to this epoch's ``sync_model()`` now if they have not yet
+    (``epoch_sync=True``): callbacks that meet the other ranks at an epoch's end (``MetricAverageCallback``)
+    call it first, so they work before or after the strategy callback in ``fit``'s list."""
+    for callback in list(strategy_callbacks(model)):
+        callback.sync_epoch(epoch)

@@ -7,9 +7,11 @@ Python operators, and the collectives are the backend's (``_keras.collectives_cl
 """
 import numpy as np
 
-from horovod_hetero._horovod import check_process_set, check_run_options, follow_ranks
-from horovod_hetero._keras import collectives_class, to_numpy, to_tensor, value, weights
-from horovod_hetero._keras.horovod_layer import begin_training
+from horovod_hetero._keras import collectives_class, strategy_callbacks, to_numpy, to_tensor, value, weights
+from horovod_hetero._keras.horovod_api import begin_training
+from horovod_hetero.common.options import check_run_options
+from horovod_hetero.common.process_sets import check_process_set
+from horovod_hetero.common.ranks import follow_ranks
 from horovod_hetero.rules.partition import epoch_indices, step_batch, step_times_of, steps_per_epoch
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, Model
 from horovod_hetero.runtime.controller import HeteroController
@@ -121,6 +123,7 @@ class HeteroSyncCallbackImpl:
         self._membership = None                # built at fit: it needs hvd.init() and the model
         self._pending_state = None
         self._loss_mean = None                 # (batches, Keras' running mean of the loss) this epoch
+        self._synced_epoch = None              # the epoch whose end sync_model() ran (epoch_sync)
 
     @property
     def _hh(self):
@@ -151,10 +154,12 @@ class HeteroSyncCallbackImpl:
 
     def on_train_begin(self, logs=None):
         begin_training(self.model, self.timeout)
+        strategy_callbacks(self.model).add(self)
         self._hh_controller().start()
 
     def on_epoch_begin(self, epoch, logs=None):
         self._loss_mean = None
+        self._synced_epoch = None
 
     def on_train_batch_end(self, batch, logs=None):
         with self._follow().guard() as hh:
@@ -167,11 +172,16 @@ class HeteroSyncCallbackImpl:
             hh.after_step()
 
     def on_epoch_end(self, epoch, logs=None):
-        if self.epoch_sync:
-            # sync_model() at every epoch's end, as in the torch loop: every rank leaves the epoch
-            # at the same round with identical weights, so the callbacks after this one (metric
-            # averaging, checkpoints) meet in their collectives; the next batch reopens the strategy
+        self.sync_epoch(epoch)
+
+    def sync_epoch(self, epoch):
+        """``sync_model()`` once at ``epoch``'s end if ``epoch_sync``, as in the torch loop: every rank
+        leaves the epoch at the same round with identical weights, so the callbacks after this one
+        (metric averaging, checkpoints) meet in their collectives; the next batch reopens the strategy.
+        ``MetricAverageCallback`` calls it first when it comes before this callback (``sync_epoch``)."""
+        if self.epoch_sync and self._synced_epoch != epoch:
             self.sync_model()
+            self._synced_epoch = epoch
 
     def on_train_end(self, logs=None):
         self.sync_model()

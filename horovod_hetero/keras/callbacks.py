@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from horovod_hetero._keras import keras_module
 from horovod_hetero._keras.callback import BalancedCallbackImpl, HeteroSyncCallbackImpl, SlowdownCallbackImpl
-from horovod_hetero._keras.horovod_layer import (
+from horovod_hetero._keras.horovod_api import (
     BroadcastGlobalVariablesCallbackImpl, LearningRateWarmupCallbackImpl, MetricAverageCallbackImpl)
 from horovod_hetero.strategies import ADSP, DSSP, ESync, ElasticBSP, LocalSGD, WAGMA
 from horovod_hetero.validation import check_options
@@ -174,7 +174,7 @@ class BroadcastGlobalVariablesCallback(BroadcastGlobalVariablesCallbackImpl, Cal
     """Start every rank from ``root_rank``'s model and optimizer state (Horovod's callback of the
     same name, for any Keras and backend). Put it first among the callbacks. Like every hh callback,
     when training begins it makes a lost rank in ``hh.DistributedOptimizer``'s gradient average a
-    ``RankLostError`` (``_keras.horovod_layer.guard_train_function``).
+    ``RankLostError`` (``_keras.horovod_api.guard_train_function``).
 
     Args:
         root_rank: the (global) rank whose variables every rank takes.
@@ -190,10 +190,11 @@ class BroadcastGlobalVariablesCallback(BroadcastGlobalVariablesCallbackImpl, Cal
 class MetricAverageCallback(MetricAverageCallbackImpl, Callback):
     """Average the epoch's metrics (``logs``) over the ranks (Horovod's callback of the same name).
 
-    Put it before callbacks that read the logs. Its allgather runs at every rank's epoch end: with
-    a model-averaging strategy every rank must reach each epoch's end between the same two rounds
-    (equal batches per epoch and a strategy that keeps ranks in step, e.g. LocalSGD on even shards);
-    otherwise a rank waits in it while another waits in a round, until the timeout names it.
+    Put it before callbacks that read the logs. Its allgather runs at every rank's epoch end; with
+    a model-averaging strategy its callback (``epoch_sync=True``, the default) first brings every rank
+    to the same round, wherever it is in the list. With ``epoch_sync=False`` every rank must reach each
+    epoch's end between the same two rounds, or a rank waits in it while another waits in a round,
+    until the timeout names it.
 
     Example::
 

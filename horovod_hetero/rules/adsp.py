@@ -23,19 +23,24 @@ Example:
     >>> s.rate, s.trial_rounds()
     (1, 3)
 """
+from __future__ import annotations
+
 import math
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from horovod_hetero.validation import check_float, check_int
 
 
-def loss_model(t, a1, a2, a3):
+def loss_model(t: npt.ArrayLike, a1: float, a2: float, a3: float) -> npt.NDArray[np.float64]:
     """ADSP's loss curve ℓ(t) = 1 / (a1² t + a2) + a3."""
     return 1.0 / (a1 * a1 * np.asarray(t, dtype=float) + a2) + a3
 
 
-def fit_loss_curve(times, losses):
+def fit_loss_curve(times: npt.ArrayLike, losses: npt.ArrayLike) -> tuple[float, float, float]:
     """Least-squares fit of ``loss_model`` to (time, loss) samples; returns (a1, a2, a3).
 
     Example:
@@ -64,7 +69,7 @@ def fit_loss_curve(times, losses):
     return float(a1), float(a2 - a1 * a1 * t[0]), float(a3)
 
 
-def reward(curve, loss):
+def reward(curve: Sequence[float], loss: float) -> float:
     """The paper's reward r = a1² / (1/(ℓ - a3) - a2): 1 / the time the fitted ``curve`` (a1, a2, a3)
     reaches the constant ``loss`` ℓ. 0 if it never does (ℓ at or below its asymptote a3, or a flat
     curve); infinite if it is there at time 0 already.
@@ -81,7 +86,7 @@ def reward(curve, loss):
     return math.inf if t <= 0 else 1.0 / t
 
 
-def commit_period(gamma, delta_commits, overhead):
+def commit_period(gamma: float, delta_commits: int, overhead: float) -> float:
     """A worker's commit timer: Γ/ΔC_i - O_i seconds between commits (0 if overhead exceeds it).
 
     Example:
@@ -132,26 +137,26 @@ class CommitRateSearch:
         (2, [1, 2, 3])
     """
 
-    def __init__(self, start=1, fit_points=4):
+    def __init__(self, start: int = 1, fit_points: int = 4) -> None:
         self.start = check_int("start", start, 1)
         self.fit_points = check_int("fit_points", fit_points, 3)
         self.restart()
-        self.history = []              # one dict per finished trial (telemetry)
+        self.history: list[dict[str, Any]] = []              # one dict per finished trial (telemetry)
 
-    def restart(self):
+    def restart(self) -> None:
         """A new search from ``start`` (the paper's new epoch: C_target = max c_i + 1)."""
         self.rate = self.start
         self.searching = True
         self.stalled = False
-        self.best = None               # (rate, curve, lowest loss of its trial)
-        self._points = []              # (t, loss) of the running trial
+        self.best: tuple[int, Sequence[float], float] | None = None    # (rate, curve, lowest loss of its trial)
+        self._points: list[tuple[float, float]] = []                   # (t, loss) of the running trial
         self._rounds = 0               # rounds of the running trial
 
-    def trial_rounds(self):
+    def trial_rounds(self) -> int:
         """Rounds the running trial lasts: whole check periods of ``rate`` rounds, enough for the fit."""
         return self.rate * -(-self.fit_points // self.rate)
 
-    def add(self, t, loss, max_rate=None):
+    def add(self, t: float, loss: float, max_rate: int | None = None) -> dict[str, Any] | None:
         """One round ended at time ``t`` with global training loss ``loss`` (NaN/inf: skipped).
 
         Returns the finished trial's record (a dict: ``candidate``, ``a1``, ``a2``, ``a3``,
@@ -166,7 +171,7 @@ class CommitRateSearch:
             return None
         points, candidate = self._points, self.rate
         self._points, self._rounds = [], 0
-        record = {"candidate": candidate, "points": len(points)}
+        record: dict[str, Any] = {"candidate": candidate, "points": len(points)}
         try:
             curve = fit_loss_curve(*zip(*points)) if len(points) >= self.fit_points else None
         except ValueError:
@@ -192,18 +197,19 @@ class CommitRateSearch:
             else:
                 self.rate = candidate + 1
         else:
+            assert self.best is not None                      # not better: there was a best to compare with
             self.rate, self.searching = self.best[0], False
         record.update(rate=self.rate, searching=self.searching)
         self.history.append(record)
         return record
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         best = None if self.best is None else [self.best[0], list(self.best[1]), self.best[2]]
         return {"rate": self.rate,
                 "searching": self.searching, "stalled": self.stalled, "best": best,
                 "points": [list(p) for p in self._points], "rounds": self._rounds, "history": list(self.history)}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.rate = check_int("state['rate']", state["rate"], 1)
         self.searching, self.stalled = bool(state["searching"]), bool(state["stalled"])
         best = state["best"]

@@ -7,12 +7,15 @@ A rank's step takes ``t_i(b) = alpha_i + beta_i * b`` seconds for a batch of ``b
 not proportional to the batch). Pure: no framework, no collective; every rank calls these with the same
 numbers and gets the same answer.
 """
+from __future__ import annotations
+
 import heapq
 
 import numpy as np
+import numpy.typing as npt
 
 
-def fit_step_time(batches, seconds):
+def fit_step_time(batches: npt.ArrayLike, seconds: npt.ArrayLike) -> tuple[float, float]:
     """``(alpha, beta)``: the least-squares line ``seconds = alpha + beta * batch`` through one rank's
     measurements (lists of the same length). With one batch size only (or a line that would have a
     negative part) the time is taken as proportional to the batch (``alpha = 0``, ``beta`` the least
@@ -33,7 +36,8 @@ def fit_step_time(batches, seconds):
     return 0.0, round(max(beta, 1e-12), 12)
 
 
-def plan_batches(global_batch, alpha, beta, max_batch=None):
+def plan_batches(global_batch: int, alpha: npt.ArrayLike, beta: npt.ArrayLike,
+                 max_batch: int | None = None) -> npt.NDArray[np.int64]:
     """Integer batch sizes, one per rank, summing to ``global_batch`` (each at least 1, at most
     ``max_batch``), that minimise the longest predicted step ``alpha_i + beta_i * b_i``: every sample is
     given, one at a time, to the rank whose step it lengthens least (ties to the lower rank). The
@@ -61,7 +65,7 @@ def plan_batches(global_batch, alpha, beta, max_batch=None):
     return sizes
 
 
-def predicted_step(alpha, beta, sizes):
+def predicted_step(alpha: npt.ArrayLike, beta: npt.ArrayLike, sizes: npt.ArrayLike) -> float:
     """The longest predicted step of a split (seconds).
 
     Example:

@@ -13,12 +13,16 @@ Two slips in the listings are corrected, following the paper's own text and Figu
 - Algorithm 1 grants an OK at the controller call without spending allowance, so r* = 3 would
   buy 4 extra iterations; here the call's OK spends one, so r* means r* extra iterations.
 """
+from __future__ import annotations
+
 import numpy as np
+import numpy.typing as npt
 
 from horovod_hetero.validation import check_float, check_int
 
 
-def simulated_waits(fast_prev, fast_last, slow_prev, slow_last, r_max):
+def simulated_waits(fast_prev: float, fast_last: float, slow_prev: float, slow_last: float,
+                    r_max: int) -> npt.NDArray[np.float64]:
     """Simulated wait of the fastest worker if it stops after r = 0..r_max more iterations.
 
     The fastest worker's stops are ``fast_last + r * I_p``; the slowest's iteration ends are
@@ -34,7 +38,7 @@ def simulated_waits(fast_prev, fast_last, slow_prev, slow_last, r_max):
     return first + k * i_s - stops
 
 
-def _interval(name, prev, last):
+def _interval(name: str, prev: float, last: float) -> float:
     prev = check_float(f"{name}_prev", prev)
     last = check_float(f"{name}_last", last)
     if last <= prev:
@@ -43,7 +47,8 @@ def _interval(name, prev, last):
     return last - prev
 
 
-def synchronization_controller(fast_prev, fast_last, slow_prev, slow_last, r_max):
+def synchronization_controller(fast_prev: float, fast_last: float, slow_prev: float, slow_last: float,
+                               r_max: int) -> int:
     """Algorithm 2: r* in [0, r_max] minimising the simulated wait (ties: the smallest r).
 
     Args:
@@ -77,7 +82,7 @@ class DSSPServer:
         ([], [1, 0])
     """
 
-    def __init__(self, size, s_lower, s_upper):
+    def __init__(self, size: int, s_lower: int, s_upper: int) -> None:
         self.size = check_int("size", size, 1)
         self.s_lower = check_int("s_lower", s_lower, 0)
         self.s_upper = check_int("s_upper", s_upper, self.s_lower)
@@ -87,14 +92,14 @@ class DSSPServer:
         self.pushes = np.full((self.size, 2), np.nan)           # [latest, second latest]
         self._by_count = {0: set(range(self.size))}             # count -> workers
         self._min = self._max = 0
-        self._waiting = {}                                      # count -> waiting workers
+        self._waiting: dict[int, set[int]] = {}                 # count -> waiting workers
 
     @property
-    def waiting(self):
+    def waiting(self) -> set[int]:
         """The workers waiting for the slowest to catch up."""
         return set().union(*self._waiting.values()) if self._waiting else set()
 
-    def _count(self, p):
+    def _count(self, p: int) -> None:
         c = int(self.counts[p])
         bucket = self._by_count[c]
         bucket.discard(p)
@@ -106,7 +111,7 @@ class DSSPServer:
             while self._min not in self._by_count:
                 self._min += 1
 
-    def push(self, p, timestamp):
+    def push(self, p: int, timestamp: float) -> list[int]:
         p = check_int("p", p, 0, self.size - 1)
         self._count(p)
         self.pushes[p, 1], self.pushes[p, 0] = self.pushes[p, 0], timestamp
@@ -117,7 +122,7 @@ class DSSPServer:
             released += sorted(self._waiting.pop(c) - {p})
         return released
 
-    def _may_continue(self, p):
+    def _may_continue(self, p: int) -> bool:
         if self.allowance[p] > 0:
             self.allowance[p] -= 1
             return True
@@ -133,7 +138,7 @@ class DSSPServer:
         return False
 
 
-def round_plan(step_s, s_lower, s_upper, tolerance=0.05):
+def round_plan(step_s: npt.ArrayLike, s_lower: int, s_upper: int, tolerance: float = 0.05) -> list[int]:
     """DSSP's decision at an averaging round: local steps per worker before the next round.
 
     The round is the synchronisation point and every worker starts from it at once. Without
@@ -170,7 +175,7 @@ def round_plan(step_s, s_lower, s_upper, tolerance=0.05):
     i_f, i_s = step_s[fast], step_s[slow]
     late = tolerance * i_f                      # an end this much after a stop still counts as on time
 
-    def fits(t):
+    def fits(t: float) -> npt.NDArray[np.int64]:
         return np.maximum(1, np.floor(t / step_s + tolerance)).astype(np.int64)
 
     free = int(min(fits(i_s)[fast], s_lower + 1))

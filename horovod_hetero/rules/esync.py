@@ -7,8 +7,12 @@ aggregate now. It is *ready* when it has made at least one local iteration this 
 iteration before the slowest finishes its current one: ``capability + eps > rest time``).
 So when the slowest worker completes one iteration the others have done as many as fit.
 """
+from __future__ import annotations
+
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from horovod_hetero.validation import check_float, check_int
 
@@ -19,8 +23,8 @@ class Record:
 
     rank: int
     local_iterations: int = 0
-    capability: float = None      # seconds per local iteration (query round trip included)
-    last_finish_time: float = None
+    capability: float | None = None      # seconds per local iteration (query round trip included)
+    last_finish_time: float | None = None
     ready: bool = False
     round: int = 0
     left: bool = False            # stopped training (joined): not counted as the slowest
@@ -53,7 +57,8 @@ class ESyncState:
         True
     """
 
-    def __init__(self, size, epsilon=1e-3, overshoot=0.0, clock=time.monotonic):
+    def __init__(self, size: int, epsilon: float = 1e-3, overshoot: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.size = check_int("size", size, 1)
         self.epsilon = check_float("epsilon", epsilon, 0.0)
         self.overshoot = check_float("overshoot", overshoot, 0.0, 1.0)
@@ -62,18 +67,18 @@ class ESyncState:
         self.entered_round = -1              # the latest round a worker aggregates without an answer (``enter``)
         self._recount()
 
-    def _recount(self):
+    def _recount(self) -> None:
         self._unreported = sum(1 for r in self.records if not r.left and r.capability is None)
-        self._slowest = None                 # None: recompute on demand
+        self._slowest: Record | None = None  # None: recompute on demand
 
-    def _record(self, rank):
+    def _record(self, rank: int) -> Record:
         return self.records[check_int("rank", rank, 0, self.size - 1)]
 
     @staticmethod
-    def _key(record):
+    def _key(record: Record) -> tuple[float | None, int]:
         return record.capability, -record.rank
 
-    def slowest(self):
+    def slowest(self) -> Record | None:
         """The slowest worker still training, or None while one of them has not reported."""
         if self._unreported:
             return None
@@ -82,17 +87,18 @@ class ESyncState:
             self._slowest = max(active, key=self._key) if active else None
         return self._slowest
 
-    def _set_capability(self, record, capability):
+    def _set_capability(self, record: Record, capability: float) -> None:
         old, record.capability = record.capability, capability
         if old is None:
             self._unreported -= 1
         if record is self._slowest:
+            assert old is not None           # the slowest is chosen among reported records
             if capability < old:
                 self._slowest = None         # someone else may be slower now
         elif self._slowest is not None and self._key(record) > self._key(self._slowest):
             self._slowest = record
 
-    def _activate(self, record):
+    def _activate(self, record: Record) -> None:
         """A worker that had left trains again (its next query rejoins it)."""
         record.left = False
         if record.capability is None:
@@ -100,7 +106,7 @@ class ESyncState:
         elif self._slowest is not None and self._key(record) > self._key(self._slowest):
             self._slowest = record
 
-    def query(self, rank, local_iterations, capability, last_finish_time):
+    def query(self, rank: int, local_iterations: int, capability: float | None, last_finish_time: float) -> bool:
         """QUERY-STATE: update ``rank``'s record and answer whether it aggregates now.
 
         ``capability=None`` leaves it unchanged (the listing's -1), e.g. for the k = 0 query
@@ -122,13 +128,16 @@ class ESyncState:
             return True
         if current.local_iterations == 0 or slowest is None or slowest.round < current.round:
             return False
+        # every worker reported (a slowest exists), so both records hold a capability and a finish time
+        assert (slowest.capability is not None and slowest.last_finish_time is not None
+                and current.capability is not None)
         rest = slowest.capability - self.clock() + slowest.last_finish_time
         step = current.capability * (1.0 - self.overshoot)
         if current is slowest or slowest.ready or step + self.epsilon > rest:
             current.ready = True
         return current.ready
 
-    def reset(self, rank, round, finish_time):
+    def reset(self, rank: int, round: int, finish_time: float) -> None:
         """RESET-STATE-SERVER: ``rank`` finished the aggregation of round ``round - 1``."""
         current = self._record(rank)
         current.round = check_int("round", round, 0)
@@ -136,7 +145,7 @@ class ESyncState:
         current.ready = False
         current.last_finish_time = check_float("finish_time", finish_time)
 
-    def enter(self, rank, round):
+    def enter(self, rank: int, round: int) -> None:
         """``rank`` aggregates round ``round`` without waiting for an answer (it fell back: the server
         did not answer in time). Every worker in that round is then ready at its next query with a
         local step, so none waits for records that stay still until the round is done."""
@@ -148,7 +157,7 @@ class ESyncState:
         self._record(rank).ready = True
         self.entered_round = max(self.entered_round, round)
 
-    def leave(self, rank):
+    def leave(self, rank: int) -> None:
         """``rank`` stopped training (it joins the others' rounds until they stop too)."""
         record = self._record(rank)
         if not record.left:
@@ -158,7 +167,7 @@ class ESyncState:
             if record is self._slowest:
                 self._slowest = None
 
-    def answer(self, rank, local_iterations, capability, round):
+    def answer(self, rank: int, local_iterations: int, capability: float | None, round: int) -> tuple[bool, bool]:
         """A worker's query as the state server takes it: ``(ready, is_slowest)``.
 
         A query for a round the record is not in yet means the worker's RESET was lost on the
@@ -171,9 +180,9 @@ class ESyncState:
         slowest = self.slowest()
         return ready, slowest is not None and slowest.rank == rank
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return {"records": [vars(r).copy() for r in self.records]}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.records = [Record(**r) for r in state["records"]]
         self._recount()

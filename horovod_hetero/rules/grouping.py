@@ -6,20 +6,22 @@ and yields groups of the wrong size; the intended rule, which matches its worked
 with ``shift = (t * log2 S) mod log2 P``, phase r (0-based, r < log2 S) pairs rank p with
 ``p XOR (1 << ((shift + r) mod log2 P))``. A group is everything reachable in those phases.
 """
+from __future__ import annotations
+
 import functools
 import math
 
 from horovod_hetero.validation import check_int
 
 
-def _log2(name, value, hint):
+def _log2(name: str, value: int, hint: str) -> int:
     value = check_int(name, value, 1)
     if value & (value - 1):
         raise ValueError(f"{name} must be a power of two, got {value}; {hint}")
     return value.bit_length() - 1
 
 
-def check_sizes(P, S):
+def check_sizes(P: int, S: int) -> tuple[int, int]:
     """Validate world size P and group size S; return (log2 P, log2 S)."""
     lp = _log2("P", P, "WAGMA's butterfly groups need 1, 2, 4, 8, ... workers: launch a power-of-two "
                        "number of processes, or use LocalSGD for other sizes")
@@ -30,7 +32,7 @@ def check_sizes(P, S):
     return lp, ls
 
 
-def nearest_group_size(P):
+def nearest_group_size(P: int) -> int:
     """The power of two nearest sqrt(P), the group size the WAGMA paper recommends.
 
     For an odd power of two P, sqrt(P) lies halfway (in log scale) between two powers of two;
@@ -43,7 +45,7 @@ def nearest_group_size(P):
     return 1 << math.ceil(math.log2(P) / 2) if P >= 1 else 1
 
 
-def butterfly_groups(P, S, t):
+def butterfly_groups(P: int, S: int, t: int) -> list[tuple[int, ...]]:
     """Partition of ranks 0..P-1 into P/S groups of size S for step ``t``.
 
     Args:
@@ -61,7 +63,8 @@ def butterfly_groups(P, S, t):
         [(0, 1, 4, 5), (2, 3, 6, 7)]
     """
     masks = _masks(P, S, t)
-    groups, placed = [], set()
+    groups: list[tuple[int, ...]] = []
+    placed: set[int] = set()
     for p in range(P):                    # each group built once, from its smallest rank
         if p not in placed:
             group = tuple(sorted(map(p.__xor__, masks)))
@@ -70,7 +73,7 @@ def butterfly_groups(P, S, t):
     return groups
 
 
-def butterfly_group(P, S, t, rank):
+def butterfly_group(P: int, S: int, t: int, rank: int) -> tuple[int, ...]:
     """The group of ``rank`` in ``butterfly_groups(P, S, t)``, in O(S) instead of O(P S).
 
     Example:
@@ -81,7 +84,7 @@ def butterfly_group(P, S, t, rank):
     return tuple(sorted(map(rank.__xor__, _masks(P, S, t))))
 
 
-def _masks(P, S, t):
+def _masks(P: int, S: int, t: int) -> tuple[int, ...]:
     """XOR masks reaching a rank's group members at step t: phase r flips bit (shift + r) mod log2 P."""
     lp, ls = check_sizes(P, S)
     t = check_int("t", t, 0)
@@ -89,7 +92,7 @@ def _masks(P, S, t):
 
 
 @functools.lru_cache(maxsize=256)
-def _shifted_masks(lp, ls, shift):
+def _shifted_masks(lp: int, ls: int, shift: int) -> tuple[int, ...]:
     if lp == 0:
         return (0,)
     masks = [0]
@@ -99,7 +102,7 @@ def _shifted_masks(lp, ls, shift):
     return tuple(masks)
 
 
-def distinct_partitions(P, S):
+def distinct_partitions(P: int, S: int) -> list[list[tuple[int, ...]]]:
     """Every distinct partition ``butterfly_groups`` produces, in order of first use.
 
     Register each group of each partition as a Horovod process set once, at start-up, in the
@@ -110,7 +113,7 @@ def distinct_partitions(P, S):
         [[(0, 1, 2, 3), (4, 5, 6, 7)], [(0, 1, 4, 5), (2, 3, 6, 7)], [(0, 2, 4, 6), (1, 3, 5, 7)]]
     """
     lp, _ = check_sizes(P, S)
-    out = []
+    out: list[list[tuple[int, ...]]] = []
     for t in range(max(1, lp)):
         groups = butterfly_groups(P, S, t)
         if groups not in out:
@@ -118,12 +121,12 @@ def distinct_partitions(P, S):
     return out
 
 
-def partition_index(P, S, t):
+def partition_index(P: int, S: int, t: int) -> int:
     """Index into ``distinct_partitions(P, S)`` of the partition used at step ``t``."""
     return distinct_partitions(P, S).index(butterfly_groups(P, S, t))
 
 
-def resolve_group_size(group_size, size):
+def resolve_group_size(group_size: int | None, size: int) -> int:
     """The group size S for world size P=``size``: ``None`` gives the power of two nearest sqrt(P).
 
     Example:
@@ -135,7 +138,7 @@ def resolve_group_size(group_size, size):
     return S
 
 
-def process_set_ranks(size, group_size=None):
+def process_set_ranks(size: int, group_size: int | None = None) -> list[list[int]]:
     """Rank lists of every group of every distinct butterfly partition, to register once.
 
     Groups of one rank and the group of all ranks (the global process set) are left out.
@@ -148,7 +151,7 @@ def process_set_ranks(size, group_size=None):
 
 
 @functools.lru_cache(maxsize=16)
-def group_process_sets(size, S):
+def group_process_sets(size: int, S: int) -> tuple[tuple[int, ...], ...]:
     """``process_set_ranks`` as a tuple of tuples, computed once per (P, S): every rank of a job (and
     every simulated worker) asks for the same sets."""
     return tuple(g for part in distinct_partitions(size, S) for g in part if 1 < len(g) < size)

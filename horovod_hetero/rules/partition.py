@@ -6,10 +6,15 @@ so ranks that have gone through the same rounds (after ``sync_model()``, at an e
 same speeds and compute the same partition without a message. Pure: the samplers of the adapters
 (``horovod_hetero.torch.DistributedSampler``, the Keras callback's ``epoch_indices``) call these.
 """
+from __future__ import annotations
+
+from collections.abc import Sequence
+
 import numpy as np
+import numpy.typing as npt
 
 
-def latest_step_times(previous, step_s):
+def latest_step_times(previous: npt.ArrayLike | None, step_s: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """Each rank's latest measured seconds per step: ``step_s`` where it is finite and > 0 (the rank
     stepped since the previous round), else the previous value (NaN: never measured).
 
@@ -23,7 +28,7 @@ def latest_step_times(previous, step_s):
     return np.where(measured, step_s, previous)
 
 
-def proportional_counts(n, step_s):
+def proportional_counts(n: int, step_s: npt.ArrayLike) -> npt.NDArray[np.int64]:
     """Split ``n`` samples into per-rank counts proportional to speed (1 / seconds per step).
 
     Largest remainders, ties to the lower rank, so the counts sum to ``n`` exactly and every rank
@@ -45,7 +50,8 @@ def proportional_counts(n, step_s):
     return counts
 
 
-def step_times_of(step_times, size):
+def step_times_of(step_times: Sequence[float] | npt.NDArray[np.float64] | None,
+                  size: int) -> npt.NDArray[np.float64]:
     """Every rank's latest seconds per step for a split among ``size`` ranks: ``step_times`` (from
     the rounds), or NaN for each rank before any round (an even split); a ``ValueError`` when the
     rounds measured another number of ranks.
@@ -62,7 +68,8 @@ def step_times_of(step_times, size):
     return np.asarray(step_times, dtype=np.float64)
 
 
-def epoch_indices(n, step_s, rank, epoch=0, seed=0, shuffle=True):
+def epoch_indices(n: int, step_s: npt.ArrayLike, rank: int, epoch: int = 0, seed: int = 0,
+                  shuffle: bool = True) -> list[int]:
     """This rank's sample indices for ``epoch``: a contiguous share, proportional to its speed, of
     the epoch's permutation (the same permutation on every rank: ``seed`` and ``epoch``).
 
@@ -76,7 +83,7 @@ def epoch_indices(n, step_s, rank, epoch=0, seed=0, shuffle=True):
     return order[bounds[rank]:bounds[rank + 1]].tolist()
 
 
-def steps_per_epoch(n, global_batch):
+def steps_per_epoch(n: int, global_batch: int) -> int:
     """Steps of an epoch of ``n`` samples in global batches of ``global_batch`` (the last one completed
     from the epoch's start).
 
@@ -87,7 +94,7 @@ def steps_per_epoch(n, global_batch):
     return -(-n // global_batch)
 
 
-def step_batch(order, step, sizes, rank):
+def step_batch(order: Sequence[int], step: int, sizes: Sequence[int], rank: int) -> list[int]:
     """This rank's sample indices at ``step`` (0-based, within the epoch) when every step takes
     ``sum(sizes)`` samples of the epoch's ``order`` in turn and rank r the ``sizes[r]`` after the lower
     ranks'; the epoch's last global batch is completed from the start of ``order`` (every rank takes the

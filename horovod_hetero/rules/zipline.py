@@ -9,10 +9,13 @@ barrier ``t_sync = max``, which keeps gradients least stale.
 ``zipline`` is the fast, vectorised solver; ``zipline_opt`` (the paper's ZipLineOpt) and
 ``full_grid_scan`` are reference implementations for tests and ``benchmarks/zipline.py``.
 """
+from __future__ import annotations
+
 import itertools
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from horovod_hetero.validation import check_int
 
@@ -33,7 +36,7 @@ class ZipLineResult:
     wait: float
 
 
-def predict_ends(last_end, interval, R):
+def predict_ends(last_end: npt.ArrayLike, interval: npt.ArrayLike, R: int) -> npt.NDArray[np.float64]:
     """Predicted end times of each worker's next ``R`` iterations: ``last_end[p] + i*interval[p]``.
 
     The paper's lookahead: ``interval`` is the distance between a worker's two latest pushes.
@@ -61,7 +64,7 @@ def predict_ends(last_end, interval, R):
     return last_end[:, None] + interval[:, None] * np.arange(1, R + 1, dtype=np.float64)
 
 
-def _vector(name, values):
+def _vector(name: str, values: npt.ArrayLike) -> npt.NDArray[np.float64]:
     arr = np.asarray(values, dtype=np.float64)
     if arr.ndim != 1 or arr.size == 0:
         raise ValueError(f"{name} must be a non-empty 1-d sequence of numbers, got shape {arr.shape}")
@@ -70,7 +73,7 @@ def _vector(name, values):
     return arr
 
 
-def check_ends(ends):
+def check_ends(ends: npt.ArrayLike) -> npt.NDArray[np.float64]:
     """Validate an n x R matrix of end times (finite, each row sorted); return it as float64."""
     ends = np.asarray(ends, dtype=np.float64)
     if ends.ndim != 2 or ends.shape[0] == 0 or ends.shape[1] == 0:
@@ -84,25 +87,25 @@ def check_ends(ends):
     return ends
 
 
-def _result(ends, steps):
+def _result(ends: npt.NDArray[np.float64], steps: np.ndarray) -> ZipLineResult:
     chosen = ends[np.arange(ends.shape[0]), steps - 1]
     t_sync = float(chosen.max())
     return ZipLineResult(steps=steps, t_sync=t_sync, wait=t_sync - float(chosen.min()))
 
 
-def _first_at_or_after(ends, t):
+def _first_at_or_after(ends: npt.NDArray[np.float64], t: float) -> np.ndarray:
     """Per worker, the 0-based index of its first end time >= t (R if none)."""
     return (ends < t).sum(axis=1)
 
 
-def _wait_bound(ends, ts):
+def _wait_bound(ends: npt.NDArray[np.float64], ts: npt.NDArray[np.float64]) -> float:
     """Upper bound on the optimal wait: for each t <= L, every worker's first end time >= t is a
     feasible window whose wait is at most its maximum minus t. Vectorised over the ts."""
     idx = (ends[None] < ts[:, None, None]).sum(axis=2)          # len(ts) x n, all < R as t <= L
     return float((np.take_along_axis(ends, idx.T, axis=1).max(axis=0) - ts).min())
 
 
-def zipline(ends):
+def zipline(ends: npt.ArrayLike) -> ZipLineResult:
     """Optimal ElasticBSP barrier for predicted end times, earliest among optima (vectorised).
 
     For a candidate window minimum t every worker takes its first end time >= t; as t sweeps
@@ -150,7 +153,7 @@ def zipline(ends):
     return _result(ends, _first_at_or_after(ends, lows[k]) + 1)
 
 
-def zipline_opt(ends):
+def zipline_opt(ends: npt.ArrayLike) -> ZipLineResult:
     """The paper's ZipLineOpt (reference): scan the merged timeline keeping Z in arrival order.
 
     O(nR log nR) for the merge plus O(n) per replacement; a plain Python loop, kept to test
@@ -159,8 +162,8 @@ def zipline_opt(ends):
     ends = check_ends(ends)
     n, R = ends.shape
     order = np.argsort(ends.ravel(), kind="stable")
-    z = []                                             # (time, worker, index) in arrival order
-    best = None
+    z: list[tuple[float, int, int]] = []               # (time, worker, index) in arrival order
+    best: tuple[float, list[int]] | None = None
     for flat_index in order.tolist():
         p, i = divmod(flat_index, R)
         t = float(ends[p, i])
@@ -177,10 +180,11 @@ def zipline_opt(ends):
         z.append((t, p, i))
         if len(z) == n and best is None:               # the first full Z (Theorem 3 prunes the rest)
             best = (t - z[0][0], [e[2] for e in sorted(z, key=lambda e: e[1])])
+    assert best is not None                            # every worker's first end time makes a full Z
     return _result(ends, np.array(best[1]) + 1)
 
 
-def full_grid_scan(ends):
+def full_grid_scan(ends: npt.ArrayLike) -> ZipLineResult:
     """FullGridScan (reference): every end time as the window minimum, every other worker its
     first end time at or after it; exact, O(n^2 R log R)."""
     ends = check_ends(ends)
@@ -196,10 +200,11 @@ def full_grid_scan(ends):
             key = (top - t, top)
             if best is None or key < best[0]:
                 best = (key, idx + 1)
+    assert best is not None                # the earliest last end time is a feasible window minimum
     return _result(ends, best[1])
 
 
-def brute_force(ends):
+def brute_force(ends: npt.ArrayLike) -> ZipLineResult:
     """Every one of the R^n choices (tests only): minimal wait, then earliest t_sync."""
     ends = check_ends(ends)
     n, R = ends.shape
@@ -209,4 +214,5 @@ def brute_force(ends):
         key = (chosen.max() - chosen.min(), chosen.max())
         if best is None or key < best[0]:
             best = (key, np.array(choice) + 1)
+    assert best is not None                # R >= 1: there is a choice
     return _result(ends, best[1])

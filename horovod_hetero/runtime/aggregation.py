@@ -18,7 +18,13 @@ then the outer step (``OuterSGD``; none: ``w = w_t + Delta``) gives the new mode
 next round's ``w_t``. Every operation is a Python operator on the framework's tensors, so the same
 code runs on torch tensors, TensorFlow tensors and NumPy arrays (the tests use NumPy).
 """
-from horovod_hetero.strategies.aggregation import check_aggregation
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from horovod_hetero.runtime.collectives import Tensor
+from horovod_hetero.strategies.aggregation import OuterSGD, check_aggregation
 
 
 class Aggregator:
@@ -39,26 +45,31 @@ class Aggregator:
         [1.25, 1.25]
     """
 
-    def __init__(self, aggregate, outer, copy):
+    def __init__(self, aggregate: str, outer: OuterSGD | None,
+                 copy: Callable[[Sequence[Tensor]], list[Tensor]]) -> None:
         self.aggregate, self.outer = check_aggregation(aggregate, outer)
         self._copy = copy
-        self.start = None          # w_t, the round's start (None until the initial models are averaged)
-        self.momentum = None       # the outer momentum buffer (None until the first outer step with momentum)
+        # w_t, the round's start (None until the initial models are averaged)
+        self.start: list[Tensor] | None = None
+        # the outer momentum buffer (None until the first outer step with momentum)
+        self.momentum: list[Tensor] | None = None
 
     @property
-    def ready(self):
+    def ready(self) -> bool:
         """True once ``w_t`` is known (rounds then work on changes)."""
         return self.start is not None
 
-    def begin(self, tensors):
+    def begin(self, tensors: Sequence[Tensor]) -> None:
         """Take ``tensors`` (the model every rank now holds) as the next round's start."""
         self.start = self._copy(tensors)
 
-    def contribution(self, tensors, weight, steps, samples):
+    def contribution(self, tensors: Sequence[Tensor], weight: float, steps: int,
+                     samples: int) -> tuple[list[Tensor], list[float]]:
         """``(tensors to sum, extra control values)`` of this rank for a round.
 
         ``weight``: the round protocol's (0 for a rank that has not stepped since the previous round);
         ``steps``, ``samples``: this rank's local steps and samples since then (0: not reported)."""
+        assert self.start is not None, "contribution() before begin()"
         if self.aggregate == "normalized":
             if weight == 0 or steps == 0:
                 coefficient, extra = 0.0, [0.0, 0.0]
@@ -69,9 +80,10 @@ class Aggregator:
             coefficient, extra = weight, [weight, 0.0]
         return [(w - g) * coefficient for w, g in zip(tensors, self.start)], extra
 
-    def combine(self, summed, extra):
+    def combine(self, summed: Sequence[Tensor], extra: Sequence[float]) -> list[Tensor]:
         """The new model from the summed contributions and the summed extra values (every rank gets the
         same); the outer step is taken here, so call it once per round."""
+        assert self.start is not None, "combine() before begin()"
         if self.aggregate == "normalized":
             total, weighted_steps = extra
             scale = weighted_steps / (total * total) if total > 0 else 0.0
@@ -91,13 +103,13 @@ class Aggregator:
                     else self.momentum)
         return [g + outer.lr * s for g, s in zip(self.start, step)]
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any] | None:
         """``{"start": [...], "momentum": [...] or None}`` (the tensors as held; ``None`` before ``begin``)."""
         if self.start is None:
             return None
         return {"start": list(self.start), "momentum": None if self.momentum is None else list(self.momentum)}
 
-    def load_state_dict(self, state, place):
+    def load_state_dict(self, state: object, place: Callable[[Sequence[Any]], list[Tensor]]) -> None:
         """Restore from ``state_dict()``; ``place(values)`` puts values on the model's device (new tensors)."""
         if not isinstance(state, dict) or "start" not in state:
             raise ValueError(f"aggregation state must be a dict with 'start' and 'momentum' (from state_dict()), "

@@ -6,17 +6,27 @@ operators on the framework's tensors (``t * w``, ``s / n``, ``g + lr * (w - g)``
 torch tensors, TensorFlow tensors and NumPy arrays).
 
 - ``Collectives``: Horovod's collectives for one framework (``horovod_hetero.torch.collectives``,
-  ``horovod_hetero.tensorflow.collectives``; shared Horovod logic in ``horovod_hetero._horovod``).
+  ``horovod_hetero.tensorflow.collectives``; shared Horovod logic in ``horovod_hetero.common``).
 - ``Model``: how the user's model is read and written (torch parameters, Keras variables).
 """
+from __future__ import annotations
+
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from horovod_hetero.errors import CollectiveTimeoutError, RankLostError
 
 #: Seconds a collective may take before it is declared stuck (a dead or diverged rank).
 DEFAULT_TIMEOUT_S = 300.0
+
+#: A framework's tensor as the runtime handles it: a ``torch.Tensor``, a TensorFlow tensor or variable,
+#: or a NumPy array (the tests'); only Python's arithmetic operators are applied to it here.
+Tensor = Any
+
+_T = TypeVar("_T")
 
 
 class Collectives(ABC):
@@ -34,7 +44,9 @@ class Collectives(ABC):
     timeout = DEFAULT_TIMEOUT_S
 
     @abstractmethod
-    def allreduce_sum(self, tensors, control, *, ranks=None, name, what, inplace=False, like=None):
+    def allreduce_sum(self, tensors: Sequence[Tensor], control: Sequence[float], *,
+                      ranks: Sequence[int] | None = None, name: str, what: str, inplace: bool = False,
+                      like: Tensor | None = None) -> tuple[list[Tensor], list[float]]:
         """Sum ``tensors`` and the float list ``control`` over the set (or over the process set of
         ``ranks``) in one fused collective; return ``(sums, summed control as floats)``.
 
@@ -46,43 +58,43 @@ class Collectives(ABC):
         """
 
     @abstractmethod
-    def copy(self, tensors):
+    def copy(self, tensors: Sequence[Tensor]) -> list[Tensor]:
         """New tensors equal to ``tensors`` (a snapshot)."""
 
-    def broadcast(self, tensors, root_rank, *, name, what):
+    def broadcast(self, tensors: Sequence[Tensor], root_rank: int, *, name: str, what: str) -> list[Tensor]:
         """``root_rank``'s ``tensors`` on every rank (any dtype), in order; ``CollectiveTimeoutError``
         naming ``what`` after ``timeout``."""
         raise NotImplementedError(f"{type(self).__name__} cannot broadcast tensors")
 
-    def mean(self, tensors, *, name):
+    def mean(self, tensors: Sequence[Tensor], *, name: str) -> list[Tensor]:
         """The element-wise mean of ``tensors`` over the set, callable inside a traced training step
         (a Keras ``train_step``): gradient averaging. Traced, it cannot be timed out from Python:
         Gloo's own timeout bounds it (``HOROVOD_GLOO_TIMEOUT_SECONDS``)."""
         raise NotImplementedError(f"{type(self).__name__} cannot average tensors")
 
-    def timed_mean(self, tensors, *, name):
+    def timed_mean(self, tensors: Sequence[Tensor], *, name: str) -> tuple[list[Tensor], float | Tensor]:
         """``(mean(tensors), seconds it took)``, the seconds as a number or a backend scalar, measured
         where the average runs (inside a compiled step too): the wait for the other ranks, which a
         step's own compute excludes."""
         raise NotImplementedError(f"{type(self).__name__} cannot average tensors")
 
     @abstractmethod
-    def broadcast_object(self, obj, *, what):
+    def broadcast_object(self, obj: Any, *, what: str) -> Any:
         """``obj`` of the set's first rank, on every rank."""
 
     @abstractmethod
-    def allgather_object(self, obj, *, what):
+    def allgather_object(self, obj: Any, *, what: str) -> list[Any]:
         """Every rank's ``obj``, in rank order, on every rank."""
 
-    def know_peers(self):
+    def know_peers(self) -> None:
         """Note where the set's ranks run (a collective, at the first start) for ``lost_ranks``."""
 
-    def lost_ranks(self):
+    def lost_ranks(self) -> dict[int, str]:
         """``{rank: "died" or "stopped"}`` for the ranks of the set this host sees lost (its own
         processes only: a rank on another host is never named); empty when nothing is known."""
         return {}
 
-    def require_groups(self, rank_lists, init_call):
+    def require_groups(self, rank_lists: Sequence[Sequence[int]], init_call: str) -> None:
         """Make sure every group in ``rank_lists`` can be averaged over (its process set is
         registered), else a ``ValueError`` naming ``init_call``."""
 
@@ -91,30 +103,30 @@ class Model(ABC):
     """The model's floating-point tensors, in the same order on every rank."""
 
     @abstractmethod
-    def tensors(self):
+    def tensors(self) -> list[Tensor]:
         """The live tensors (summing ``inplace`` into them changes the model)."""
 
     @abstractmethod
-    def assign(self, values, divisor=1.0, add_current=False):
+    def assign(self, values: Sequence[Tensor], divisor: float = 1.0, add_current: bool = False) -> None:
         """Set the model to ``(values [+ model]) / divisor``, tensor by tensor."""
 
     @abstractmethod
-    def place(self, values):
+    def place(self, values: Sequence[Any]) -> list[Tensor]:
         """New tensors holding ``values`` (arrays or tensors, e.g. from a checkpoint) with the model's
         tensors' shapes, dtypes and devices; a ``ValueError`` if they do not fit."""
 
     @property
     @abstractmethod
-    def nbytes(self):
+    def nbytes(self) -> int:
         """Bytes of the tensors (telemetry's traffic estimate)."""
 
 
-def scaled(tensors, weight):
+def scaled(tensors: Sequence[Tensor], weight: float) -> Sequence[Tensor]:
     """``weight * tensors`` (the tensors themselves for weight 1, so they can be summed in place)."""
     return tensors if weight == 1.0 else [t * weight for t in tensors]
 
 
-def call_with_timeout(fn, timeout_s, what):
+def call_with_timeout(fn: Callable[[], _T], timeout_s: float, what: str) -> _T:
     """Run a blocking call ``fn()`` with a time limit; raise ``CollectiveTimeoutError`` naming ``what``.
 
     For collectives that cannot be polled (TensorFlow eager ops, object collectives): the call
@@ -124,9 +136,9 @@ def call_with_timeout(fn, timeout_s, what):
         >>> call_with_timeout(lambda: 42, 1.0, "the answer")
         42
     """
-    box = {}
+    box: dict[str, Any] = {}
 
-    def target():
+    def target() -> None:
         try:
             box["value"] = fn()
         except BaseException as e:  # re-raised in the caller
@@ -145,23 +157,29 @@ def call_with_timeout(fn, timeout_s, what):
     return box["value"]
 
 
+class FailureEvent(threading.Event):
+    """A ``threading.Event`` that also holds why it was set (``reason``)."""
+
+    reason: str | None
+
+
 #: Set (with what happened) when the collectives' own background thread failed for good (Horovod's,
-#: ``_horovod.catch_background_abort``): every wait then ends at once with a ``RankLostError``.
-background_failure = threading.Event()
+#: ``common.failures.catch_background_abort``): every wait then ends at once with a ``RankLostError``.
+background_failure = FailureEvent()
 background_failure.reason = None
 #: Set once this process has seen a collective fail (a ``RankLostError`` or a timeout of ours, or
-#: ``background_failure``): from then on ``_horovod.guard_gil`` watches that Python code still runs.
+#: ``background_failure``): from then on ``common.failures.guard_gil`` watches that Python code still runs.
 failure_seen = threading.Event()
 
 
-def check_background(what):
+def check_background(what: str) -> None:
     """Raise ``RankLostError`` naming ``what`` if the collectives' background thread failed."""
     if background_failure.is_set():
         failure_seen.set()
         raise RankLostError(f"{what} cannot complete: {background_failure.reason}")
 
 
-def timeout_error(what, timeout_s):
+def timeout_error(what: str, timeout_s: float) -> CollectiveTimeoutError:
     """The error every stuck collective raises, torch and Keras alike."""
     failure_seen.set()
     return CollectiveTimeoutError(

@@ -5,25 +5,35 @@ controller measures the step, asks the strategy for a ``Decision``, carries it o
 round, a group average), opens and closes the strategy's transports, simulates slowdown and
 records telemetry. It imports no framework and knows no particular strategy.
 """
-import time
+from __future__ import annotations
 
-from horovod_hetero.errors import RankLostError
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from horovod_hetero.errors import CollectiveTimeoutError, RankLostError
 from horovod_hetero.rules.partition import latest_step_times
 from horovod_hetero.runtime.aggregation import Aggregator
-from horovod_hetero.runtime.collectives import failure_seen, scaled
+from horovod_hetero.runtime.collectives import Collectives, Model, failure_seen, scaled
 from horovod_hetero.runtime.rounds import RoundProtocol
-from horovod_hetero.runtime.straggler import Slowdown
+from horovod_hetero.runtime.straggler import Slowdown, SlowdownFactors
 from horovod_hetero.runtime.telemetry import Telemetry
-from horovod_hetero.strategies.base import AVERAGE, MEASURE, Context, GroupAverage, StepReport, check_decision
+from horovod_hetero.strategies.base import (AVERAGE, MEASURE, Context, GroupAverage, RoundResult, StepReport, Strategy,
+                                            check_decision)
 from horovod_hetero.runtime.transports import Transports
 
 
-def ring_bytes(payload_bytes, size):
+def ring_bytes(payload_bytes: int, size: int) -> int:
     """Bytes one rank sends in a ring allreduce of ``payload_bytes``: 2(n-1)/n of the payload."""
     return int(2 * (size - 1) * payload_bytes / size) if size > 1 else 0
 
 
-def rank_lost_error(error, doing, round_, step, rank, lost):
+def rank_lost_error(error: BaseException, doing: str, round_: int, step: int, rank: int,
+                    lost: Mapping[int, str]) -> RankLostError:
     """The ``RankLostError`` that replaces ``error`` (a failed or timed-out collective; a
     ``CollectiveTimeoutError`` keeps its class) on a surviving rank.
 
@@ -38,16 +48,20 @@ def rank_lost_error(error, doing, round_, step, rank, lost):
         >>> str(rank_lost_error(OSError("peer gone"), "model averaging round", 3, 12, 0, {1: "died"}))[:88]
         'model averaging round (round 3, step 12) failed on rank 0: a rank was lost (rank 1 died)'
     """
-    who = (", ".join(f"rank {r} {state}" for r, state in sorted(lost.items())) if lost
-           else "which rank is not known here")
+    if lost:
+        what = "a rank was lost (" + ", ".join(f"rank {r} {state}" for r, state in sorted(lost.items())) + ")"
+    elif isinstance(error, CollectiveTimeoutError):     # its message says what to check
+        what = "no rank of this host was lost: a rank on another host was lost, or a rank waits elsewhere"
+    else:
+        what = "a rank was lost (which rank is not known here)"
     failure_seen.set()
     kind = type(error) if isinstance(error, RankLostError) else RankLostError
-    return kind(f"{doing} (round {round_}, step {step}) failed on rank {rank}: a rank was lost ({who}). Every rank "
+    return kind(f"{doing} (round {round_}, step {step}) failed on rank {rank}: {what}. Every rank "
                 f"stops; restart from a checkpoint, or train under hvd.elastic.run. Cause: {type(error).__name__}: "
                 f"{error_summary(error)}")
 
 
-def error_summary(error):
+def error_summary(error: BaseException) -> str:
     """The line of ``error``'s message that says what happened: the first one that is neither indented
     nor a heading ending in ``:`` (TensorFlow's ``Graph execution error:`` and the stack of the op
     come before Horovod's own line), else the first line, else the class name.
@@ -79,7 +93,10 @@ class HeteroController:
     done and closes them (``sync_model()``, ``on_train_end``); a step after ``finish()`` starts again.
     """
 
-    def __init__(self, strategy, collectives, model, telemetry=None, slowdown=None, clock=time.perf_counter):
+    def __init__(self, strategy: Strategy, collectives: Collectives, model: Model,
+                 telemetry: Telemetry | str | os.PathLike[str] | None = None,
+                 slowdown: Slowdown | SlowdownFactors | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.strategy = strategy
         self.collectives, self.model = collectives, model
         self.size, self.rank = collectives.size, collectives.rank
@@ -87,7 +104,7 @@ class HeteroController:
         self.protocol = RoundProtocol(self._average, self.size, self.rank, median=strategy.median_step_time)
         self.telemetry = telemetry if isinstance(telemetry, Telemetry) else Telemetry(self.rank, telemetry)
         self.slowdown = slowdown if isinstance(slowdown, Slowdown) else Slowdown(self.rank, slowdown, size=self.size)
-        self.transports = None
+        self.transports: Transports | None = None
         self._clock = clock
         # rounds on changes (aggregate="normalized", an outer optimiser): w_t and the outer momentum
         self.aggregator = (Aggregator(strategy.aggregate, strategy.outer, collectives.copy)
@@ -95,15 +112,16 @@ class HeteroController:
         self._left = False
         self._extra_comm = 0.0
         self._plan_s = 0.0             # the strategy's bookkeeping after the latest round (telemetry)
-        self.step_times = None         # every rank's latest seconds per step, from the rounds (samplers)
+        # every rank's latest seconds per step, from the rounds (samplers)
+        self.step_times: npt.NDArray[np.float64] | None = None
         self._t_last = clock()
         self._started = False          # the first start() takes the set's first rank's counters
-        self._activity = None          # the collective this rank is in (names it if a rank is lost)
+        self._activity: str | None = None  # the collective this rank is in (names it if a rank is lost)
         self._measuring = False        # the round being run carries statistics only (MEASURE)
 
     # -- lifecycle --
 
-    def start(self):
+    def start(self) -> None:
         """Open the strategy's transports (a collective on every rank); a no-op once started.
 
         The first start also gives every rank the counters of the set's first rank (one object
@@ -120,7 +138,8 @@ class HeteroController:
             self._started = True
         transports = Transports(self.rank, self.size, self.collectives)
         try:
-            self.strategy.start(Context(self.rank, self.size, transports, self.collectives, self._clock))
+            self.strategy.start(Context(self.rank, self.size, transports,
+                                        self.collectives, self._clock))
         except BaseException:
             transports.close()                 # a half-opened strategy stays closed; the next step retries
             raise
@@ -134,7 +153,7 @@ class HeteroController:
         self._t_last += self._clock() - t0
         self._activity = None
 
-    def rank_lost(self, error):
+    def rank_lost(self, error: BaseException) -> RankLostError:
         """The ``RankLostError`` a survivor raises when ``error`` (a failed or timed-out collective)
         interrupted this rank: it names the collective, the round, the step and the lost rank where
         this host sees it (``Collectives.lost_ranks``)."""
@@ -143,21 +162,21 @@ class HeteroController:
         return rank_lost_error(error, doing, self.protocol.round, self.strategy.step + 1, self.rank,
                                self.collectives.lost_ranks())
 
-    def _initial_round(self):
+    def _initial_round(self) -> None:
         """With rounds on changes (``aggregator``), average the initial models once (w_0, the same on
         every rank, broadcast or not); deferred to the first step if the model has no weights yet (Keras)."""
         if self.aggregator is not None and not self.aggregator.ready and self.model.tensors():
             self.protocol.run_round()
             self.aggregator.begin(self.model.tensors())
 
-    def finish(self):
+    def finish(self) -> int:
         """Join rounds until every rank has joined (all then hold identical tensors); close the transports."""
         try:
             return self.join()
         finally:
             self.close()
 
-    def close(self):
+    def close(self) -> None:
         """Close what the strategy opened (idempotent); the next step opens it again."""
         if self.transports is not None:
             self.transports.close()
@@ -165,7 +184,7 @@ class HeteroController:
 
     # -- steps and decisions --
 
-    def after_step(self, comm_s=0.0, bytes_sent=0):
+    def after_step(self, comm_s: float = 0.0, bytes_sent: int = 0) -> bool:
         """Account for one local optimizer step and carry out the strategy's decision.
 
         ``comm_s``/``bytes_sent``: communication the adapter did itself during the step
@@ -185,7 +204,7 @@ class HeteroController:
             self._left = False
             self._publish()
         decision = check_decision(self.strategy, self.strategy.after_step(report))
-        fields = {}
+        fields: dict[str, Any] = {}
         if decision is AVERAGE:
             fields = self._round_fields(self._round())
             bytes_sent += ring_bytes(self.model.nbytes, self.size)
@@ -203,11 +222,11 @@ class HeteroController:
         self._activity = None
         return decision is AVERAGE
 
-    def add_comm(self, seconds):
+    def add_comm(self, seconds: float) -> None:
         """Count communication the adapter did outside a step (e.g. a broadcast in sync_model)."""
         self._extra_comm += seconds
 
-    def _average(self, weight, control):
+    def _average(self, weight: float, control: list[float]) -> list[float]:
         """The round protocol's fused collective: the weighted mean sum(w_i x_i) / sum(w_i) over all
         ranks, or, with rounds on changes, the ``aggregator``'s combination of every rank's change."""
         tensors, agg = self.model.tensors(), self.aggregator
@@ -233,7 +252,7 @@ class HeteroController:
         agg.begin(self.model.tensors())
         return control[:head]
 
-    def _round(self, done=False, measure=False):
+    def _round(self, done: bool = False, measure: bool = False) -> RoundResult:
         self._measuring = measure
         try:
             result = self.protocol.run_round(done)
@@ -242,7 +261,7 @@ class HeteroController:
         self._after_round(result)
         return result
 
-    def _after_round(self, result):
+    def _after_round(self, result: RoundResult) -> None:
         if result.stats is not None:
             self.step_times = latest_step_times(self.step_times, result.stats.step_s)
         t0 = self._clock()
@@ -252,13 +271,15 @@ class HeteroController:
         # this rank may step again, so its responder records what it serves (GroupExchange.publish)
         self._publish(0.0 if self._left else 1.0, collects=not self._left or result.done >= self.size)
 
-    def _round_fields(self, result):
+    def _round_fields(self, result: RoundResult) -> dict[str, Any]:
+        assert result.stats is not None                 # the round protocol's results carry them
         fields = {"round": result.round, "ranks": result.stats.as_dict(), "plan_s": self._plan_s}
         if self.strategy.plan is not None:
             fields["plan"] = list(self.strategy.plan.steps)
         return fields
 
-    def _group_average(self, decision):
+    def _group_average(self, decision: GroupAverage) -> dict[str, Any]:
+        assert self.transports is not None              # after_step started them
         groups = self.transports.groups
         if groups is None or self.rank not in decision.group:
             raise RuntimeError(f"{type(self.strategy).__name__} answered {decision!r} on rank {self.rank}: a "
@@ -274,13 +295,13 @@ class HeteroController:
         self._publish()
         return {"group": list(decision.group), "stale": result.stale, "group_s": self._clock() - t0}
 
-    def _publish(self, weight=1.0, collects=True):
+    def _publish(self, weight: float = 1.0, collects: bool = True) -> None:
         """Hand the model the next step starts from to a wait-avoiding group responder, if any."""
         groups = self.transports.groups if self.transports is not None else None
         if groups is not None and groups.serves:
             groups.publish(self.collectives.copy(self.model.tensors()), weight, collects)
 
-    def join(self):
+    def join(self) -> int:
         """Join rounds until every rank has joined; all ranks then hold identical tensors."""
         self.start()
         t0 = self._clock()
@@ -293,16 +314,16 @@ class HeteroController:
         self._t_last = self._clock()
         return rounds
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         """The strategy's counters, the round number and, with rounds on changes, ``"aggregation"``:
         the round's start ``w_t`` and the outer momentum (the tensors themselves; a checkpoint or
         ``torch.save`` copies them)."""
-        state = {"strategy": self.strategy.state_dict(), "rounds": self.protocol.state_dict()}
+        state: dict[str, Any] = {"strategy": self.strategy.state_dict(), "rounds": self.protocol.state_dict()}
         if self.aggregator is not None and self.aggregator.ready:
             state["aggregation"] = self.aggregator.state_dict()
         return state
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Counters from a checkpoint or from another rank (``broadcast_optimizer_state``), and the
         aggregation state where it has one (put on the model's device); where it has none, with rounds
         on changes, the model now held is taken as the latest round's (it was just loaded or
@@ -330,27 +351,28 @@ class OutsideController:
 
     model = step_times = collectives = rank = size = None
 
-    def __init__(self, strategy, rank, telemetry=None):
+    def __init__(self, strategy: Strategy, rank: int,
+                 telemetry: Telemetry | str | os.PathLike[str] | None = None) -> None:
         self.strategy = strategy
         self.telemetry = telemetry if isinstance(telemetry, Telemetry) else Telemetry(rank, telemetry)
 
-    def after_step(self, comm_s=0.0, bytes_sent=0):
+    def after_step(self, comm_s: float = 0.0, bytes_sent: int = 0) -> bool:
         return False
 
-    def start(self):
+    def start(self) -> None:
         """Nothing to open, nothing to join (the same no-ops as ``finish``, ``join``, ``close``)."""
 
     finish = join = close = start
 
-    def add_comm(self, seconds):
+    def add_comm(self, seconds: float) -> None:
         pass
 
-    def rank_lost(self, error):
+    def rank_lost(self, error: BaseException) -> None:
         """None: ``error`` goes through as raised (this rank is in no collective of the strategy)."""
         return None
 
-    def state_dict(self):
+    def state_dict(self) -> None:
         return None
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: object) -> None:
         pass

@@ -28,15 +28,22 @@ thread when it gets there (its activator waits for it meanwhile; a rank waiting 
 at once, so its serves never pile up to the bound). An error while handling one activation is
 logged and counted, and the responder goes on.
 """
+from __future__ import annotations
+
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, TimeoutError as FutureTimeout
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from horovod_hetero.errors import RoundMismatchError
-from horovod_hetero.runtime.collectives import timeout_error
+from horovod_hetero.runtime.collectives import Tensor, timeout_error
 from horovod_hetero.runtime.rounds import tag as exact_tag
+
+if TYPE_CHECKING:
+    from horovod_hetero.transports.activations import Activations
 
 #: Seconds close() waits for group averages the responder is still serving (daemon threads after that).
 CLOSE_WAIT_S = 5.0
@@ -45,14 +52,18 @@ MAX_SERVING = 16
 
 log = logging.getLogger("horovod_hetero")
 
+#: ``allreduce(model, weight, control, group, name) -> (summed, summed_control)`` (``GroupExchange``).
+GroupAllreduce = Callable[[Sequence[Tensor], float, list[float], tuple[int, ...], str],
+                          tuple[list[Tensor], list[float]]]
+
 
 @dataclass(frozen=True)
 class GroupResult:
     """One group average as one rank sees it."""
 
     tag: int
-    group: tuple
-    summed: object         # sum of the members' weighted models (framework tensors)
+    group: tuple[int, ...]
+    summed: list[Tensor]   # sum of the members' weighted models (framework tensors)
     total_weight: float
     stale: bool            # this rank's fresh model was not in it (served from its published one,
                            # with the weight published: 0 after a join until it steps again)
@@ -81,7 +92,9 @@ class GroupExchange:
     for every group average.
     """
 
-    def __init__(self, rank, allreduce, activations=None, patience=0.0, timeout=300.0, groups=None):
+    def __init__(self, rank: int, allreduce: GroupAllreduce, activations: Activations | None = None,
+                 patience: float = 0.0, timeout: float = 300.0,
+                 groups: Iterable[Sequence[int]] | None = None) -> None:
         self.rank = rank
         self._groups = None if groups is None else {tuple(g) for g in groups if rank in g}
         self._allreduce = allreduce
@@ -89,25 +102,28 @@ class GroupExchange:
         self.patience = patience
         self.timeout = timeout
         self._lock = threading.Condition()
-        self._snapshot = None          # (model, weight, collects) that the responder contributes
+        # (model, weight, collects) that the responder contributes
+        self._snapshot: tuple[Sequence[Tensor], float, bool] | None = None
         self._main_tag = 0             # last tag the main thread reached
-        self._served = {}              # tag -> Future of the allreduce the responder ran
+        # tag -> Future of the allreduce the responder ran
+        self._served: dict[int, Future[tuple[list[Tensor], float]]] = {}
         self.served_stale = 0
         self.dropped = 0
         self._failures = 0
         self._closed = False
-        self._thread = None
-        self._serving = []             # responder threads that enqueued a group allreduce
+        self._thread: threading.Thread | None = None
+        self._serving: list[threading.Thread] = []     # responder threads that enqueued a group allreduce
         if activations is not None:
             self._thread = threading.Thread(target=self._respond, name="horovod_hetero-group-responder", daemon=True)
             self._thread.start()
 
     @property
-    def serves(self):
+    def serves(self) -> bool:
         """True if a responder contributes published models (wait-avoiding)."""
         return self._activations is not None
 
-    def _run(self, tag, group, model, weight):
+    def _run(self, tag: int, group: tuple[int, ...], model: Sequence[Tensor],
+             weight: float) -> tuple[list[Tensor], float]:
         control = [weight, 1.0, float(exact_tag(tag, len(group)))]
         summed, ctl = self._allreduce(model, weight, control, group, f"horovod_hetero.group.{tag}")
         if round(ctl[1]) != len(group) or ctl[2] != control[2] * len(group):
@@ -116,7 +132,7 @@ class GroupExchange:
                                      f"same strategy")
         return summed, float(ctl[0])
 
-    def publish(self, model, weight=1.0, collects=None):
+    def publish(self, model: Sequence[Tensor], weight: float = 1.0, collects: bool | None = None) -> None:
         """The model this rank's responder contributes while its next step runs (weight 0: left).
 
         ``collects``: this rank's main thread may still reach the group averages served from it (and
@@ -127,7 +143,7 @@ class GroupExchange:
             self._snapshot = (model, weight, weight > 0 if collects is None else collects)
             self._lock.notify_all()
 
-    def average(self, tag, group, fresh):
+    def average(self, tag: int, group: tuple[int, ...], fresh: Sequence[Tensor]) -> GroupResult:
         """Average ``fresh`` (this rank's model) within ``group``; a ``GroupResult``."""
         with self._lock:
             future = self._served.pop(tag, None)
@@ -151,7 +167,8 @@ class GroupExchange:
         summed, total = self._run(tag, group, fresh, 1.0)
         return GroupResult(tag, group, summed, total, stale=False)
 
-    def _respond(self):
+    def _respond(self) -> None:
+        assert self._activations is not None            # the responder runs only with activations
         while not self._closed:
             try:
                 activation = self._activations.receive(0.1)
@@ -164,7 +181,7 @@ class GroupExchange:
                     log.exception("group responder: an activation could not be handled; dropped (and "
                                   "any later ones, counted in GroupExchange.dropped)")
 
-    def _start_serving(self, tag, group):
+    def _start_serving(self, tag: int, group: tuple[int, ...]) -> None:
         """Serve ``tag`` in a thread of its own (a blocking allreduce never delays the next
         activation), unless it is not this rank's to serve or ``MAX_SERVING`` are running."""
         if self.rank not in group or (self._groups is not None and group not in self._groups):
@@ -182,7 +199,7 @@ class GroupExchange:
         thread.start()
         self._serving.append(thread)
 
-    def _serve(self, tag, group):
+    def _serve(self, tag: int, group: tuple[int, ...]) -> None:
         with self._lock:
             begun = time.monotonic()
             while not (self._closed or self._main_tag >= tag or tag in self._served):
@@ -199,7 +216,7 @@ class GroupExchange:
             if self._closed or self._main_tag >= tag or tag in self._served or self._snapshot is None:
                 return          # the main thread does (or did) it fresh, or it is served already
             model, weight, collects = self._snapshot
-            future = Future()
+            future: Future[tuple[list[Tensor], float]] = Future()
             if collects:        # weight 0 too: the main thread must not run this tag again (module doc)
                 self._served[tag] = future
                 self.served_stale += 1
@@ -208,11 +225,12 @@ class GroupExchange:
         except BaseException as e:      # handed to the main thread when it collects this tag
             future.set_exception(e)
 
-    def close(self):
+    def close(self) -> None:
         """Stop the responder; wait (bounded) for the group averages it is serving to finish.
 
-        The sockets are closed once the responder has stopped polling them (ZeroMQ sockets are not
-        thread-safe); a responder that does not stop within ``CLOSE_WAIT_S`` leaves them to exit."""
+        The sockets are closed once the responder has stopped polling them (a socket closed under a
+        poll may be reused by the next one opened); a responder that does not stop within
+        ``CLOSE_WAIT_S`` leaves them to exit."""
         with self._lock:
             self._closed = True
             self._lock.notify_all()     # responders waiting for a snapshot or this rank's step
@@ -221,4 +239,5 @@ class GroupExchange:
             for thread in [self._thread] + self._serving:
                 thread.join(max(0.0, deadline - time.monotonic()))
             if not self._thread.is_alive():
+                assert self._activations is not None    # the responder runs only with activations
                 self._activations.close()

@@ -7,15 +7,26 @@ size) differ from the ones the controller was built for, or a collective failed,
 closes what the strategy opened and a new one is built for the new ranks. The strategy object
 carries over (its step counters), and re-plans when the new controller starts.
 """
+from __future__ import annotations
+
 import contextlib
 import logging
+from collections.abc import Callable, Iterator
+from typing import Generic, NoReturn, Protocol, TypeVar
 
 from horovod_hetero.runtime.collectives import failure_seen
 
 log = logging.getLogger(__name__)
 
 
-class Membership:
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+_C = TypeVar("_C", bound=_Closable)
+
+
+class Membership(Generic[_C]):
     """Follows Horovod's ranks for an adapter.
 
     Args:
@@ -35,13 +46,15 @@ class Membership:
         (False, True)
     """
 
-    def __init__(self, build, world, failure, lost=None):
+    def __init__(self, build: Callable[[_C | None], _C], world: Callable[[], tuple[int, int]],
+                 failure: type[BaseException],
+                 lost: Callable[[_C, BaseException], BaseException | None] | None = None) -> None:
         self._build, self._world, self._failure, self._lost = build, world, failure, lost
-        self.controller = None
-        self._seen = None
+        self.controller: _C | None = None
+        self._seen: tuple[int, int] | None = None
         self._failed = False
 
-    def current(self):
+    def current(self) -> _C:
         """The controller for the ranks Horovod has now."""
         world = self._world()
         if self.controller is None or world != self._seen or self._failed:
@@ -57,7 +70,7 @@ class Membership:
         return self.controller
 
     @contextlib.contextmanager
-    def guard(self):
+    def guard(self) -> Iterator[_C]:
         """Around a step or a sync: a failed collective means new ranks after ``hvd.elastic``'s reset,
         or, outside it, a lost rank (``lost``)."""
         controller = self.current()
@@ -66,7 +79,7 @@ class Membership:
         except Exception as e:
             self.reraise(e, controller)
 
-    def reraise(self, error, controller=None):
+    def reraise(self, error: BaseException, controller: _C | None = None) -> NoReturn:
         """Raise what ``error`` (raised by a collective of ``controller``, default: the current one)
         means: the same error after noting a failed collective, or ``lost``'s ``RankLostError``.
 

@@ -21,8 +21,12 @@ averages every rank's final model, so all ranks leave ``join()`` with identical 
 The collective is injected (``average``), as Horovod's ``common/elastic.py`` takes its
 broadcast: the protocol runs unchanged over torch, TensorFlow or a fake in tests.
 """
+from __future__ import annotations
+
 import math
 import statistics
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -34,7 +38,7 @@ from horovod_hetero.validation import check_int
 FLOAT32_EXACT = 1 << 24
 
 
-def tag(value, members):
+def tag(value: int, members: int) -> int:
     """``value`` reduced so that the sum of ``members`` copies stays exact in float32."""
     return value % max(2, FLOAT32_EXACT // members)
 _HEAD = 3                                   # [weight, done, round tag]
@@ -62,7 +66,8 @@ class RoundProtocol:
         2.0
     """
 
-    def __init__(self, average, size, rank=0, median=False):
+    def __init__(self, average: Callable[[float, list[float]], Sequence[float]], size: int, rank: int = 0,
+                 median: bool = False) -> None:
         self._average, self._median = average, bool(median)
         self.size = check_int("size", size, 1)
         self.rank = check_int("rank", rank, 0, self.size - 1)
@@ -70,16 +75,16 @@ class RoundProtocol:
         self.steps_since_round = 0
         self._reset_stats()
 
-    def _reset_stats(self):
+    def _reset_stats(self) -> None:
         self._step_s, self._loss, self._losses, self._samples = 0.0, 0.0, 0, 0
-        self._times = []
+        self._times: list[float] = []
 
     @property
-    def samples_since_round(self):
+    def samples_since_round(self) -> int:
         """Samples this rank reported since the previous round (0: none reported)."""
         return self._samples
 
-    def local_step(self, step_s=0.0, loss=None, samples=None):
+    def local_step(self, step_s: float = 0.0, loss: float | None = None, samples: int | None = None) -> None:
         """Record one local update that the next round must carry, and its statistics."""
         self.steps_since_round += 1
         self._step_s += step_s
@@ -91,7 +96,7 @@ class RoundProtocol:
         if samples:
             self._samples += samples
 
-    def _control(self, weight, done, tag):
+    def _control(self, weight: float, done: bool, tag: int) -> list[float]:
         control = [0.0] * (_HEAD + _WIDTH * self.size)
         control[:_HEAD] = [weight, 1.0 if done else 0.0, float(tag)]
         steps = self.steps_since_round
@@ -102,7 +107,7 @@ class RoundProtocol:
             self._loss / self._losses if self._losses else math.nan, float(self._samples)]
         return control
 
-    def run_round(self, done=False):
+    def run_round(self, done: bool = False) -> RoundResult:
         """Enter the next round; return its ``RoundResult``.
 
         The weight is 1 if this rank has updates the others have not seen (it stepped since
@@ -126,7 +131,7 @@ class RoundProtocol:
         stats = RoundStats.from_block(np.reshape(summed[_HEAD:], (self.size, _WIDTH)))
         return RoundResult(self.round, weight, float(summed[0]), int(round(summed[1])), stats)
 
-    def join(self, on_round=None):
+    def join(self, on_round: Callable[[RoundResult], object] | None = None) -> int:
         """Enter rounds as *done* until every rank has joined; return the number of rounds entered.
 
         ``on_round(result)`` runs after each of them (the controller's per-round bookkeeping).
@@ -140,9 +145,9 @@ class RoundProtocol:
             if result.done >= self.size:
                 return entered
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, int]:
         return {"round": self.round, "steps_since_round": self.steps_since_round}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.round = check_int("state['round']", state["round"], 0)
         self.steps_since_round = check_int("state['steps_since_round']", state["steps_since_round"], 0)

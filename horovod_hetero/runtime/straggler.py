@@ -11,10 +11,14 @@ is instead padded to ``factor * 0.02`` seconds, which is steadier when processes
 ResNet experiment: at each step index, 2 ranks drawn at random (the same draw on every rank)
 sleep 0.05 s more.
 """
+from __future__ import annotations
+
 import math
 import operator
 import os
 import time
+from collections.abc import Callable, Sequence
+from typing import Any, Union, cast
 
 import numpy as np
 
@@ -24,19 +28,25 @@ ENV_FACTORS = "HOROVOD_HETERO_SLOWDOWN"
 ENV_BASE = "HOROVOD_HETERO_BASE_STEP_S"
 ENV_RANDOM = "HOROVOD_HETERO_RANDOM_DELAY"
 
+#: A checked slowdown schedule: ``[(from_seconds, per-rank factors), ...]``, from 0 s, times increasing.
+Schedule = list[tuple[float, list[float]]]
+#: Slowdown factors as ``Slowdown`` takes them: ``"1,1,1,4"`` or ``"1,1,1,1;15:1,1,1,4"``, per-rank numbers,
+#: or ``(seconds, per-rank numbers)`` pairs.
+SlowdownFactors = Union[str, Sequence[float], Sequence[tuple[float, Sequence[float]]]]
 
-def parse_random_delay(text, name=ENV_RANDOM):
+
+def parse_random_delay(text: object, name: str = ENV_RANDOM) -> tuple[int, float]:
     """Parse ``"2:0.05"`` (ranks delayed per step : seconds) into ``(2, 0.05)``."""
     try:
-        count, seconds = str(text).split(":")
-        count, seconds = int(count), float(seconds)
+        count_text, seconds_text = str(text).split(":")
+        count, seconds = int(count_text), float(seconds_text)
     except ValueError:
         raise ValueError(f"{name} must be COUNT:SECONDS, e.g. 2:0.05 (2 random ranks sleep 0.05 s more "
                          f"each step), got {text!r}") from None
     return check_int(f"{name} count", count, 0), check_float(f"{name} seconds", seconds, 0.0)
 
 
-def check_random_delay(value, name="random_delay"):
+def check_random_delay(value: object, name: str = "random_delay") -> tuple[int, float] | None:
     """``(count, seconds)`` from a pair or a ``"count:seconds"`` string; ``None`` reads
     ``HOROVOD_HETERO_RANDOM_DELAY`` (``None`` if unset). Errors name ``name`` or the variable.
 
@@ -55,7 +65,7 @@ def check_random_delay(value, name="random_delay"):
     return check_int(f"{name} count", value[0], 0), check_float(f"{name} seconds", value[1], 0.0)
 
 
-def check_base_step(value, name="base_step_s"):
+def check_base_step(value: object, name: str = "base_step_s") -> float | None:
     """Finite seconds >= 0 per padded step, or ``None``; ``None`` reads ``HOROVOD_HETERO_BASE_STEP_S``.
 
     Example:
@@ -73,7 +83,7 @@ def check_base_step(value, name="base_step_s"):
         raise ValueError(f"{ENV_BASE} must be finite seconds >= 0, e.g. 0.1, got {text!r}") from None
 
 
-def check_slowdown(factors=None, name="slowdown"):
+def check_slowdown(factors: object = None, name: str = "slowdown") -> tuple[Schedule | None, str]:
     """``factors`` (see ``Slowdown``) as a checked ``[(from_seconds, factors), ...]`` schedule and the
     name errors use; ``None`` reads ``HOROVOD_HETERO_SLOWDOWN`` (``(None, ENV)`` if unset). Only the
     form is checked (the number of factors against the ranks is checked by ``Slowdown``).
@@ -88,7 +98,7 @@ def check_slowdown(factors=None, name="slowdown"):
     return _schedule(factors, name), name
 
 
-def delayed_ranks(size, count, step, seed=0):
+def delayed_ranks(size: int, count: int, step: int, seed: int = 0) -> list[int]:
     """The ``count`` ranks of ``size`` delayed at ``step``: the same on every rank.
 
     Example:
@@ -98,7 +108,7 @@ def delayed_ranks(size, count, step, seed=0):
     return np.random.default_rng([seed, step]).choice(size, size=min(count, size), replace=False).tolist()
 
 
-def parse_factors(text, name=ENV_FACTORS):
+def parse_factors(text: object, name: str = ENV_FACTORS) -> list[float]:
     """Parse ``"1,1,1,4"`` into ``[1.0, 1.0, 1.0, 4.0]``; every factor must be finite and > 0."""
     try:
         factors = [float(part) for part in str(text).split(",")]
@@ -107,11 +117,11 @@ def parse_factors(text, name=ENV_FACTORS):
     return [_finite_factor(name, f) for f in factors]
 
 
-def _finite_factor(name, value):
+def _finite_factor(name: str, value: object) -> float:
     return check_float(name, value, 0.0, min_exclusive=True)
 
 
-def parse_slowdown(text, name=ENV_FACTORS):
+def parse_slowdown(text: object, name: str = ENV_FACTORS) -> Schedule:
     """Parse factors, or factors that change over time, into ``[(from_seconds, factors), ...]``.
 
     Example:
@@ -120,18 +130,18 @@ def parse_slowdown(text, name=ENV_FACTORS):
         >>> parse_slowdown("1,1,1,1;15:1,1,1,4;30:2,1,1,4")[1:]
         [(15.0, [1.0, 1.0, 1.0, 4.0]), (30.0, [2.0, 1.0, 1.0, 4.0])]
     """
-    schedule = []
+    schedule: Schedule = []
     for segment in str(text).split(";"):
-        start, colon, factors = segment.rpartition(":")
+        start_text, colon, factors = segment.rpartition(":")
         try:
-            start = float(start) if colon else 0.0
+            start = float(start_text) if colon else 0.0
         except ValueError:
             start = math.nan
         schedule.append((start, parse_factors(factors, name)))
     return _checked(schedule, name, text)
 
 
-def _checked(schedule, name, given):
+def _checked(schedule: Schedule, name: str, given: object) -> Schedule:
     times = [start for start, _ in schedule]
     if times[0] != 0.0 or not all(map(operator.lt, times, times[1:])) or not math.isfinite(times[-1]):
         raise ValueError(f"{name} must be FACTORS or FACTORS;SECONDS:FACTORS;... with times increasing from 0, "
@@ -141,8 +151,9 @@ def _checked(schedule, name, given):
     return schedule
 
 
-def _schedule(factors, name="slowdown"):
+def _schedule(factors: Any, name: str = "slowdown") -> Schedule:
     """``factors`` (a string, per-rank numbers, or ``(seconds, factors)`` pairs) as a checked schedule."""
+    # factors: what the user gave, of any type; its form is checked here by use (TypeError: refused)
     if isinstance(factors, str):
         return parse_slowdown(factors, name)
     form = (f"{name} must be a string like '1,1,1,4', a list of per-rank factors or of (seconds, factors) "
@@ -191,8 +202,12 @@ class Slowdown:
         (0.0, 0.02)
     """
 
-    def __init__(self, rank, factors=None, base_step_s=None, sleep=time.sleep, size=None, random_delay=None,
-                 clock=time.monotonic):
+    _t0: float | None
+
+    def __init__(self, rank: int, factors: SlowdownFactors | None = None, base_step_s: float | None = None,
+                 sleep: Callable[[float], object] = time.sleep, size: int | None = None,
+                 random_delay: tuple[int, float] | str | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         rank = check_int("rank", rank, 0)
         if size is not None and check_int("size", size, 1) <= rank:
             raise ValueError(f"size must be an int > rank ({rank}), got {size!r}")
@@ -200,7 +215,7 @@ class Slowdown:
             if not callable(fn):
                 raise TypeError(f"{name} must be a callable, got {fn!r} ({type(fn).__name__})")
         schedule, name = check_slowdown(factors)
-        self.schedule = [(0.0, 1.0)]            # (from seconds, this rank's factor)
+        self.schedule: list[tuple[float, float]] = [(0.0, 1.0)]     # (from seconds, this rank's factor)
         if schedule is not None:
             count = len(schedule[0][1])
             if rank >= count:
@@ -216,17 +231,17 @@ class Slowdown:
         self._sleep = sleep
 
     @property
-    def factor(self):
+    def factor(self) -> float:
         """This rank's factor now (the schedule's clock starts at this rank's first step)."""
         elapsed = 0.0 if self._t0 is None else self._clock() - self._t0
         return [f for start, f in self.schedule if start <= elapsed][-1]
 
     @property
-    def active(self):
+    def active(self) -> bool:
         return (any(f != 1.0 for _, f in self.schedule) or self.base_step_s is not None
                 or bool(self.random_delay))
 
-    def pad(self, measured_s, step=0):
+    def pad(self, measured_s: float, step: int = 0) -> float:
         """Sleep so that a step that took ``measured_s`` appears ``factor`` times slower (plus the
         random delay if this rank is drawn at ``step``); return the sleep. Without a base step (time
         proportional to the measured compute) the first step is not slowed: it holds the start-up
@@ -240,7 +255,8 @@ class Slowdown:
         else:
             extra = 0.0 if first else (factor - 1.0) * measured_s
         extra = max(0.0, extra)
-        if self.random_delay and self.rank in delayed_ranks(self.size, self.random_delay[0], step):
+        # size is set whenever random_delay is (``__init__`` checks it)
+        if self.random_delay and self.rank in delayed_ranks(cast(int, self.size), self.random_delay[0], step):
             extra += self.random_delay[1]
         if extra > 0:
             self._sleep(extra)
@@ -268,22 +284,25 @@ class Pacer:
         0.2
     """
 
-    def __init__(self, slowdown, clock=time.perf_counter):
+    _start: float
+    _stop: float | None
+
+    def __init__(self, slowdown: Slowdown, clock: Callable[[], float] = time.perf_counter) -> None:
         if not isinstance(slowdown, Slowdown):
             raise TypeError(f"slowdown must be a Slowdown, got {type(slowdown).__name__}")
         self.slowdown, self._clock = slowdown, clock
         self.steps = 0
         self.start()
 
-    def start(self):
+    def start(self) -> None:
         """A step begins its own work now."""
         self._start, self._stop = self._clock(), None
 
-    def stop(self):
+    def stop(self) -> None:
         """The step's own work ends now (what follows is waiting for others)."""
         self._stop = self._clock()
 
-    def pad(self):
+    def pad(self) -> float:
         """After a step: sleep the simulated extra time; return it."""
         end = self._stop if self._stop is not None else self._clock()
         self.steps += 1

@@ -7,18 +7,22 @@ previous step, simulated slowdown included), ``comm_s`` (time blocked in collect
 the user annotated (``loss``, ``samples``). Enable with ``HOROVOD_HETERO_TELEMETRY=dir`` or
 the ``telemetry=`` argument of the wrapper/callback.
 """
+from __future__ import annotations
+
 import glob
 import json
 import os
 import statistics
 import time
+from collections.abc import Mapping, Sequence
+from typing import Any, TextIO
 
 from horovod_hetero.validation import check_directory, check_int
 
 ENV = "HOROVOD_HETERO_TELEMETRY"
 
 
-def telemetry_directory(directory=None, name="telemetry"):
+def telemetry_directory(directory: object = None, name: str = "telemetry") -> str | None:
     """The directory step records go to: ``directory``, or for ``None`` ``$HOROVOD_HETERO_TELEMETRY``;
     ``None`` when both are unset (records kept in memory). Checked, nothing created: a ``TypeError``/
     ``ValueError`` names ``name`` or the variable when it is not a path that can be created and written to.
@@ -53,14 +57,14 @@ class Telemetry:
         0.5
     """
 
-    def __init__(self, rank, directory=None, keep=1000):
+    def __init__(self, rank: int, directory: str | os.PathLike[str] | None = None, keep: int = 1000) -> None:
         self.rank = check_int("rank", rank, 0)
         name = "telemetry" if directory is not None else ENV
         self.directory = telemetry_directory(directory)
-        self.records = []
+        self.records: list[dict[str, Any]] = []
         self._keep = check_int("keep", keep, 0)
-        self._pending = {}
-        self._file = None
+        self._pending: dict[str, Any] = {}
+        self._file: TextIO | None = None
         if self.directory:
             path = os.path.join(self.directory, f"rank{self.rank}.jsonl")
             try:
@@ -70,17 +74,17 @@ class Telemetry:
                 raise ValueError(f"{name} must be a directory that can be created and written to; "
                                  f"{path!r}: {e.strerror or e}") from e
 
-    def annotate(self, **fields):
+    def annotate(self, **fields: Any) -> None:
         """Attach fields (e.g. ``loss=``, ``samples=``) to the next step record."""
         self._pending.update(fields)
 
     @property
-    def pending(self):
+    def pending(self) -> dict[str, Any]:
         """The annotations the next record will carry (``loss`` and ``samples`` also reach the
         strategy's step report and the round's statistics)."""
         return self._pending
 
-    def record(self, **fields):
+    def record(self, **fields: Any) -> None:
         rec = dict(rank=self.rank, time=time.time(), **fields, **self._pending)
         self._pending = {}
         self.records.append(rec)
@@ -89,13 +93,13 @@ class Telemetry:
         if self._file is not None:
             self._file.write(json.dumps(rec) + "\n")
 
-    def close(self):
+    def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
 
 
-def load(directory):
+def load(directory: str | os.PathLike[str]) -> dict[int, list[dict[str, Any]]]:
     """Read every rank's records from a telemetry directory: ``{rank: [record, ...]}``."""
     by_rank = {}
     for path in sorted(glob.glob(os.path.join(directory, "rank*.jsonl"))):
@@ -106,7 +110,7 @@ def load(directory):
     return by_rank
 
 
-def summarize(by_rank):
+def summarize(by_rank: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[int, dict[str, Any]]:
     """Per-rank figures from step records.
 
     Returns ``{rank: {...}}`` with ``steps``, ``syncs``, ``samples``, ``wall_s`` (compute +
@@ -114,7 +118,7 @@ def summarize(by_rank):
     (communication / wall), ``mean_local_steps`` (local steps per synchronisation),
     ``bytes_sent``, ``last_loss`` and ``median_rtt_s`` (state-server round trip, ESync).
     """
-    out = {}
+    out: dict[int, dict[str, Any]] = {}
     for rank, recs in sorted(by_rank.items()):
         compute = sum(r.get("compute_s", 0.0) for r in recs)
         comm = sum(r.get("comm_s", 0.0) for r in recs)
@@ -139,7 +143,7 @@ def summarize(by_rank):
     return out
 
 
-def format_summary(summary):
+def format_summary(summary: Mapping[int, Mapping[str, Any]]) -> str:
     """The summary as a text table, one row per rank."""
     head = (f"{'rank':>4} {'steps':>6} {'syncs':>6} {'samples/s':>10} {'compute':>8} {'wait':>6} {'MB sent':>8}"
             f" {'RTT ms':>7}")

@@ -5,14 +5,25 @@ what it needs in ``on_start``. The runtime closes everything opened here at the 
 ``sync_model()`` / ``on_train_end`` and at interpreter exit, whichever comes first. The sockets
 themselves are in ``horovod_hetero.transports``, which imports nothing of the runtime.
 """
+from __future__ import annotations
+
 import logging
 import weakref
+from collections.abc import Sequence
+from typing import Protocol, TypeVar
 
-from horovod_hetero.runtime.collectives import scaled
+from horovod_hetero.runtime.collectives import Collectives, Tensor, scaled
 from horovod_hetero.runtime.group_exchange import GroupExchange
 from horovod_hetero.transports.activations import Activations
 from horovod_hetero.transports.auth import check_key, new_key
 from horovod_hetero.transports.state_server import StateClient, StateServer
+
+
+class _Transport(Protocol):
+    def close(self) -> None: ...
+
+
+_TransportT = TypeVar("_TransportT", bound=_Transport)
 
 
 class Transports:
@@ -28,21 +39,21 @@ class Transports:
             ``GroupAverage`` decisions through it), else ``None``.
     """
 
-    def __init__(self, rank, size, collectives):
+    def __init__(self, rank: int, size: int, collectives: Collectives) -> None:
         self.rank, self.size = rank, size
         self._collectives = collectives
-        self._opened = []
-        self.server = None
-        self.groups = None
-        self._key = None
+        self._opened: list[_Transport] = []
+        self.server: StateServer | None = None
+        self.groups: GroupExchange | None = None
+        self._key: bytes | None = None
         # closes what was opened when this object is closed, collected, or at interpreter exit
         self._finalizer = weakref.finalize(self, _close_all, self._opened)
 
-    def _open(self, transport):
+    def _open(self, transport: _TransportT) -> _TransportT:
         self._opened.append(transport)
         return transport
 
-    def key(self):
+    def key(self) -> bytes:
         """The job's key for the messages of these transports (``transports.auth``): drawn by the
         set's first rank (rank 0 here) and shared with one Horovod object broadcast the first time
         a transport needs it; a collective, so every rank asks at the same point."""
@@ -52,7 +63,8 @@ class Transports:
             self._key = check_key(key, "the broadcast message key")
         return self._key
 
-    def state_service(self, *, epsilon, overshoot, timeout, address=None):
+    def state_service(self, *, epsilon: float, overshoot: float, timeout: float,
+                      address: str | None = None) -> StateClient:
         """ESync's state service: a ``StateClient`` for this rank (rank 0 also starts the
         ``StateServer`` and broadcasts its address), or a client of the server at ``address``
         (which must hold this job's ``key()``)."""
@@ -65,7 +77,8 @@ class Transports:
             address = self._collectives.broadcast_object(address, what="the broadcast of the state server's address")
         return self._open(StateClient(address, self.rank, key, timeout=timeout))
 
-    def open_groups(self, rank_lists, init_call, *, wait_avoiding, patience, timeout):
+    def open_groups(self, rank_lists: Sequence[Sequence[int]], init_call: str, *, wait_avoiding: bool,
+                    patience: float, timeout: float) -> GroupExchange:
         """Group averaging over the process sets of ``rank_lists`` (registered at ``hvd.init``, else a
         ``ValueError`` naming ``init_call``); wait-avoiding with responders, or plain."""
         collectives = self._collectives
@@ -75,7 +88,8 @@ class Transports:
             activations = self._open(Activations(collectives.host, lambda address: collectives.allgather_object(
                 address, what="the exchange of the group activation addresses"), self.rank, self.key()))
 
-        def allreduce(model, weight, control, group, name):
+        def allreduce(model: Sequence[Tensor], weight: float, control: list[float], group: Sequence[int],
+                      name: str) -> tuple[list[Tensor], list[float]]:
             return collectives.allreduce_sum(scaled(model, weight), control, ranks=group, name=name,
                                              what="group average")
 
@@ -83,13 +97,13 @@ class Transports:
                                                groups=rank_lists))
         return self.groups
 
-    def close(self):
+    def close(self) -> None:
         """Close everything opened, newest first (idempotent)."""
         self._finalizer()
         self.server = self.groups = None
 
 
-def _close_all(opened):
+def _close_all(opened: list[_Transport]) -> None:
     """Close each transport, newest first; a failing close is logged and does not stop the others."""
     while opened:
         transport = opened.pop()

@@ -1,16 +1,22 @@
 """ADSP: every rank commits at the same searched rate; fast ranks fill the time with local steps."""
+from __future__ import annotations
+
 import logging
 import math
 import numbers
 import re
 import statistics
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from horovod_hetero.rules.adsp import CommitRateSearch, commit_period
-from horovod_hetero.strategies.base import AVERAGE, CONTINUE, Strategy
+from horovod_hetero.strategies.aggregation import OuterSGD
+from horovod_hetero.strategies.base import (
+    AVERAGE, CONTINUE, Context, Decision, RoundResult, RoundStats, StepReport, Strategy)
 from horovod_hetero.validation import check_float, check_int
 
 log = logging.getLogger("horovod_hetero")
@@ -29,14 +35,14 @@ class Steps:
 
     count: int
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         check_int("Steps.count", self.count, 1)
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.count}steps"
 
 
-def as_period(name, value):
+def as_period(name: str, value: object) -> Steps | float:
     """Seconds (a finite number > 0) or ``Steps``; a string ``"200steps"`` (or ``"200 steps"``) is
     ``Steps(200)``, ``"60s"`` is 60 seconds. Anything else raises a ``TypeError``/``ValueError``
     naming ``name``.
@@ -118,7 +124,8 @@ class ADSP(Strategy):
         ValueError: search_every must be at least two check periods (>= 120), got 100.0
     """
 
-    def __init__(self, check_period=60.0, search_every=None, fit_points=4, window=5, aggregate="mean", outer=None):
+    def __init__(self, check_period: float | str | Steps = 60.0, search_every: float | str | Steps | None = None,
+                 fit_points: int = 4, window: int = 5, aggregate: str = "mean", outer: OuterSGD | None = None) -> None:
         super().__init__(aggregate, outer)
         self.check_period = as_period("check_period", check_period)
         self._search_every_arg = search_every
@@ -130,7 +137,7 @@ class ADSP(Strategy):
             raise ValueError(f"search_every must be in the unit of check_period "
                              f"({'steps' if isinstance(self.check_period, Steps) else 'seconds'}), "
                              f"got {search_every!r}")
-        period, every = (float(getattr(p, "count", p)) for p in (self.check_period, self.search_every))
+        period, every = (float(p.count if isinstance(p, Steps) else p) for p in (self.check_period, self.search_every))
         if every < 2 * period:
             raise ValueError(f"search_every must be at least two check periods (>= {2 * period:g}), "
                              f"got {search_every!r}")
@@ -139,45 +146,46 @@ class ADSP(Strategy):
         # identical on every rank (computed from the rounds' statistics alone); in state_dict
         self.warmup = 2               # rounds of one step each still to run
         self.commits = 0              # rounds so far: every rank's c_i
-        self.c_target = None          # commits every rank has made by the next checkpoint
+        self.c_target: int | None = None  # commits every rank has made by the next checkpoint
         self._period_left = 0         # rounds left in this check period
         self.elapsed = 0.0            # the shared time axis (seconds)
         self.elapsed_steps = 0.0      # the same, in steps of the slowest rank
         self._search_began = 0.0      # on the axis of search_every's unit
-        self.slow_step_s = None       # the slowest rank's mean step in the latest round that measured one
+        self.slow_step_s: float | None = None  # the slowest rank's mean step in the latest round that measured one
         # this rank's own measurements
         self.overhead_s = 0.0
-        self.deadline = None
-        self._step_s, self._overheads = deque(maxlen=self.window), deque(maxlen=self.window)
-        self._exit = None
+        self.deadline: float | None = None
+        self._step_s: deque[float] = deque(maxlen=self.window)
+        self._overheads: deque[float] = deque(maxlen=self.window)
+        self._exit: float | None = None
         self._left = False
         self._warned = False
-        self._fields = {}
+        self._fields: dict[str, Any] = {}
 
     @property
-    def commit_rate(self):
+    def commit_rate(self) -> int:
         """ΔC_target: commits (rounds) per check period, the same on every rank."""
         return self.search.rate
 
-    def check_period_s(self):
+    def check_period_s(self) -> float | None:
         """Γ in seconds (a step count times the slowest rank's latest mean step; None before one)."""
         if not isinstance(self.check_period, Steps):
             return self.check_period
         return None if self.slow_step_s is None else self.check_period.count * self.slow_step_s
 
-    def interval_s(self):
+    def interval_s(self) -> float | None:
         """Γ / ΔC_target: seconds from one commit to the next."""
         gamma = self.check_period_s()
         return None if gamma is None else gamma / self.commit_rate
 
     # -- the hooks --
 
-    def on_start(self, ctx):
+    def on_start(self, ctx: Context) -> None:
         self._exit, self._left = None, False
         if not self.warmup:
             self._set_deadline(self.clock())
 
-    def decide(self, report):
+    def decide(self, report: StepReport) -> Decision:
         self._left = False
         if report.loss is not None and not math.isfinite(report.loss) and not self._warned:
             self._warned = True
@@ -190,7 +198,7 @@ class ADSP(Strategy):
         predicted = statistics.median(self._step_s) if self._step_s else report.step_s
         return CONTINUE if self.clock() + predicted <= self.deadline else AVERAGE
 
-    def on_round(self, result):
+    def on_round(self, result: RoundResult) -> None:
         arrived = self.clock()
         stats = result.stats
         if stats is None:                               # protocol-level fakes carry no statistics
@@ -218,7 +226,7 @@ class ADSP(Strategy):
         if not self.warmup:
             self._set_deadline(self._exit)
 
-    def _advance(self, stats, interval, busy):
+    def _advance(self, stats: RoundStats, interval: float | None, busy: float) -> None:
         """The search and the checkpoints after a round, from its statistics alone (identical on every rank)."""
         span = max(interval or 0.0, busy)
         self.elapsed += span
@@ -234,7 +242,7 @@ class ADSP(Strategy):
                             "stays at %d (report the loss: opt.report_loss(loss))", trial["points"],
                             self.search.fit_points, self.commit_rate)
         axis = self.elapsed_steps if isinstance(self.search_every, Steps) else self.elapsed
-        every = float(getattr(self.search_every, "count", self.search_every))
+        every = float(self.search_every.count if isinstance(self.search_every, Steps) else self.search_every)
         if not self.search.searching and axis - self._search_began >= every:
             self.search.restart()
             self._search_began = axis
@@ -244,7 +252,7 @@ class ADSP(Strategy):
             if self._period_left <= 0:
                 self._checkpoint()
 
-    def max_rate(self):
+    def max_rate(self) -> int | None:
         """The highest rate whose commit interval holds one step of the slowest rank (None: unmeasured)."""
         if isinstance(self.check_period, Steps):
             return self.check_period.count
@@ -252,34 +260,34 @@ class ADSP(Strategy):
             return None
         return max(1, math.floor(self.check_period / self.slow_step_s + 1e-9))
 
-    def _checkpoint(self):
+    def _checkpoint(self) -> None:
         """A checkpoint: C_target = c_i + ΔC_target commits by the next one, ΔC_target rounds away."""
         self._period_left = self.commit_rate
         self.c_target = self.commits + self.commit_rate
 
-    def _set_deadline(self, now):
+    def _set_deadline(self, now: float) -> None:
         gamma = self.check_period_s()
         # no deadline (a round after every step) until the slowest rank's step has been measured
         self.deadline = now + commit_period(gamma, self.commit_rate, self.overhead_s) if gamma else None
 
-    def on_leave(self):
+    def on_leave(self) -> None:
         self._left = True
 
-    def telemetry_fields(self):
+    def telemetry_fields(self) -> dict[str, Any]:
         fields, self._fields = self._fields, {}
         return dict(fields, commit_rate=self.commit_rate, c_target=self.c_target)
 
     @property
-    def label(self):
+    def label(self) -> str:
         period = self.check_period if isinstance(self.check_period, Steps) else f"{self.check_period:g}s"
         return f"ADSP({period})" + self.aggregation_label
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return dict(super().state_dict(), warmup=self.warmup, commits=self.commits, c_target=self.c_target,
                     period_left=self._period_left, elapsed=self.elapsed, elapsed_steps=self.elapsed_steps,
                     search_began=self._search_began, slow_step_s=self.slow_step_s, search=self.search.state_dict())
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
         self.warmup = check_int("state['warmup']", state["warmup"], 0)
         self.commits = check_int("state['commits']", state["commits"], 0)
@@ -290,6 +298,6 @@ class ADSP(Strategy):
         self.slow_step_s = state["slow_step_s"]
         self.search.load_state_dict(state["search"])
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         period, every = (str(p) if isinstance(p, Steps) else p for p in (self.check_period, self._search_every_arg))
         return f"ADSP(check_period={period!r}, search_every={every!r}{self._aggregation_repr()})"

@@ -33,6 +33,8 @@ outer optimiser sums the model in place and keeps nothing. ``w_t`` and the momen
 optimizer's (torch) or callback's (Keras) ``state_dict()``, so checkpoints and ``hvd.elastic``
 resume them.
 """
+from __future__ import annotations
+
 from dataclasses import dataclass
 
 from horovod_hetero.validation import check_bool, check_float
@@ -66,7 +68,7 @@ class OuterSGD:
     momentum: float = 0.0
     nesterov: bool = False
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "lr", check_float("OuterSGD lr", self.lr, 0.0, min_exclusive=True))
         momentum = check_float("OuterSGD momentum", self.momentum, 0.0)
         if momentum >= 1.0:
@@ -76,12 +78,12 @@ class OuterSGD:
             raise ValueError("OuterSGD nesterov=True needs momentum > 0")
 
     @property
-    def is_identity(self):
+    def is_identity(self) -> bool:
         """True if the step is plain averaging (``lr == 1``, no momentum)."""
         return self.lr == 1.0 and self.momentum == 0.0
 
 
-def check_aggregation(aggregate, outer):
+def check_aggregation(aggregate: object, outer: object) -> tuple[str, OuterSGD | None]:
     """``(aggregate, outer)`` checked; ``outer`` is ``None`` for plain averaging (``OuterSGD(lr=1.0)``
     too). A ``ValueError``/``TypeError`` names the argument and the accepted form.
 
@@ -104,7 +106,7 @@ def check_aggregation(aggregate, outer):
     return aggregate, (None if outer is None or outer.is_identity else outer)
 
 
-def describe(aggregate, outer):
+def describe(aggregate: str, outer: OuterSGD | None) -> str:
     """A short suffix for labels: ``""`` for plain averaging, else e.g. ``" [normalized, Nesterov 0.9]"``.
 
     Example:

@@ -1,15 +1,20 @@
 """Balanced: synchronous SGD at the fast workers' pace, each rank's batch sized to its speed."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
 import numpy as np
 
 from horovod_hetero.rules.balance import fit_step_time, plan_batches
-from horovod_hetero.strategies.base import CONTINUE, MEASURE, Strategy
+from horovod_hetero.strategies.base import CONTINUE, MEASURE, Context, Decision, RoundResult, StepReport, Strategy
 from horovod_hetero.validation import check_int
 
 #: windows of measurements a fit looks back over (older ones are dropped, so a change of speed is followed)
 WINDOWS = 3
 
 
-def even_split(global_batch, size):
+def even_split(global_batch: int, size: int) -> tuple[int, ...]:
     """``global_batch`` samples in ``size`` batches as equal as integers allow (the first ranks take the
     remainder).
 
@@ -75,30 +80,32 @@ class Balanced(Strategy):
     weighs_gradients = True
     median_step_time = True          # a window's step time is its median step: one stall does not move the plan
 
-    def __init__(self, global_batch=None, rebalance_every=20, max_batch=None):
+    def __init__(self, global_batch: int | None = None, rebalance_every: int = 20,
+                 max_batch: int | None = None) -> None:
         super().__init__()
         self.global_batch = None if global_batch is None else check_int("global_batch", global_batch, 1)
         self.rebalance_every = check_int("rebalance_every", rebalance_every, 1)
         self.max_batch = None if max_batch is None else check_int("max_batch", max_batch, 1)
         if self.global_batch is not None and self.max_batch is not None and self.max_batch > self.global_batch:
             self.max_batch = self.global_batch
-        self.plans = {}               # window -> the batch sizes of every rank in it
-        self.history = []             # the last windows' (sizes, seconds per step) of every rank
+        self.plans: dict[int, tuple[int, ...]] = {}      # window -> the batch sizes of every rank in it
+        # the last windows' (sizes, seconds per step) of every rank
+        self.history: list[tuple[tuple[int, ...], tuple[float, ...]]] = []
 
-    def check_size(self, size):
+    def check_size(self, size: int) -> None:
         if self.global_batch is not None and self.global_batch < size:
             raise ValueError(f"global_batch must be an int >= the number of ranks ({size}), got {self.global_batch}")
         if self.global_batch is not None and self.max_batch is not None and self.max_batch * size < self.global_batch:
             raise ValueError(f"max_batch must be >= global_batch / ranks = {self.global_batch} / {size} "
                              f"(= {-(-self.global_batch // size)}), got {self.max_batch}")
 
-    def use_batch(self, batch_size, size):
+    def use_batch(self, batch_size: int, size: int) -> None:
         """Take ``size * batch_size`` as the global batch where none was given (the bound sampler's)."""
         if self.global_batch is None:
             self.global_batch = check_int("batch_size", batch_size, 1) * size
             self.check_size(size)
 
-    def on_start(self, ctx):
+    def on_start(self, ctx: Context) -> None:
         if self.global_batch is None:
             raise ValueError("Balanced(global_batch=None) takes the number of ranks times the batch of the bound "
                              "sampler: bind hh.DistributedSampler(dataset, batch_size=B) (sampler=...), or give "
@@ -107,11 +114,11 @@ class Balanced(Strategy):
         if any(len(sizes) != ctx.size for sizes in self.plans.values()):
             self.plans, self.history = {}, []          # planned for another number of ranks (an elastic resize)
 
-    def window(self, step):
+    def window(self, step: int) -> int:
         """The window of local step ``step`` (1-based)."""
         return (step - 1) // self.rebalance_every
 
-    def batch_sizes(self, step, size=None):
+    def batch_sizes(self, step: int, size: int | None = None) -> tuple[int, ...]:
         """Every rank's batch at local step ``step`` (1-based): the plan of its window, or an even split
         over ``size`` ranks (default: the ranks it started with) before the first plan; a ``ValueError``
         for a window whose plan is not made yet (a loader that prefetches ``rebalance_every`` batches or
@@ -126,18 +133,22 @@ class Balanced(Strategy):
                              f"the loader prefetches more batches than rebalance_every ({self.rebalance_every}); "
                              f"raise rebalance_every or lower the DataLoader's prefetch (num_workers x prefetch_factor)")
         latest = [w for w in plans if w <= window]
-        return plans[max(latest)] if latest else even_split(self.global_batch, size)
+        if latest:
+            return plans[max(latest)]
+        assert self.global_batch is not None        # given, or taken from the bound sampler (use_batch)
+        return even_split(self.global_batch, size)
 
-    def batch_size(self, step):
+    def batch_size(self, step: int) -> int:
         return self.batch_sizes(step)[self.rank]
 
-    def gradient_weight(self, rank, size):
+    def gradient_weight(self, rank: int, size: int) -> float:
+        assert self.global_batch is not None        # given, or taken from the bound sampler (use_batch)
         return self.batch_sizes(self.step + 1, size)[rank] / self.global_batch
 
-    def decide(self, report):
+    def decide(self, report: StepReport) -> Decision:
         return MEASURE if self.step % self.rebalance_every == 0 else CONTINUE
 
-    def on_round(self, result):
+    def on_round(self, result: RoundResult) -> None:
         stats = result.stats
         if stats is None or result.done:
             return
@@ -161,28 +172,29 @@ class Balanced(Strategy):
         lines = [fit_step_time([h[0][r] for h in self.history], [h[1][r] for h in self.history])
                  for r in range(self.size)]
         alpha, beta = zip(*lines)
+        assert self.global_batch is not None        # on_start refuses to start without it
         self.plans[window + 2] = tuple(int(b) for b in plan_batches(self.global_batch, alpha, beta, self.max_batch))
         self.plans = {w: p for w, p in self.plans.items() if w >= window}
 
-    def telemetry_fields(self):
+    def telemetry_fields(self) -> dict[str, Any]:
         return {"batch": self.batch_size(self.step)} if self.global_batch is not None and self.step else {}
 
     @property
-    def label(self):
+    def label(self) -> str:
         return f"Balanced({self.rebalance_every})"
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return dict(super().state_dict(), global_batch=self.global_batch,
                     plans={str(w): list(p) for w, p in self.plans.items()},
                     history=[[list(sizes), list(times)] for sizes, times in self.history])
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
         if state.get("global_batch") is not None:
             self.global_batch = check_int("state['global_batch']", state["global_batch"], 1)
         self.plans = {int(w): tuple(p) for w, p in state.get("plans", {}).items()}
         self.history = [(tuple(sizes), tuple(times)) for sizes, times in state.get("history", [])]
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"Balanced(global_batch={self.global_batch!r}, rebalance_every={self.rebalance_every}, "
                 f"max_batch={self.max_batch!r})")

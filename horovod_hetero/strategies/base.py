@@ -21,16 +21,22 @@ A strategy writes its schedule by overriding the hooks ``on_start(ctx)``, ``deci
 counter, plans). Counters go into ``state_dict()`` so a resumed run keeps its phase. Nothing here
 touches tensors, sockets or threads: the same objects run under ``horovodrun`` and in the simulator.
 """
+from __future__ import annotations
+
 import math
 import operator
 import time
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
+import numpy.typing as npt
 
-from horovod_hetero.strategies.aggregation import check_aggregation, describe
+from horovod_hetero.strategies.aggregation import OuterSGD, check_aggregation, describe
 from horovod_hetero.validation import check_int
+
+_T = TypeVar("_T")
 
 
 # --- what the strategy is given ------------------------------------------------------------------
@@ -40,14 +46,14 @@ class StateService(Protocol):
     """ESync's state-server client as a strategy uses it: ``transports.StateClient`` over TCP, and the
     simulator's in-process one over the same ``rules.esync.ESyncState``."""
 
-    last_rtt: Optional[float]
+    last_rtt: float | None
     slowest: bool
 
-    def query(self, k: int, capability: float, round: int) -> bool: ...
+    def query(self, k: int, capability: float | None, round: int) -> bool: ...
 
-    def send_query(self, k: int, capability: float, round: int) -> int: ...
+    def send_query(self, k: int, capability: float | None, round: int) -> int: ...
 
-    def poll(self, wait_s: float = 0.0) -> list: ...
+    def poll(self, wait_s: float = 0.0) -> list[dict[str, Any]]: ...
 
     def reset(self, round: int) -> None: ...
 
@@ -62,10 +68,10 @@ class StrategyTransports(Protocol):
     Horovod, the simulator's in-process ones on its virtual clock. The runtime closes what was opened."""
 
     def state_service(self, *, epsilon: float, overshoot: float, timeout: float,
-                      address: Optional[str] = None) -> StateService: ...
+                      address: str | None = None) -> StateService: ...
 
     def open_groups(self, rank_lists: Sequence[Sequence[int]], init_call: str, *, wait_avoiding: bool,
-                    patience: float, timeout: float) -> None: ...
+                    patience: float, timeout: float) -> object: ...
 
 
 @runtime_checkable
@@ -74,7 +80,7 @@ class ObjectCollectives(Protocol):
 
     def broadcast_object(self, obj: Any, *, what: str) -> Any: ...
 
-    def allgather_object(self, obj: Any, *, what: str) -> list: ...
+    def allgather_object(self, obj: Any, *, what: str) -> list[Any]: ...
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,7 @@ class Context:
     rank: int
     size: int
     transports: StrategyTransports
-    collectives: Optional[ObjectCollectives] = None
+    collectives: ObjectCollectives | None = None
     clock: Callable[[], float] = time.perf_counter
 
 
@@ -108,8 +114,8 @@ class StepReport:
     """
 
     step_s: float = 0.0
-    loss: Optional[float] = None
-    samples: Optional[int] = None
+    loss: float | None = None
+    samples: int | None = None
 
 
 @dataclass(frozen=True)
@@ -135,13 +141,13 @@ class RoundStats:
     FIELDS = ("done", "local_steps", "step_s", "loss", "samples")
 
     @classmethod
-    def from_block(cls, block):
+    def from_block(cls, block: npt.ArrayLike) -> RoundStats:
         """From the round's summed per-rank block, shape (size, len(FIELDS))."""
         block = np.asarray(block, dtype=np.float64)
         return cls(local_steps=np.rint(block[:, 1]).astype(np.int64), step_s=block[:, 2], loss=block[:, 3],
                    samples=np.rint(block[:, 4]).astype(np.int64), done=block[:, 0] > 0.5)
 
-    def memo(self, key, compute):
+    def memo(self, key: Hashable, compute: Callable[[], _T]) -> _T:
         """``compute()``, once per ``key`` for these statistics (immutable; the simulator hands one
         object to every worker, so a plan that depends on them alone is computed once per round)."""
         cache = self.__dict__.setdefault("_memo", {})
@@ -149,7 +155,7 @@ class RoundStats:
             cache[key] = compute()
         return cache[key]
 
-    def as_dict(self):
+    def as_dict(self) -> dict[str, list[Any]]:
         """Lists, for telemetry (NaN becomes None)."""
         clean = lambda a: [None if isinstance(v, float) and math.isnan(v) else v for v in a.tolist()]  # noqa: E731
         return {"local_steps": self.local_steps.tolist(), "step_s": clean(self.step_s),
@@ -172,7 +178,7 @@ class RoundResult:
     weight: float
     total_weight: float
     done: int
-    stats: Optional[RoundStats] = field(default=None, compare=False)
+    stats: RoundStats | None = field(default=None, compare=False)
 
 
 # --- what the strategy answers -------------------------------------------------------------------
@@ -180,19 +186,19 @@ class RoundResult:
 class Decision:
     """What a strategy answers after a local step: ``CONTINUE``, ``AVERAGE`` or a ``GroupAverage``."""
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         raise TypeError(f"{self!r} is a Decision, not a bool: compare it with AVERAGE or CONTINUE, "
                         f"or use isinstance(decision, GroupAverage)")
 
 
 class _Named(Decision):
-    def __init__(self, name):
+    def __init__(self, name: str) -> None:
         self._name = name
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return self._name
 
-    def __reduce__(self):                  # copy/deepcopy/pickle keep the singleton
+    def __reduce__(self) -> str:                  # copy/deepcopy/pickle keep the singleton
         return self._name
 
 
@@ -206,7 +212,7 @@ AVERAGE = _Named("AVERAGE")
 MEASURE = _Named("MEASURE")
 
 
-def check_decision(strategy, decision):
+def check_decision(strategy: object, decision: object) -> Decision:
     """``decision`` if it is one ``strategy.after_step`` may answer (``CONTINUE``, ``AVERAGE``,
     ``MEASURE`` or a ``GroupAverage``), else a ``TypeError`` naming the strategy: the runtime and the
     simulator carry out the same four.
@@ -217,7 +223,8 @@ def check_decision(strategy, decision):
         ...
         TypeError: object.after_step answered 'AVERAGE'; a strategy answers CONTINUE, AVERAGE, MEASURE or a GroupAverage
     """
-    if decision is CONTINUE or decision is AVERAGE or decision is MEASURE or isinstance(decision, GroupAverage):
+    if isinstance(decision, Decision) and (decision is CONTINUE or decision is AVERAGE or decision is MEASURE
+                                           or isinstance(decision, GroupAverage)):
         return decision
     raise TypeError(f"{type(strategy).__name__}.after_step answered {decision!r}; "
                     f"a strategy answers CONTINUE, AVERAGE, MEASURE or a GroupAverage")
@@ -234,10 +241,10 @@ class GroupAverage(Decision):
             rank used before (WAGMA's ``t``).
     """
 
-    group: tuple
+    group: tuple[int, ...]
     tag: int
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         try:
             group = tuple(map(operator.index, self.group))
         except TypeError:
@@ -259,9 +266,9 @@ class Plan:
     the same step.
     """
 
-    steps: tuple
+    steps: tuple[int, ...]
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "steps", tuple(check_int("Plan.steps[i]", s, 1) for s in self.steps))
 
 
@@ -291,23 +298,23 @@ class Strategy:
     weighs_gradients = False
     median_step_time = False
 
-    def __init__(self, aggregate="mean", outer=None):
+    def __init__(self, aggregate: str = "mean", outer: OuterSGD | None = None) -> None:
         self.aggregate, self.outer = check_aggregation(aggregate, outer)
         self.step = 0
         self.rank, self.size = 0, 1
-        self.plan = None              # the latest Plan, if the strategy makes them
-        self._plan_left = None        # local steps left before the planned round
+        self.plan: Plan | None = None              # the latest Plan, if the strategy makes them
+        self._plan_left: int | None = None         # local steps left before the planned round
 
     # -- called by the runtime (template methods) --
 
-    def start(self, ctx):
+    def start(self, ctx: Context) -> None:
         """Start (or, after ``sync_model()``, restart) on this rank with a ``Context``."""
         self.rank, self.size, self.clock = ctx.rank, ctx.size, ctx.clock
         if self.plan is not None and len(self.plan.steps) != ctx.size:
             self.plan = self._plan_left = None    # planned for other ranks (an elastic resize, another job's checkpoint)
         self._set_plan(self.on_start(ctx))
 
-    def after_step(self, report=StepReport()):
+    def after_step(self, report: StepReport = StepReport()) -> Decision:
         """Count one local step and answer a ``Decision``."""
         self.step += 1
         decision = self.decide(report)
@@ -317,16 +324,16 @@ class Strategy:
                 return AVERAGE
         return decision
 
-    def after_round(self, result):
+    def after_round(self, result: RoundResult) -> None:
         """An averaging round finished (``result`` is a ``RoundResult``, the same on every rank)."""
         self._plan_left = None
         self._set_plan(self.on_round(result))
 
-    def leave(self):
+    def leave(self) -> None:
         """This rank stopped stepping; it only joins the other ranks' rounds from now on."""
         self.on_leave()
 
-    def _set_plan(self, plan):
+    def _set_plan(self, plan: Plan | None) -> None:
         if plan is None:
             return
         if not isinstance(plan, Plan) or len(plan.steps) != self.size:
@@ -336,58 +343,63 @@ class Strategy:
 
     # -- the hooks a strategy overrides --
 
-    def check_size(self, size):
+    def check_size(self, size: int) -> None:
         """Raise ``ValueError`` if the strategy cannot run on ``size`` ranks (called when an adapter
         is built, before anything opens: the torch wrapper opens at the first step)."""
 
-    def on_start(self, ctx):
+    def on_start(self, ctx: Context) -> Plan | None:
         """Open what the strategy needs through ``ctx.transports``; may return a first ``Plan``."""
 
-    def decide(self, report):
+    def decide(self, report: StepReport) -> Decision:
         """The decision after local step ``self.step`` (already counted), from its ``StepReport``."""
         return CONTINUE
 
-    def on_round(self, result):
+    def on_round(self, result: RoundResult) -> Plan | None:
         """Bookkeeping after a round; may return a ``Plan`` for the next one."""
 
-    def on_leave(self):
+    def on_leave(self) -> None:
         """This rank stopped stepping (e.g. tell a server not to wait for it)."""
 
-    def telemetry_fields(self):
+    def telemetry_fields(self) -> dict[str, Any]:
         """Extra per-step telemetry (e.g. a state-server round trip)."""
         return {}
 
-    def batch_size(self, step):
+    def batch_size(self, step: int) -> int | None:
         """Samples of this rank's batch at local step ``step`` (1-based) if the strategy plans them
         (``Balanced``), else ``None`` (the user's batch)."""
         return None
 
-    def gradient_weight(self, rank, size):
+    def gradient_weight(self, rank: int, size: int) -> float:
         """With ``weighs_gradients``: the weight of ``rank`` (of ``size``) in the gradient sum of the step
         being computed (``step + 1``; called before the strategy starts, by the first step's gradient
         hooks); the weights of all ranks sum to 1."""
         raise NotImplementedError(f"{type(self).__name__} does not weigh gradients")
 
+    def use_batch(self, batch_size: int, size: int) -> None:
+        """With ``weighs_gradients``: the batch of the sampler bound to the adapter (``batch_size`` per
+        rank, ``size`` ranks), which sets the global batch where the strategy was given none."""
+        raise NotImplementedError(f"{type(self).__name__} does not weigh gradients")
+
     @property
-    def label(self):
+    def label(self) -> str:
         """A short name for tables (``LocalSGD(8)``, ``ESync [normalized]``)."""
         return type(self).__name__ + self.aggregation_label
 
     @property
-    def aggregation_label(self):
+    def aggregation_label(self) -> str:
         """``""`` for plain averaging, else how rounds combine models (``" [normalized]"``)."""
         return describe(self.aggregate, self.outer)
 
-    def _aggregation_repr(self):
+    def _aggregation_repr(self) -> str:
         """``", aggregate='normalized', outer=OuterSGD(...)"`` where not the defaults (for ``__repr__``)."""
         return ((f", aggregate={self.aggregate!r}" if self.aggregate != "mean" else "")
                 + (f", outer={self.outer!r}" if self.outer is not None else ""))
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return {"kind": type(self).__name__, "step": self.step,
                 "plan": None if self.plan is None else list(self.plan.steps), "plan_left": self._plan_left}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("kind") != type(self).__name__:
             raise ValueError(
                 f"strategy state is for {state.get('kind')!r}, cannot load it into {type(self).__name__}")
@@ -396,5 +408,5 @@ class Strategy:
         self.plan = None if plan is None else Plan(tuple(plan))
         self._plan_left = state.get("plan_left")
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -1,12 +1,18 @@
 """DSSP: bounded-staleness local SGD whose bound the synchronisation controller picks every round."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
 import numpy as np
+import numpy.typing as npt
 
 from horovod_hetero.rules.dssp import round_plan
+from horovod_hetero.strategies.aggregation import OuterSGD
 from horovod_hetero.strategies.planned import RoundPlanned
 from horovod_hetero.validation import check_float, check_int
 
 
-def check_staleness(staleness):
+def check_staleness(staleness: object) -> tuple[int, int]:
     """``(s_lower, s_upper)``: two ints with 0 <= s_lower <= s_upper, else a TypeError/ValueError naming it."""
     if isinstance(staleness, np.ndarray) and staleness.ndim == 1:
         staleness = staleness.tolist()
@@ -64,17 +70,18 @@ class DSSP(RoundPlanned):
                                       strategy=hh.DSSP(staleness=(3, 15)))
     """
 
-    def __init__(self, staleness=(3, 15), tolerance=0.05, aggregate="mean", outer=None):
+    def __init__(self, staleness: Sequence[int] = (3, 15), tolerance: float = 0.05, aggregate: str = "mean",
+                 outer: OuterSGD | None = None) -> None:
         super().__init__(aggregate, outer)
         self.s_lower, self.s_upper = check_staleness(staleness)
         self.tolerance = check_float("tolerance", tolerance, 0.0, 0.5)
 
-    def plan_steps(self, step_s):
+    def plan_steps(self, step_s: npt.NDArray[np.float64]) -> list[int]:
         return round_plan(step_s, self.s_lower, self.s_upper, self.tolerance)
 
     @property
-    def label(self):
+    def label(self) -> str:
         return f"DSSP({self.s_lower},{self.s_upper})" + self.aggregation_label
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"DSSP(staleness=({self.s_lower}, {self.s_upper}), tolerance={self.tolerance}{self._aggregation_repr()})"

@@ -1,7 +1,11 @@
 """ElasticBSP: every round, ZipLine picks the barrier with the least waiting within a lookahead."""
+from __future__ import annotations
+
 import numpy as np
+import numpy.typing as npt
 
 from horovod_hetero.rules.zipline import predict_ends, zipline
+from horovod_hetero.strategies.aggregation import OuterSGD
 from horovod_hetero.strategies.planned import RoundPlanned
 from horovod_hetero.validation import check_int
 
@@ -40,16 +44,16 @@ class ElasticBSP(RoundPlanned):
                                       strategy=hh.ElasticBSP(lookahead=15))
     """
 
-    def __init__(self, lookahead=15, aggregate="mean", outer=None):
+    def __init__(self, lookahead: int = 15, aggregate: str = "mean", outer: OuterSGD | None = None) -> None:
         super().__init__(aggregate, outer)
         self.lookahead = check_int("lookahead", lookahead, 1)
 
-    def plan_steps(self, step_s):
+    def plan_steps(self, step_s: npt.NDArray[np.float64]) -> list[int]:
         return zipline(predict_ends(np.zeros(len(step_s)), step_s, self.lookahead)).steps.tolist()
 
     @property
-    def label(self):
+    def label(self) -> str:
         return f"ElasticBSP(R={self.lookahead})" + self.aggregation_label
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"ElasticBSP(lookahead={self.lookahead}{self._aggregation_repr()})"

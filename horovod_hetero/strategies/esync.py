@@ -1,12 +1,19 @@
 """ESync: every worker runs as many local steps as fit while the slowest runs one."""
+from __future__ import annotations
+
 import logging
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 from horovod_hetero.errors import StateServerError, StateServerTimeout
 from horovod_hetero.strategies.aggregation import OuterSGD
-from horovod_hetero.strategies.base import AVERAGE, CONTINUE, Strategy
+from horovod_hetero.strategies.base import (
+    AVERAGE, CONTINUE, Context, Decision, RoundResult, StateService, StepReport, Strategy)
 from horovod_hetero.validation import check_bool, check_float, check_int, parse_address
 
 log = logging.getLogger("horovod_hetero")
+
+_T = TypeVar("_T")
 
 
 class ESync(Strategy):
@@ -60,8 +67,9 @@ class ESync(Strategy):
 
     MODES = ("blocking", "delayed_ack")
 
-    def __init__(self, global_lr=1.0, mode="blocking", epsilon=1e-3, overshoot=0.5, timeout=2.0,
-                 fallback_period=8, server_address=None, warmup_step=True, aggregate="mean", outer=None):
+    def __init__(self, global_lr: float = 1.0, mode: str = "blocking", epsilon: float = 1e-3, overshoot: float = 0.5,
+                 timeout: float = 2.0, fallback_period: int = 8, server_address: str | None = None,
+                 warmup_step: bool = True, aggregate: str = "mean", outer: OuterSGD | None = None) -> None:
         self.global_lr = check_float("global_lr", global_lr, 0.0, min_exclusive=True)
         if self.global_lr != 1.0:
             if outer is not None:
@@ -83,63 +91,63 @@ class ESync(Strategy):
         self.warmup_step = check_bool("warmup_step", warmup_step)
         self.round = 0
         self.local_steps = 0
-        self.capability = None
+        self.capability: float | None = None
         self.fallback = False           # this round runs without the server
         self._warned = False
-        self.client = None
+        self.client: StateService | None = None
         self._left = False
-        self._last_answer = None
+        self._last_answer: float | None = None
 
-    def on_start(self, ctx):
+    def on_start(self, ctx: Context) -> None:
         self.client = ctx.transports.state_service(epsilon=self.epsilon, overshoot=self.overshoot,
                                                    timeout=self.timeout, address=self.server_address)
         self._begin_round()
 
-    def _fall_back(self, why):
+    def _fall_back(self, why: str) -> None:
         if not self._warned:
             log.warning("ESync: %s; falling back to averaging after %d local steps in each round without an "
                         "answer (the server is tried again at every round)", why, self.fallback_period)
             self._warned = True
         self.fallback = True
 
-    def _guarded(self, call):
-        """``call()`` (state-server traffic) unless falling back; a server failure starts the
+    def _guarded(self, call: Callable[[StateService], _T]) -> _T | None:
+        """``call(client)`` (state-server traffic) unless falling back; a server failure starts the
         fallback and gives None."""
         if self.fallback or self.client is None:
             return None
         try:
-            return call()
+            return call(self.client)
         except StateServerError as e:
             self._fall_back(str(e))
             return None
 
-    def _begin_round(self):
+    def _begin_round(self) -> None:
         """The listing's k = 0 query: registers the round and measures the round trip."""
         self.local_steps = 0
-        if self._guarded(lambda: self.client.query(0, self.capability, self.round)) is not None:
+        if self._guarded(lambda client: client.query(0, self.capability, self.round)) is not None:
             self._last_answer = self.clock()
 
-    def decide(self, report):
+    def decide(self, report: StepReport) -> Decision:
         self.local_steps += 1
         if self._left:                                  # training again after a join
             self._left = False
-            self._guarded(lambda: self.client.reset(self.round))
-        ready = self._guarded(lambda: self._ask(report.step_s))
+            self._guarded(lambda client: client.reset(self.round))
+        ready = self._guarded(lambda client: self._ask(client, report.step_s))
         if ready is None:
             ready = self.local_steps >= self.fallback_period
             if ready:
-                self._best_effort(lambda: self.client.enter(self.round))   # nobody waits for this rank's answer
+                self._best_effort(lambda client: client.enter(self.round))   # nobody waits for this rank's answer
         return AVERAGE if ready else CONTINUE
 
-    def _best_effort(self, call):
-        """``call()`` (state-server traffic) even while falling back; a failure is ignored."""
+    def _best_effort(self, call: Callable[[StateService], object]) -> None:
+        """``call(client)`` (state-server traffic) even while falling back; a failure is ignored."""
         if self.client is not None:
             try:
-                call()
+                call(self.client)
             except StateServerError:
                 pass
 
-    def _ask(self, step_s):
+    def _ask(self, client: StateService, step_s: float) -> bool:
         """QUERY-STATE for the step just taken; raises ``StateServerError`` when unreachable or unanswered."""
         if self.step == 1 and self.warmup_step:
             # the first step (graph tracing, allocation) can take seconds; reported as capability
@@ -147,11 +155,11 @@ class ESync(Strategy):
             # reported, and nobody is ready before every rank measured a real step
             capability = None
         else:
-            capability = self.capability = (step_s or 0.0) + (self.client.last_rtt or 0.0)
+            capability = self.capability = (step_s or 0.0) + (client.last_rtt or 0.0)
         if self.mode == "blocking":
-            return self.client.query(self.local_steps, capability, self.round)
-        self.client.send_query(self.local_steps, capability, self.round)
-        answers = self.client.poll(self.timeout if self.client.slowest else 0.0)
+            return client.query(self.local_steps, capability, self.round)
+        client.send_query(self.local_steps, capability, self.round)
+        answers = client.poll(self.timeout if client.slowest else 0.0)
         now = self.clock()
         if answers:
             self._last_answer = now
@@ -159,36 +167,36 @@ class ESync(Strategy):
             raise StateServerTimeout(f"the state server has not answered for {self.timeout:g} s")
         return any(a.get("ready") and a.get("round") == self.round for a in answers)
 
-    def on_round(self, result):
+    def on_round(self, result: RoundResult) -> None:
         self.round = result.round
         if self._left:                      # joining others' rounds: no server traffic
             self.local_steps = 0
             return
         self.fallback = False               # every round asks the server again
-        self._guarded(lambda: self.client.reset(self.round))
+        self._guarded(lambda client: client.reset(self.round))
         self._begin_round()
 
-    def on_leave(self):
+    def on_leave(self) -> None:
         if not self._left:
-            self._best_effort(lambda: self.client.leave())
+            self._best_effort(lambda client: client.leave())
         self._left = True
 
-    def telemetry_fields(self):
-        fields = {"fallback": self.fallback}
+    def telemetry_fields(self) -> dict[str, Any]:
+        fields: dict[str, Any] = {"fallback": self.fallback}
         if self.client is not None and self.client.last_rtt is not None:
             fields["rtt_s"] = self.client.last_rtt
         return fields
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return dict(super().state_dict(), round=self.round, local_steps=self.local_steps,
                     capability=self.capability)
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
         self.round, self.capability = state["round"], state["capability"]
         self.local_steps = state["local_steps"]
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         outer = f", outer={self.outer!r}" if self.outer is not None and self.global_lr == 1.0 else ""
         aggregate = f", aggregate={self.aggregate!r}" if self.aggregate != "mean" else ""
         return f"ESync(global_lr={self.global_lr}, mode={self.mode!r}{aggregate}{outer})"

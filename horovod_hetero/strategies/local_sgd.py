@@ -1,5 +1,11 @@
 """Local SGD: every worker steps alone; the model is averaged every ``period`` steps."""
-from horovod_hetero.strategies.base import AVERAGE, CONTINUE, Strategy
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from horovod_hetero.strategies.aggregation import OuterSGD
+from horovod_hetero.strategies.base import AVERAGE, CONTINUE, Decision, StepReport, Strategy
 from horovod_hetero.strategies.periodic import Periodic
 
 
@@ -30,25 +36,26 @@ class LocalSGD(Strategy):
         [CONTINUE, CONTINUE, AVERAGE, CONTINUE, CONTINUE, AVERAGE, CONTINUE]
     """
 
-    def __init__(self, period, warmup_steps=0, aggregate="mean", outer=None):
+    def __init__(self, period: int | Callable[[int], int], warmup_steps: int = 0, aggregate: str = "mean",
+                 outer: OuterSGD | None = None) -> None:
         super().__init__(aggregate, outer)
         self.schedule = Periodic(period, warmup_steps)
         self.period, self.warmup_steps = self.schedule.period, self.schedule.warmup_steps
         self._period_arg = period
 
-    def decide(self, report):
+    def decide(self, report: StepReport) -> Decision:
         return AVERAGE if self.schedule.due(self.step) else CONTINUE
 
     @property
-    def label(self):
+    def label(self) -> str:
         return f"LocalSGD({self._period_arg if isinstance(self._period_arg, int) else 'schedule'})" + self.aggregation_label
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return dict(super().state_dict(), next=self.schedule.next)
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
         self.schedule.next = state.get("next")
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"LocalSGD(period={self._period_arg!r}, warmup_steps={self.warmup_steps}{self._aggregation_repr()})"

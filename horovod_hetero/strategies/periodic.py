@@ -1,4 +1,8 @@
 """``Periodic``: averaging every ``period`` steps after a warm-up (LocalSGD's rounds, WAGMA's global averages)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
 from horovod_hetero.validation import as_schedule, check_int
 
 
@@ -19,12 +23,12 @@ class Periodic:
         (False, True)
     """
 
-    def __init__(self, period, warmup_steps=0, name="period"):
+    def __init__(self, period: int | Callable[[int], int], warmup_steps: int = 0, name: str = "period") -> None:
         self.period = as_schedule(name, period, minimum=1)
         self.warmup_steps = check_int("warmup_steps", warmup_steps, 0)
-        self.next = None            # the next averaging step after the warm-up (in checkpoints: "next")
+        self.next: int | None = None  # the next averaging step after the warm-up (in checkpoints: "next")
 
-    def due(self, step):
+    def due(self, step: int) -> bool:
         """True if ``step`` averages; asked for every step, in order."""
         if step <= self.warmup_steps:
             return True
@@ -33,12 +37,13 @@ class Periodic:
         self.next = step + self.period(step)
         return True
 
-    def _upcoming(self):
+    def _upcoming(self) -> int:
         if self.next is None:
             self.next = self.warmup_steps + self.period(self.warmup_steps)
         return self.next
 
-    def skip_to(self, step):
+    def skip_to(self, step: int) -> None:
         """Continue after ``step`` as if every step up to it had been asked."""
         while self._upcoming() <= step:
+            assert self.next is not None    # _upcoming() set it
             self.next += self.period(self.next)

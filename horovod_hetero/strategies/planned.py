@@ -1,9 +1,15 @@
 """Strategies that plan every round from the speeds the round itself carried."""
+from __future__ import annotations
+
 import functools
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from horovod_hetero.strategies.base import Plan, Strategy
+from horovod_hetero.strategies.aggregation import OuterSGD
+from horovod_hetero.strategies.base import Context, Plan, RoundResult, RoundStats, Strategy
 
 
 class RoundPlanned(Strategy):
@@ -20,19 +26,19 @@ class RoundPlanned(Strategy):
     measurement in the round, every rank runs one step, to measure it.
     """
 
-    def __init__(self, aggregate="mean", outer=None):
+    def __init__(self, aggregate: str = "mean", outer: OuterSGD | None = None) -> None:
         super().__init__(aggregate, outer)
         self.warming_up = False       # the next round measured each rank's first step only
 
-    def plan_steps(self, step_s):
+    def plan_steps(self, step_s: npt.NDArray[np.float64]) -> list[int]:
         """Local steps (ints >= 1) for ranks stepping at ``step_s`` seconds per step (finite, > 0)."""
         raise NotImplementedError
 
-    def on_start(self, ctx):
+    def on_start(self, ctx: Context) -> Plan:
         self.warming_up = True
         return _one_step_each(ctx.size)
 
-    def on_round(self, result):
+    def on_round(self, result: RoundResult) -> Plan | None:
         stats = result.stats
         if stats is None:
             return None
@@ -42,7 +48,7 @@ class RoundPlanned(Strategy):
         # the plan is a function of the statistics: computed once per round where ranks share them (the simulator)
         return stats.memo((type(self), repr(self)), lambda: self.plan_from(stats))
 
-    def plan_from(self, stats):
+    def plan_from(self, stats: RoundStats) -> Plan:
         """The ``Plan`` after a round with these ``RoundStats``."""
         active = ~np.asarray(stats.done, dtype=bool)
         steps = np.ones(len(active), dtype=np.int64)
@@ -53,15 +59,15 @@ class RoundPlanned(Strategy):
             steps[active] = self.plan_steps(np.maximum(step_s, positive.min() if positive.size else 1e-6))
         return Plan(tuple(int(s) for s in steps))
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return dict(super().state_dict(), warming_up=self.warming_up)
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
         self.warming_up = bool(state.get("warming_up", False))
 
 
 @functools.lru_cache(maxsize=8)
-def _one_step_each(size):
+def _one_step_each(size: int) -> Plan:
     """``Plan((1,) * size)``, built once per size (the simulator starts thousands of workers)."""
     return Plan((1,) * size)

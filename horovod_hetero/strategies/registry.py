@@ -12,8 +12,11 @@ Example:
     >>> build("wagma", period=4, lookahead=3).label        # each class takes its own options
     'WAGMA(S=auto,4)'
 """
+from __future__ import annotations
+
 import inspect
 from dataclasses import dataclass, field
+from typing import Any
 
 from horovod_hetero.strategies.adsp import ADSP
 from horovod_hetero.strategies.balanced import Balanced
@@ -42,11 +45,11 @@ class Registered:
     """
 
     name: str
-    cls: type
+    cls: type[Strategy]
     label: str
-    bench: dict = field(default_factory=dict)
-    callback: str = None
-    flags: dict = field(default_factory=dict)
+    bench: dict[str, Any] = field(default_factory=dict)
+    callback: str | None = None
+    flags: dict[str, str] = field(default_factory=dict)
 
 
 #: ``{name: Registered}``, Synchronous first: every strategy this library ships, in the order tools list them.
@@ -62,18 +65,18 @@ REGISTRY = {r.name: r for r in (
 )}
 
 
-def _lookup(name):
+def _lookup(name: str) -> Registered:
     try:
         return REGISTRY[name]
     except KeyError:
         raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(REGISTRY)}") from None
 
 
-def build(name, **options):
+def build(name: str, **options: Any) -> Strategy:
     """The strategy ``name`` with those of ``options`` its class takes: by keyword, else from the option
     ``Registered.flags`` names; the others are ignored, so one set of options serves every strategy."""
     entry = _lookup(name)
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     for key in inspect.signature(entry.cls).parameters:
         source = key if key in options else entry.flags.get(key)
         if source in options:
@@ -81,7 +84,7 @@ def build(name, **options):
     return entry.cls(**kwargs)
 
 
-def bench_options(name):
+def bench_options(name: str) -> list[str]:
     """The examples' command-line options that build ``name`` as bench runs it."""
     entry = _lookup(name)
     out = ["--strategy", name]
@@ -91,7 +94,7 @@ def bench_options(name):
     return out
 
 
-def check_strategy(strategy):
+def check_strategy(strategy: object) -> Strategy:
     """Return ``strategy`` (default ``Synchronous()``) or raise ``TypeError`` naming the strategies."""
     if strategy is None:
         return Synchronous()

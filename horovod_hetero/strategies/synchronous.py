@@ -19,5 +19,5 @@ class Synchronous(Strategy):
 
     averages_gradients = True
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()              # gradients are averaged: no model aggregation to choose

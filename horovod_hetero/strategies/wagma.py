@@ -1,11 +1,18 @@
 """WAGMA-SGD: wait-avoiding group model averaging over Horovod process sets."""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
 from horovod_hetero.rules.grouping import butterfly_group, group_process_sets, resolve_group_size
-from horovod_hetero.strategies.base import AVERAGE, CONTINUE, GroupAverage, Strategy
+from horovod_hetero.strategies.aggregation import OuterSGD
+from horovod_hetero.strategies.base import (
+    AVERAGE, CONTINUE, Context, Decision, GroupAverage, RoundResult, StepReport, Strategy)
 from horovod_hetero.strategies.periodic import Periodic
 from horovod_hetero.validation import check_bool, check_float, check_int
 
 
-def init_call(size, group_size):
+def init_call(size: int, group_size: int | None) -> str:
     """The exact ``hvd.init(...)`` call that registers WAGMA's process sets (for error messages)."""
     return f"hvd.init(process_sets=hh.wagma_process_sets(group_size={group_size!r}))  # P={size}"
 
@@ -58,8 +65,9 @@ class WAGMA(Strategy):
                                       strategy=hh.WAGMA(group_size=None, sync_period=10))
     """
 
-    def __init__(self, group_size=None, sync_period=10, wait_avoiding=True, patience=0.0, timeout=300.0,
-                 aggregate="mean", outer=None):
+    def __init__(self, group_size: int | None = None, sync_period: int | Callable[[int], int] = 10,
+                 wait_avoiding: bool = True, patience: float = 0.0, timeout: float = 300.0, aggregate: str = "mean",
+                 outer: OuterSGD | None = None) -> None:
         super().__init__(aggregate, outer)
         self.schedule = Periodic(sync_period, name="sync_period")
         self._period_arg = sync_period
@@ -70,14 +78,14 @@ class WAGMA(Strategy):
         self.wait_avoiding = check_bool("wait_avoiding", wait_avoiding)
         self.patience = check_float("patience", patience, 0.0)
         self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
-        self.S = None
+        self.S: int | None = None
         self.t = 0                      # the step every rank shares (== step until ranks join unevenly)
-        self._since_sync = None         # every rank's steps since the latest round all ranks joined
+        self._since_sync: list[int] | None = None  # every rank's steps since the latest round all ranks joined
 
-    def check_size(self, size):
+    def check_size(self, size: int) -> None:
         resolve_group_size(self.group_size, size)
 
-    def on_start(self, ctx):
+    def on_start(self, ctx: Context) -> None:
         self.S = resolve_group_size(self.group_size, ctx.size)
         if self._since_sync is None or len(self._since_sync) != ctx.size:
             self._since_sync = [0] * ctx.size
@@ -88,41 +96,43 @@ class WAGMA(Strategy):
             ctx.transports.open_groups(group_process_sets(ctx.size, self.S), init_call(ctx.size, self.group_size),
                                        wait_avoiding=self.wait_avoiding, patience=self.patience, timeout=self.timeout)
 
-    def group_of(self, step):
+    def group_of(self, step: int) -> tuple[int, ...]:
         """This rank's group after shared step ``step`` (``t``, 1-based; the paper's t = step - 1)."""
         return self._groups[(step - 1) % len(self._groups)]
 
-    def decide(self, report):
+    def decide(self, report: StepReport) -> Decision:
         self.t += 1
         if self.schedule.due(self.t):
             return AVERAGE                  # global average (line 16)
+        assert self.S is not None           # on_start resolved it
         if self.S > 1:
             return GroupAverage(self.group_of(self.t), tag=self.t)
         return CONTINUE                     # groups of one: local SGD with period sync_period
 
-    def on_round(self, result):
+    def on_round(self, result: RoundResult) -> None:
         if result.stats is None:            # protocol-level fakes carry no statistics
             return
+        assert self._since_sync is not None     # on_start (or the checkpoint) set it
         self._since_sync = [n + int(k) for n, k in zip(self._since_sync, result.stats.local_steps)]
         if result.done >= self.size:        # every rank joined (sync_model): continue at the furthest t
             self.t += max(self._since_sync) - self._since_sync[self.rank]
             self._since_sync = [0] * self.size
             self.schedule.skip_to(self.t)
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         return dict(super().state_dict(), next=self.schedule.next, t=self.t, since_sync=self._since_sync)
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
         self.schedule.next = state.get("next")
         self.t = check_int("state['t']", state.get("t", self.step), 0)
         self._since_sync = None if state.get("since_sync") is None else list(state["since_sync"])
 
     @property
-    def label(self):
+    def label(self) -> str:
         period = self._period_arg if isinstance(self._period_arg, int) else "schedule"
         return f"WAGMA(S={self.group_size or 'auto'},{period})" + self.aggregation_label
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"WAGMA(group_size={self.group_size!r}, sync_period={self._period_arg!r}, "
                 f"wait_avoiding={self.wait_avoiding}{self._aggregation_repr()})")

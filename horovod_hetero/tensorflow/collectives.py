@@ -3,7 +3,7 @@ import tensorflow as tf
 
 import horovod.tensorflow as hvd
 
-from horovod_hetero._horovod import HorovodCollectives
+from horovod_hetero.common.collectives import HorovodCollectives
 from horovod_hetero.runtime.collectives import call_with_timeout
 
 

@@ -1,5 +1,5 @@
 """PyTorch adapter: ``import horovod_hetero.torch as hh`` next to ``import horovod.torch as hvd``."""
-from horovod_hetero._horovod import wagma_process_sets  # noqa: F401
+from horovod_hetero.common.process_sets import wagma_process_sets  # noqa: F401
 from horovod_hetero.errors import (  # noqa: F401
     CollectiveTimeoutError, ElasticResetError, HeteroError, RankLostError, RoundMismatchError)
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S  # noqa: F401

@@ -5,7 +5,8 @@ import torch
 
 import horovod.torch as hvd
 
-from horovod_hetero._horovod import HorovodCollectives, gil_guarded
+from horovod_hetero.common.collectives import HorovodCollectives
+from horovod_hetero.common.failures import gil_guarded
 from horovod_hetero.runtime.collectives import Model, check_background, timeout_error
 
 

@@ -11,9 +11,10 @@ import torch
 
 import horovod.torch as hvd
 from horovod.torch.compression import Compression
-from horovod.torch.optimizer import _DistributedAdasumOptimizer, _DistributedOptimizer
 
-from horovod_hetero._horovod import check_run_options, follow_ranks
+from horovod_hetero.common.compat import torch_optimizer_bases
+from horovod_hetero.common.options import check_run_options
+from horovod_hetero.common.ranks import follow_ranks
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, call_with_timeout
 from horovod_hetero.runtime.controller import HeteroController, OutsideController, ring_bytes
 from horovod_hetero.strategies.registry import check_strategy
@@ -22,6 +23,7 @@ from horovod_hetero.torch.sampler import DistributedSampler
 from horovod_hetero.validation import check_bool, check_float, check_int
 
 _STATE_KEY = "horovod_hetero"
+_DistributedOptimizer, _DistributedAdasumOptimizer = torch_optimizer_bases()
 
 
 def _named(named, what, fallback):

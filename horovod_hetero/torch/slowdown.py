@@ -3,7 +3,7 @@ import torch
 
 import horovod.torch as hvd
 
-from horovod_hetero._horovod import check_run_options
+from horovod_hetero.common.options import check_run_options
 from horovod_hetero.runtime.straggler import Pacer, Slowdown
 
 

@@ -3,7 +3,7 @@
 | module | what | used by |
 | --- | --- | --- |
 | ``state_server`` | ESync's state server and client (JSON Lines over TCP, standard library) | ESync |
-| ``activations`` | "a group average started" messages (ZeroMQ PUSH/PULL) | wait-avoiding groups |
+| ``activations`` | "a group average started" messages (authenticated lines over TCP, standard library) | wait-avoiding groups |
 | ``auth`` | the job's key and the HMAC ``Channel`` that seals every message of the two above | both |
 
 A strategy never builds a socket or a thread: it asks ``ctx.transports`` (``runtime.transports.Transports``)

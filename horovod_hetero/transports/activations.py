@@ -1,37 +1,71 @@
-"""Activation messages between ranks (ZeroMQ PUSH/PULL): "group average ``tag`` of ``group`` has started".
+"""Activation messages between ranks (TCP lines, standard library): "group average ``tag`` of ``group`` has started".
 
 Horovod has no one-sided activation, so wait-avoiding group averaging (``runtime.group_exchange``)
-sends one: each rank binds a PULL socket, the addresses are exchanged with one
-``allgather_object``, and a rank that starts a group average pushes ``b"<tag> <r1>,<r2>,..."`` to
-its peers, sealed with the job's key (``transports.auth``)::
+sends one: each rank listens on a TCP socket, the addresses are exchanged with one
+``allgather_object``, and a rank that starts a group average sends ``b"<tag> <r1>,<r2>,..."`` to
+its peers, sealed with the job's key (``transports.auth``), one message per line::
 
-    b"<sender> <counter> <mac> <tag> <r1>,<r2>,..."
+    b"<sender> <counter> <mac> <tag> <r1>,<r2>,...\\n"
 
 The ``Channel`` of each (sender, receiver) pair binds both ranks into the MAC, and its counter
 grows with every activation the sender sends that receiver, so a message forged without the key,
 replayed, or redirected to another rank is refused. Whatever is refused (not authentic, a sender
-out of range, a body that does not parse) is dropped and counted (``dropped``), never acted on.
-ZeroMQ itself ends a connection that sends a message over ``MAX_MESSAGE_BYTES`` or does not
-complete its handshake within ``HANDSHAKE_MS`` (raw bytes without ZeroMQ's framing), and queues at
-most ``QUEUE`` messages.
+out of range, a body that does not parse, a line over ``MAX_MESSAGE_BYTES``, a line cut off by the
+end of its connection) is dropped and counted (``dropped``), never acted on, and ends the
+connection it came on.
+
+No thread: ``send`` (non-blocking sockets) writes what the peer's socket takes and keeps the rest,
+whole messages only, at most ``QUEUE`` per peer (beyond that the newest is dropped: the peer is far
+behind, its responder catches up); every ``send`` and ``receive`` call writes more of it. A
+connection error drops that peer's connection and what waits for it; the next ``send`` connects
+again. ``receive`` serves the listening socket and its connections with ``selectors``: a connection
+must deliver its first authentic message within ``HANDSHAKE_S`` (else it is ended), at most
+``MAX_CONNECTIONS`` wait for that (a newer one ends the oldest), and at most ``QUEUE`` received
+messages wait for the responder (then no connection is read until it catches up). Connections
+ended this way, without a refused message, are counted in ``refused``.
 """
-import zmq
+from __future__ import annotations
+
+import collections
+import errno
+import selectors
+import socket
+import threading
+import time
+from typing import Callable, Iterable, Optional, Tuple
 
 from horovod_hetero.transports.auth import Channel, check_key
+from horovod_hetero.transports.listening import accept_waiting, read_some
+from horovod_hetero.validation import parse_address
 
-#: The longest message the PULL socket accepts (an activation is about 100 bytes plus 5 per rank).
+#: The longest line (one message, its newline not counted) a connection may send; a longer one ends it
+#: (an activation is about 100 bytes plus 5 per rank).
 MAX_MESSAGE_BYTES = 8192
-#: Milliseconds a connection has to complete ZeroMQ's handshake.
-HANDSHAKE_MS = 5000
-#: Messages queued for the responder before ZeroMQ stops reading from a connection.
+#: Seconds a new connection has to deliver its first authentic message before it is ended.
+HANDSHAKE_S = 5.0
+#: Connections waiting to deliver their first authentic message; one more ends the oldest.
+MAX_CONNECTIONS = 64
+#: Messages waiting, per peer, for its socket to take them (beyond: the newest is dropped); and
+#: received messages waiting for the responder (beyond: no connection is read until it catches up).
 QUEUE = 1000
+#: Bytes read from a connection at once.
+RECV_BYTES = 65536
+#: Connections accepted per pass of ``receive``, so that a flood of connections cannot starve the peers.
+ACCEPTS_PER_PASS = 64
+#: Seconds ``receive`` stops accepting when the process is out of file descriptors (accept would fail at once again).
+ACCEPT_PAUSE_S = 0.1
+
+Activation = Tuple[int, Tuple[int, ...]]
+
+_IN_PROGRESS = (0, errno.EINPROGRESS, errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR)
+_NO_SIGNAL = getattr(socket, "MSG_NOSIGNAL", 0)     # a closed peer: EPIPE, not SIGPIPE
 
 
-def encode(tag, group):
+def encode(tag: int, group: Iterable[int]) -> bytes:
     return b"%d %s" % (tag, ",".join(map(str, group)).encode())
 
 
-def decode(message):
+def decode(message: bytes) -> Optional[Activation]:
     """``(tag, group)`` from a message body, or ``None`` if it is not one."""
     try:
         tag, ranks = message.split(b" ")
@@ -40,12 +74,36 @@ def decode(message):
         return None
 
 
-def _context(sender, receiver):
+def _context(sender: int, receiver: int) -> bytes:
     return b"activation|%d>%d" % (sender, receiver)
 
 
+class _Peer:
+    """This rank's connection to one peer: the socket (``None``: not connected), whole messages
+    waiting for it, and how many bytes of the first of them were written."""
+
+    __slots__ = ("sock", "pending", "written")
+
+    def __init__(self) -> None:
+        self.sock: Optional[socket.socket] = None
+        self.pending: collections.deque[bytes] = collections.deque()
+        self.written = 0
+
+
+class _Connection:
+    """A connection accepted by this rank: bytes received short of a parsed line, and until when it
+    may deliver its first authentic message (``None`` once it did)."""
+
+    __slots__ = ("sock", "inbox", "deadline")
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock = sock
+        self.inbox = bytearray()
+        self.deadline: Optional[float] = deadline
+
+
 class Activations:
-    """A PULL socket for this rank, PUSH sockets to its peers (opened on first use).
+    """A listening socket for this rank, connections to its peers (opened on first use).
 
     Args:
         host: address to bind.
@@ -53,66 +111,263 @@ class Activations:
         rank: this rank (its index in the gathered list).
         key: the job's key.
 
-    The ZeroMQ context is this object's own, terminated by ``close()``, so no I/O thread outlives it.
+    Attributes:
+        addresses: every rank's ``tcp://host:port``.
+        dropped: messages refused (each ended its connection).
+        refused: connections ended without a refused message (silent past ``HANDSHAKE_S``, or the
+            oldest of more than ``MAX_CONNECTIONS`` waiting).
+
+    No thread is started: ``send`` may be called from one thread while another calls ``receive``
+    (a lock guards what ``send`` writes); ``close()`` closes every socket.
     """
 
-    def __init__(self, host, allgather, rank, key):
+    def __init__(self, host: str, allgather: Callable[[str], list], rank: int, key: bytes) -> None:
         self.rank = rank
         self._key = check_key(key)
-        self._context = zmq.Context()
-        self._pull = self._context.socket(zmq.PULL)
-        for option, value in ((zmq.LINGER, 0), (zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES),
-                              (zmq.HANDSHAKE_IVL, HANDSHAKE_MS), (zmq.RCVHWM, QUEUE)):
-            self._pull.setsockopt(option, value)
-        self._push = {}
-        self._sending = {}              # peer -> Channel of what this rank sends it
-        self._receiving = {}            # peer -> Channel of what it receives from it
+        self._lock = threading.Lock()                   # the sending side: _peers, _sending, _targets
+        self._peers: dict[int, _Peer] = {}
+        self._sending: dict[int, Channel] = {}          # peer -> Channel of what this rank sends it
+        self._targets: dict[int, tuple] = {}            # peer -> (family, socket address), resolved once
+        self._receiving: dict[int, Channel] = {}        # peer -> Channel of what it receives from it
+        self._connections: dict[_Connection, None] = {}
+        self._pending: collections.OrderedDict[_Connection, None] = collections.OrderedDict()  # oldest first
+        self._waiting: dict[_Connection, None] = {}     # connections with whole lines left unparsed (QUEUE full)
+        self._queue: collections.deque[Activation] = collections.deque()
+        self._paused_until: Optional[float] = None
+        self._closed = False
         self.dropped = 0
+        self.refused = 0
+        self._listener: Optional[socket.socket] = None
+        self._selector = selectors.DefaultSelector()
         try:
-            self._pull.bind(f"tcp://{host}:*")              # a free port chosen by the OS
-            self.addresses = allgather(self._pull.getsockopt_string(zmq.LAST_ENDPOINT))
+            # every rank may connect at once: a short backlog would drop (and delay) their SYNs
+            self._listener = socket.create_server((host, 0), backlog=socket.SOMAXCONN)   # a port chosen by the OS
+            self._listener.setblocking(False)
+            self._selector.register(self._listener, selectors.EVENT_READ, None)
+            self.addresses = allgather(f"tcp://{host}:{self._listener.getsockname()[1]}")
         except BaseException:
             self.close()
             raise
 
-    def send(self, rank, tag, group):
+    # --- sending -----------------------------------------------------------------------------
+
+    def send(self, rank: int, tag: int, group: Iterable[int]) -> None:
         """Tell ``rank`` that group average ``tag`` of ``group`` has started (never blocks)."""
-        if rank not in self._push:
-            sock = self._context.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(self.addresses[rank])
-            self._push[rank] = sock
-            self._sending[rank] = Channel(self._key, sends=_context(self.rank, rank))
-        message = b"%d %s" % (self.rank, self._sending[rank].seal(encode(tag, group)))
+        with self._lock:
+            if self._closed:
+                return
+            if rank not in self._sending:
+                self._sending[rank] = Channel(self._key, sends=_context(self.rank, rank))
+            peer = self._peers.setdefault(rank, _Peer())
+            if peer.sock is None:
+                self._connect(rank, peer)
+            if peer.sock is not None and len(peer.pending) < QUEUE:   # else: the peer is far behind
+                peer.pending.append(b"%d %s\n" % (self.rank, self._sending[rank].seal(encode(tag, group))))
+            self._flush_all()
+
+    def _connect(self, rank: int, peer: _Peer) -> None:
+        """Start a non-blocking connection to ``rank`` (``peer.sock`` stays ``None`` if it failed at once)."""
         try:
-            self._push[rank].send(message, zmq.NOBLOCK)
-        except zmq.Again:       # the peer's queue is full: it is far behind, its responder will catch up
-            pass
+            if rank not in self._targets:
+                host, port = parse_address(self.addresses[rank], "an activation address")
+                family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+                self._targets[rank] = (family, address)
+            family, address = self._targets[rank]
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:                                     # e.g. out of file descriptors: this message is lost
+            return
+        try:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            connected = sock.connect_ex(address)
+        except OSError:
+            connected = -1
+        if connected not in _IN_PROGRESS:
+            sock.close()
+            return
+        peer.sock = sock
 
-    def receive(self, timeout_s):
+    def _flush_all(self) -> None:
+        """Write what waits for every peer, as much as each socket takes (the caller holds ``_lock``)."""
+        for peer in self._peers.values():
+            if peer.pending:
+                self._flush(peer)
+
+    def _flush(self, peer: _Peer) -> None:
+        """Write ``peer``'s waiting messages until its socket takes no more; a connection error
+        closes it and drops them (the next ``send`` connects again)."""
+        sock = peer.sock
+        assert sock is not None
+        while peer.pending:
+            head = peer.pending[0]
+            try:
+                peer.written += sock.send(memoryview(head)[peer.written:], _NO_SIGNAL)
+            except (BlockingIOError, InterruptedError):     # full, or still connecting: the rest waits
+                return
+            except OSError:                                 # refused, reset, EPIPE: the peer went away
+                sock.close()
+                peer.sock, peer.written = None, 0
+                peer.pending.clear()
+                return
+            if peer.written < len(head):                    # the tail of a started message stays first
+                return
+            peer.pending.popleft()
+            peer.written = 0
+
+    # --- receiving ---------------------------------------------------------------------------
+
+    def receive(self, timeout_s: float) -> Optional[Activation]:
         """The next ``(tag, group)``, or ``None`` after ``timeout_s`` seconds (or for a refused message)."""
-        if not self._pull.poll(int(timeout_s * 1000)):
-            return None
-        activation = self._open(self._pull.recv())
-        if activation is None:
-            self.dropped += 1
-        return activation
+        deadline = time.monotonic() + timeout_s
+        dropped = self.dropped
+        waited = False
+        while not self._closed:
+            with self._lock:                                # what waits for a peer whose connection was in progress
+                self._flush_all()
+            if not self._queue:
+                for connection in list(self._waiting):
+                    self._parse(connection)
+            if self._queue:
+                return self._queue.popleft()
+            now = time.monotonic()
+            if self.dropped != dropped or (waited and now >= deadline):
+                return None
+            self._select(max(0.0, min(self._deadlines(deadline)) - now))
+            waited = True
+        return None
 
-    def _open(self, message):
-        sender, _, sealed = message.partition(b" ")
-        if not (sender.isdigit() and len(sender) < 10) or int(sender) == self.rank \
-                or int(sender) >= len(self.addresses):
+    def _deadlines(self, deadline: float) -> list[float]:
+        """When ``receive`` must wake: its own deadline, the oldest connection's, the end of a pause."""
+        deadlines = [deadline]
+        if self._pending:
+            oldest = next(iter(self._pending)).deadline
+            assert oldest is not None
+            deadlines.append(oldest)
+        if self._paused_until is not None:
+            deadlines.append(self._paused_until)
+        return deadlines
+
+    def _select(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for connections or lines; handle them; end silent connections."""
+        for key, _ in self._selector.select(timeout_s):
+            if self._closed:
+                return
+            if key.data is None:
+                self._accept()
+            elif key.data in self._connections:             # not ended earlier in this pass
+                self._read(key.data)
+        now = time.monotonic()
+        if self._paused_until is not None and self._paused_until <= now and self._listener is not None:
+            self._paused_until = None
+            self._selector.register(self._listener, selectors.EVENT_READ, None)
+        while self._pending:
+            connection = next(iter(self._pending))
+            assert connection.deadline is not None
+            if connection.deadline > now:
+                break
+            self.refused += 1
+            self._drop(connection)
+
+    def _accept(self) -> None:
+        """Accept up to ``ACCEPTS_PER_PASS`` connections (ending the oldest unauthenticated ones beyond
+        ``MAX_CONNECTIONS``); out of file descriptors, stop accepting for ``ACCEPT_PAUSE_S``."""
+        assert self._listener is not None
+        accepted, exhausted = accept_waiting(self._listener, ACCEPTS_PER_PASS)
+        if exhausted is not None:
+            self._selector.unregister(self._listener)       # it stays readable: accept would fail at once again
+            self._paused_until = time.monotonic() + ACCEPT_PAUSE_S
+        for sock in accepted:
+            try:
+                connection = _Connection(sock, time.monotonic() + HANDSHAKE_S)
+                self._selector.register(sock, selectors.EVENT_READ, connection)
+            except (OSError, ValueError):                   # e.g. reset before it was set up
+                sock.close()
+                continue
+            self._connections[connection] = None
+            self._pending[connection] = None
+            if len(self._pending) > MAX_CONNECTIONS:
+                oldest = next(iter(self._pending))
+                self._read(oldest)                          # what it sent already is judged first
+                if oldest in self._pending:                 # still not authenticated: ended
+                    self.refused += 1
+                    self._drop(oldest)
+
+    def _read(self, connection: _Connection) -> None:
+        """Read what ``connection`` sent and parse its lines (nothing while ``QUEUE`` messages wait)."""
+        if len(self._queue) >= QUEUE or connection in self._waiting:
+            return
+        data = read_some(connection.sock, RECV_BYTES)
+        if data is None:
+            return
+        if not data:                                        # gone; a line it left unfinished is refused
+            self.dropped += bool(connection.inbox)
+            self._drop(connection)
+            return
+        connection.inbox += data
+        self._parse(connection)
+
+    def _parse(self, connection: _Connection) -> None:
+        """Queue the activations of the whole lines received on ``connection`` (up to ``QUEUE`` waiting);
+        the first refused one (or a line over ``MAX_MESSAGE_BYTES``) is counted and ends the connection."""
+        inbox, start = connection.inbox, 0
+        while len(self._queue) < QUEUE:
+            end = inbox.find(b"\n", start, start + MAX_MESSAGE_BYTES + 1)
+            if end < 0:
+                break
+            activation = self._open(bytes(inbox[start:end]))
+            start = end + 1
+            if activation is None:
+                self.dropped += 1
+                self._drop(connection)
+                return
+            if connection.deadline is not None:             # its first authentic message
+                connection.deadline = None
+                del self._pending[connection]
+            self._queue.append(activation)
+        del inbox[:start]
+        if inbox.find(b"\n", 0, MAX_MESSAGE_BYTES + 1) >= 0:   # QUEUE is full: parsed when it is not
+            self._waiting[connection] = None
+            return
+        self._waiting.pop(connection, None)
+        if len(inbox) > MAX_MESSAGE_BYTES:                  # a line over the limit (or raw bytes)
+            self.dropped += 1
+            self._drop(connection)
+
+    def _open(self, message: bytes) -> Optional[Activation]:
+        sender_digits, _, sealed = message.partition(b" ")
+        if not (sender_digits.isdigit() and len(sender_digits) < 10) or int(sender_digits) == self.rank \
+                or int(sender_digits) >= len(self.addresses):
             return None
-        sender = int(sender)
+        sender = int(sender_digits)
         if sender not in self._receiving:
             self._receiving[sender] = Channel(self._key, receives=_context(sender, self.rank))
         body = self._receiving[sender].open(sealed)
         return None if body is None else decode(body)
 
-    def close(self):
-        if self._context.closed:
-            return
-        for sock in self._push.values():
-            sock.close()
-        self._pull.close()
-        self._context.term()
+    def _drop(self, connection: _Connection) -> None:
+        self._connections.pop(connection, None)
+        self._pending.pop(connection, None)
+        self._waiting.pop(connection, None)
+        try:
+            self._selector.unregister(connection.sock)
+        except (KeyError, ValueError, RuntimeError):        # not registered, or the selector is closed
+            pass
+        connection.sock.close()
+
+    def close(self) -> None:
+        """Close every socket (idempotent)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for peer in self._peers.values():
+                if peer.sock is not None:
+                    peer.sock.close()
+                    peer.sock = None
+                peer.pending.clear()
+        for connection in list(self._connections):
+            self._drop(connection)
+        self._queue.clear()
+        self._selector.close()
+        if self._listener is not None:
+            self._listener.close()

@@ -15,6 +15,8 @@ altered, replayed within its conversation or replayed into another one (another 
 direction or pair of ranks) is refused; a refused message is never parsed. A new key is drawn
 each time transports open, so nothing recorded from an earlier run is accepted either.
 """
+from __future__ import annotations
+
 import hashlib
 import hmac
 import secrets
@@ -27,12 +29,12 @@ _MAC_HEX = 2 * hashlib.sha256().digest_size
 _MAX_COUNTER_DIGITS = 19
 
 
-def new_key():
+def new_key() -> bytes:
     """A fresh random key (``secrets.token_bytes``)."""
     return secrets.token_bytes(KEY_BYTES)
 
 
-def check_key(key, name="key"):
+def check_key(key: object, name: str = "key") -> bytes:
     """``key`` if it is bytes of at least ``MIN_KEY_BYTES``, else a ``TypeError``/``ValueError`` naming ``name``.
 
     Example:
@@ -67,7 +69,7 @@ class Channel:
         (None, None)
     """
 
-    def __init__(self, key, sends=None, receives=None):
+    def __init__(self, key: bytes, sends: bytes | None = None, receives: bytes | None = None) -> None:
         check_key(key)
         # HMAC keyed with the context once; each message continues a copy
         self._sends, self._receives = (None if c is None else hmac.new(key, c + b"|", hashlib.sha256)
@@ -76,17 +78,18 @@ class Channel:
         self.received = 0       # counter of the last message accepted
 
     @staticmethod
-    def _mac(keyed, counter, body):
+    def _mac(keyed: hmac.HMAC, counter: int, body: bytes) -> bytes:
         mac = keyed.copy()
         mac.update(b"%d|%s" % (counter, body))
         return mac.hexdigest().encode()
 
-    def seal(self, body):
+    def seal(self, body: bytes) -> bytes:
         """``body`` (bytes) as a sealed message."""
         self.sent += 1
+        assert self._sends is not None, "this Channel only receives (sends=None)"
         return b"%d %s %s" % (self.sent, self._mac(self._sends, self.sent, body), body)
 
-    def open(self, message):
+    def open(self, message: bytes) -> bytes | None:
         """The body of ``message`` if it is authentic and newer than the last accepted, else ``None``."""
         if self._receives is None:
             return None

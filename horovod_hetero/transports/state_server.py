@@ -39,8 +39,9 @@ Protocol (client -> server, message bodies; the server stamps times with its own
     {"op": "enter", "rank": r, "round": t}       (no answer; r aggregates round t without an answer:
                                                   every worker in round t is ready at its next query)
 """
+from __future__ import annotations
+
 import collections
-import errno
 import json
 import logging
 import resource
@@ -50,10 +51,13 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from horovod_hetero.errors import StateServerError, StateServerTimeout
 from horovod_hetero.rules.esync import ESyncState
 from horovod_hetero.transports.auth import Channel, check_key, new_key
+from horovod_hetero.transports.listening import accept_waiting, read_some
 from horovod_hetero.validation import parse_address
 
 log = logging.getLogger("horovod_hetero")
@@ -81,15 +85,14 @@ GREETING = b"horovod_hetero-state-server 1 "
 _CHALLENGE_BYTES = 16
 #: Bytes of the greeting, its newline included.
 GREETING_LEN = len(GREETING) + 2 * _CHALLENGE_BYTES + 1
-_OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
-def _channel(key, challenge, me, peer):
+def _channel(key: bytes, challenge: bytes, me: bytes, peer: bytes) -> Channel:
     """The ``Channel`` of one connection: ``me`` seals, ``peer``'s lines are opened (both bound to ``challenge``)."""
     return Channel(key, sends=b"%s|%s" % (me, challenge), receives=b"%s|%s" % (peer, challenge))
 
 
-def worker_channel(key, greeting):
+def worker_channel(key: bytes, greeting: bytes) -> Channel:
     """A worker's ``Channel`` on a connection whose server sent ``greeting`` (``GREETING_LEN`` bytes);
     an ``OSError`` if it is not a horovod_hetero state server's greeting."""
     challenge = greeting[len(GREETING):-1]
@@ -98,12 +101,12 @@ def worker_channel(key, greeting):
     return _channel(key, challenge, b"worker", b"server")
 
 
-def query_body(rank, k, capability, round, seq):
+def query_body(rank: int, k: int, capability: float | None, round: int, seq: int) -> bytes:
     """The body of a worker's QUERY-STATE message (bytes, before sealing)."""
     return json.dumps({"op": "query", "rank": rank, "k": k, "c": capability, "round": round, "seq": seq}).encode()
 
 
-def _raise_fd_limit():
+def _raise_fd_limit() -> None:
     """Raise this process's soft limit on open files to its hard limit (the server holds one per worker)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != hard:
@@ -113,11 +116,11 @@ def _raise_fd_limit():
             pass
 
 
-def _no_constant(name):
+def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a finite number")
 
 
-def _loads(body):
+def _loads(body: bytes) -> Any:
     """A JSON message (``NaN``/``Infinity`` refused: ``ValueError``)."""
     return json.loads(body, parse_constant=_no_constant)
 
@@ -128,7 +131,7 @@ class _Peer:
 
     __slots__ = ("sock", "channel", "inbox", "outbox", "admitted", "deadline")
 
-    def __init__(self, sock, channel, deadline):
+    def __init__(self, sock: socket.socket, channel: Channel, deadline: float) -> None:
         self.sock, self.channel, self.deadline = sock, channel, deadline
         self.inbox, self.outbox, self.admitted = b"", bytearray(), False
 
@@ -159,14 +162,16 @@ class StateServer:
         >>> client.close(); server.close()
     """
 
-    def __init__(self, size, key, host="127.0.0.1", epsilon=1e-3, overshoot=0.0, clock=time.monotonic,
-                 max_workers=None):
+    def __init__(self, size: int, key: bytes, host: str = "127.0.0.1", epsilon: float = 1e-3,
+                 overshoot: float = 0.0, clock: Callable[[], float] = time.monotonic,
+                 max_workers: int | None = None) -> None:
         self.state = ESyncState(size, epsilon=epsilon, overshoot=overshoot, clock=clock)
         self._key = check_key(key)
         self._clock = clock
         self._lock = threading.Lock()
-        self._pending = collections.OrderedDict()   # connections yet to authenticate, oldest first
-        self._workers = set()                       # authenticated connections
+        # connections yet to authenticate, oldest first
+        self._pending: collections.OrderedDict[_Peer, None] = collections.OrderedDict()
+        self._workers: set[_Peer] = set()           # authenticated connections
         self.max_workers = 4 * size + 4 if max_workers is None else max_workers
         self.max_pending = size + MAX_PENDING         # all workers connecting at once, and a margin
         _raise_fd_limit()
@@ -178,7 +183,7 @@ class StateServer:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ, "accept")
         self._selector.register(self._wake, selectors.EVENT_READ, "wake")
-        self._paused_until = None     # when the listener is watched again after running out of descriptors
+        self._paused_until: float | None = None     # when the listener is watched again after running out of descriptors
         self._quiet_until = 0.0       # no log record before then (LOG_INTERVAL_S)
         self.address = f"tcp://{host}:{self._listener.getsockname()[1]}"
         self.handled = 0
@@ -191,7 +196,7 @@ class StateServer:
         sys.setswitchinterval(min(self._switch_interval, SWITCH_INTERVAL_S))
         self._thread.start()
 
-    def _serve(self):
+    def _serve(self) -> None:
         try:
             while not self._closed:
                 for key, mask in self._selector.select(self._timeout()):
@@ -212,14 +217,14 @@ class StateServer:
             for closing in (self._selector, self._listener, self._wake, self._waker):
                 closing.close()
 
-    def _log(self, level, message, *args, exc_info=False):
+    def _log(self, level: int, message: str, *args: object, exc_info: bool = False) -> None:
         """Log at most one record per ``LOG_INTERVAL_S`` (a peer must not flood rank 0's log)."""
         now = time.monotonic()
         if now >= self._quiet_until:
             self._quiet_until = now + LOG_INTERVAL_S
             log.log(level, message, *args, exc_info=exc_info)
 
-    def _failed(self, peer):
+    def _failed(self, peer: _Peer | None) -> None:
         """The server's own code raised while serving ``peer`` (a ``_Peer``, or None): count, log, end it."""
         self.failures += 1
         self._log(logging.ERROR, "the ESync state server failed (%d times so far); it ends that connection and "
@@ -227,31 +232,24 @@ class StateServer:
         if isinstance(peer, _Peer):
             self._drop(peer)
 
-    def _timeout(self):
+    def _timeout(self) -> float | None:
         """Seconds until the oldest waiting connection's deadline or the end of a pause (None: no deadline)."""
         deadlines = [next(iter(self._pending)).deadline] if self._pending else []
         if self._paused_until is not None:
             deadlines.append(self._paused_until)
         return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
 
-    def _accept(self):
+    def _accept(self) -> None:
         """Greet up to ``ACCEPTS_PER_PASS`` waiting connections (ending the oldest unauthenticated ones beyond
         ``max_pending``); out of file descriptors, stop accepting for ``ACCEPT_PAUSE_S``."""
-        for _ in range(ACCEPTS_PER_PASS):
+        accepted, exhausted = accept_waiting(self._listener, ACCEPTS_PER_PASS)
+        if exhausted is not None:
+            self._log(logging.WARNING, "the ESync state server cannot accept a connection (%s); it retries "
+                      "in %g s", exhausted, ACCEPT_PAUSE_S)
+            self._selector.unregister(self._listener)       # it stays readable: accept would fail at once again
+            self._paused_until = time.monotonic() + ACCEPT_PAUSE_S
+        for sock in accepted:
             try:
-                sock, _ = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as e:
-                if e.errno not in _OUT_OF_RESOURCES:
-                    continue                                # that connection failed before it was accepted
-                self._log(logging.WARNING, "the ESync state server cannot accept a connection (%s); it retries "
-                          "in %g s", e, ACCEPT_PAUSE_S)
-                self._selector.unregister(self._listener)   # it stays readable: accept would fail at once again
-                self._paused_until = time.monotonic() + ACCEPT_PAUSE_S
-                return
-            try:
-                sock.setblocking(False)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:                                 # e.g. reset before it was set up
                 sock.close()
@@ -270,16 +268,13 @@ class StateServer:
             peer.outbox += GREETING + challenge + b"\n"
             self._flush(peer)
 
-    def _serve_peer(self, peer, mask):
+    def _serve_peer(self, peer: _Peer, mask: int) -> None:
         if mask & selectors.EVENT_WRITE and not self._flush(peer):
             return
         if mask & selectors.EVENT_READ:
-            try:
-                data = peer.sock.recv(65536)
-            except (BlockingIOError, InterruptedError):
+            data = read_some(peer.sock, 65536)
+            if data is None:
                 return
-            except OSError:
-                data = b""
             if not data:                                    # gone; a line it left unfinished is refused
                 self.rejected += bool(peer.inbox)
                 self._drop(peer)
@@ -288,7 +283,7 @@ class StateServer:
             if self._answer_lines(peer):
                 self._flush(peer)
 
-    def _answer_lines(self, peer):
+    def _answer_lines(self, peer: _Peer) -> bool:
         """Answer every whole line received; False if the connection was ended."""
         *lines, peer.inbox = peer.inbox.split(b"\n")       # the rest (short of a line) waits for more
         if len(peer.inbox) > MAX_LINE_BYTES:
@@ -307,7 +302,7 @@ class StateServer:
                 peer.outbox += peer.channel.seal(reply) + b"\n"
         return True
 
-    def _admit(self, peer):
+    def _admit(self, peer: _Peer) -> bool:
         """A connection sent its first authentic line: serve it (False: ``max_workers`` are served)."""
         del self._pending[peer]
         if len(self._workers) >= self.max_workers:
@@ -317,7 +312,7 @@ class StateServer:
         self._workers.add(peer)
         return True
 
-    def _flush(self, peer):
+    def _flush(self, peer: _Peer) -> bool:
         """Send what waits for ``peer`` (waiting for it to be writable if the socket takes less);
         False if the connection was ended."""
         try:
@@ -337,7 +332,7 @@ class StateServer:
             self._selector.modify(peer.sock, events, peer)
         return True
 
-    def _expire(self):
+    def _expire(self) -> None:
         """End connections silent for ``AUTH_TIMEOUT_S`` since they were greeted; accept again after a pause."""
         now = time.monotonic()
         if self._paused_until is not None and self._paused_until <= now:
@@ -350,7 +345,7 @@ class StateServer:
             self.refused += 1
             self._drop(peer)
 
-    def _drop(self, peer):
+    def _drop(self, peer: _Peer) -> None:
         self._pending.pop(peer, None)
         self._workers.discard(peer)
         try:
@@ -360,7 +355,7 @@ class StateServer:
         _hang_up(peer.sock)
         peer.sock.close()
 
-    def _answer(self, body):
+    def _answer(self, body: bytes) -> bytes | None:
         """The answer (bytes, unsealed) to one authentic message body (None for messages that get none);
         a message that is not valid is answered with its error and counted (``rejected``)."""
         try:
@@ -373,7 +368,7 @@ class StateServer:
             reply = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
         return None if reply is None else json.dumps(reply).encode()
 
-    def _handle(self, msg):
+    def _handle(self, msg: dict[str, Any]) -> dict[str, Any] | None:
         rank = msg["rank"]
         if msg["op"] == "reset":
             self.state.reset(rank, msg["round"], self._clock())
@@ -387,7 +382,7 @@ class StateServer:
         ready, slowest = self.state.answer(rank, msg["k"], msg["c"], msg["round"])
         return {"seq": msg["seq"], "ready": ready, "round": msg["round"], "slowest": slowest}
 
-    def close(self):
+    def close(self) -> None:
         """Stop serving and end every connection (the workers' next query fails fast)."""
         if self._closed:
             return
@@ -405,7 +400,7 @@ class StateServer:
         sys.setswitchinterval(self._switch_interval)
 
 
-def _hang_up(connection):
+def _hang_up(connection: socket.socket) -> None:
     try:
         connection.shutdown(socket.SHUT_RDWR)
     except OSError:
@@ -425,22 +420,22 @@ class StateClient:
         rejected: answers dropped because they were not authentic or did not parse.
     """
 
-    def __init__(self, address, rank, key, timeout=2.0):
+    def __init__(self, address: str, rank: int, key: bytes, timeout: float = 2.0) -> None:
         self.address = address
         self._host_port = parse_address(address)
         self.rank = rank
         self._key = check_key(key)
         self.timeout = timeout
-        self._sock = None
-        self._channel = None
+        self._sock: socket.socket | None = None
+        self._channel: Channel | None = None
         self._buffer = b""
         self._seq = 0
-        self._sent_at = {}
-        self.last_rtt = None
+        self._sent_at: dict[object, float] = {}     # by seq; looked up by an answer's "seq" (any JSON value)
+        self.last_rtt: float | None = None
         self.slowest = False
         self.rejected = 0
 
-    def _connect(self):
+    def _connect(self) -> None:
         """Connect and read the server's greeting (its challenge: the ``Channel`` of this connection)."""
         self._sock = socket.create_connection(self._host_port, timeout=self.timeout)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -453,13 +448,14 @@ class StateClient:
         self._channel = worker_channel(self._key, greeting)
         self._buffer = b""
 
-    def _send(self, msg):
+    def _send(self, msg: dict[str, Any]) -> None:
         self._send_body(json.dumps(msg).encode())
 
-    def _send_body(self, body):
+    def _send_body(self, body: bytes) -> None:
         try:
             if self._sock is None:
                 self._connect()
+            assert self._sock is not None and self._channel is not None     # connected
             self._sock.settimeout(self.timeout)            # _receive sets the time it waits
             self._sock.sendall(self._channel.seal(body) + b"\n")
         except TimeoutError:                                # no greeting, or a send that did not go
@@ -470,7 +466,7 @@ class StateClient:
             self.close()
             raise StateServerError(f"cannot reach the ESync state server at {self.address}: {e}") from None
 
-    def _receive(self, wait_s):
+    def _receive(self, wait_s: float) -> list[dict[str, Any]]:
         """Authentic answers received so far, waiting up to ``wait_s`` seconds for the first line."""
         deadline = time.perf_counter() + wait_s
         while b"\n" not in self._buffer:
@@ -496,8 +492,9 @@ class StateClient:
         *lines, self._buffer = self._buffer.split(b"\n")
         return [reply for reply in map(self._open, lines) if reply is not None]
 
-    def _open(self, line):
+    def _open(self, line: bytes) -> dict[str, Any] | None:
         """One answer line as a dict, or None (counted in ``rejected``) if it is not authentic or valid."""
+        assert self._channel is not None            # lines come only from a connection, which has one
         body = self._channel.open(line)
         try:
             reply = None if body is None else _loads(body)
@@ -508,14 +505,14 @@ class StateClient:
             return None
         return reply
 
-    def send_query(self, k, capability, round):
+    def send_query(self, k: int, capability: float | None, round: int) -> int:
         """Send a query without waiting; returns its sequence number."""
         self._seq += 1
         self._sent_at[self._seq] = time.perf_counter()
         self._send_body(query_body(self.rank, k, capability, round, self._seq))
         return self._seq
 
-    def poll(self, wait_s=0.0):
+    def poll(self, wait_s: float = 0.0) -> list[dict[str, Any]]:
         """Answers that have arrived (waiting up to ``wait_s`` for the first): a list of dicts.
 
         ``last_rtt`` is taken only from the answer to the latest query, read while waiting for
@@ -529,7 +526,7 @@ class StateClient:
             self.slowest = bool(reply.get("slowest", self.slowest))
         return out
 
-    def query(self, k, capability, round):
+    def query(self, k: int, capability: float | None, round: int) -> bool:
         """Blocking QUERY-STATE: True if this worker aggregates now."""
         seq = self.send_query(k, capability, round)
         deadline = time.perf_counter() + self.timeout
@@ -540,15 +537,15 @@ class StateClient:
             if time.perf_counter() >= deadline:
                 raise StateServerTimeout(f"the ESync state server did not answer within {self.timeout:g} s")
 
-    def reset(self, round):
+    def reset(self, round: int) -> None:
         """RESET-STATE-SERVER after this worker's aggregation (no answer is awaited)."""
         self._send({"op": "reset", "rank": self.rank, "round": round})
 
-    def leave(self):
+    def leave(self) -> None:
         """This worker stopped training; it is no longer waited for (no answer is awaited)."""
         self._send({"op": "leave", "rank": self.rank})
 
-    def enter(self, round):
+    def enter(self, round: int) -> None:
         """This worker aggregates round ``round`` without the server's answer (no answer is awaited).
 
         Sent over the open connection only: a server that did not answer in time would not greet a
@@ -556,7 +553,7 @@ class StateClient:
         if self._sock is not None:
             self._send({"op": "enter", "rank": self.rank, "round": round})
 
-    def close(self):
+    def close(self) -> None:
         if self._sock is not None:
             self._sock.close()
             self._sock = None

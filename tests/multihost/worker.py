@@ -19,7 +19,7 @@ import torch
 
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
-from horovod_hetero._horovod import server_host
+from horovod_hetero.transports.addresses import server_host
 
 STEPS = 24
 #: The strategies by name (``cases.NAMES``; ``cases.DETERMINISTIC`` are compared bit for bit with one host).

@@ -5,15 +5,15 @@
 
 Sends garbage, oversized and deeply nested lines, unsealed messages posing as a rank (a huge
 capability, ``leave``, a rank out of range, ``Infinity``), messages with a made-up MAC, holds 100
-idle connections for a second, and for activations 500 forged future activations and raw bytes
-without ZeroMQ's framing. Prints how many messages it sent; exits 0.
+idle connections for a second, and for activations 500 forged future activations, a line over the
+limit and 10,000 raw NUL bytes without a newline. Each activation message goes on a connection of
+its own (the receiver ends a connection at its first refused line), so every rank must refuse and
+count each of them. Prints how many messages it sent; exits 0.
 """
 import json
 import socket
 import sys
 import time
-
-import zmq
 
 
 def state(address, size):
@@ -40,23 +40,33 @@ def state(address, size):
     return sent
 
 
+def _send_alone(target, data):
+    """Send ``data`` on a connection of its own; 1 if it was sent whole, else 0."""
+    with socket.create_connection(target, timeout=2) as sock:
+        try:
+            sock.sendall(data)
+            return 1
+        except OSError:                             # hung up on before it read it all
+            return 0
+
+
 def activations(addresses):
-    context = zmq.Context()
-    sent = 0
+    targets = []
     for address in addresses:
-        push = context.socket(zmq.PUSH)
-        push.setsockopt(zmq.LINGER, 1000)
-        push.connect(address)
-        messages = [b"junk", b"5 0,1", b"0 7 " + b"0" * 64 + b" 7 0,1", b"\xff" * 64]
-        messages += [b"0 %d %s %d 0,1" % (n, b"0" * 64, n) for n in range(10, 510)]
-        for message in messages:
-            push.send(message)
-        sent += len(messages)
-        push.close()
         host, port = address.removeprefix("tcp://").rsplit(":", 1)
-        with socket.create_connection((host, int(port)), timeout=2) as raw:
-            raw.sendall(b"\x00" * 10_000)
-    context.term()
+        targets.append((host, int(port)))
+    messages = [b"junk", b"5 0,1", b"0 7 " + b"0" * 64 + b" 7 0,1", b"\xff" * 64]
+    messages += [b"0 %d %s %d 0,1" % (n, b"0" * 64, n) for n in range(10, 510)]
+    messages += [b"0 " * 5000]                      # a line over 8 kB
+    sent = 0
+    for target in targets:
+        for message in messages:
+            sent += _send_alone(target, message + b"\n")
+        sent += _send_alone(target, b"\x00" * 10_000)  # raw bytes, no newline
+    held = [socket.create_connection(target, timeout=2) for target in targets for _ in range(100)]
+    time.sleep(1.0)
+    for sock in held:
+        sock.close()
     return sent
 
 

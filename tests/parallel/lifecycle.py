@@ -4,10 +4,10 @@ import time
 
 import psutil
 
-from horovod_hetero._horovod import GIL_GUARD_THREAD
+from horovod_hetero.common.failures import GIL_GUARD_THREAD
 
 
-#: Not a strategy's: the watchdog that process sets start once per process (``_horovod.guard_gil``: this
+#: Not a strategy's: the watchdog that process sets start once per process (``common.failures.guard_gil``: this
 #: Python thread and faulthandler's C thread), which lives, as Horovod's own threads do, until Horovod shuts down.
 GUARD = GIL_GUARD_THREAD
 

@@ -28,6 +28,17 @@ STRATEGIES = {
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
 def test_the_script_trains_with_horovods_callbacks_and_every_strategy(strategy):
+    train_the_script(strategy)
+
+
+@pytest.mark.parametrize("strategy", ["LocalSGD", "ESync"])
+def test_metric_averaging_listed_before_the_strategy_callback_still_meets_the_ranks_in_step(strategy):
+    """A user who appends the one new callback after Horovod's: MetricAverageCallback's allgather at
+    the epoch's end comes first, on ranks at different rounds; the strategy callback syncs them first."""
+    train_the_script(strategy, metric_average_first=True)
+
+
+def train_the_script(strategy, metric_average_first=False):
     x, y, _, _ = digits(RANK, SIZE)
     keras.utils.set_random_seed(RANK)                     # different initial weights: the broadcast fixes them
     model = keras.Sequential([keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10, activation="softmax")])
@@ -39,15 +50,17 @@ def test_the_script_trains_with_horovods_callbacks_and_every_strategy(strategy):
                  STRATEGIES[strategy](),                                   # the one line per strategy
                  hh.callbacks.MetricAverageCallback(),
                  hh.callbacks.LearningRateWarmupCallback(initial_lr=0.01 * SIZE, warmup_epochs=1)]
+    if metric_average_first:
+        callbacks[1], callbacks[2] = callbacks[2], callbacks[1]
     directory = keras_helpers.hvd.broadcast_object(tempfile.mkdtemp() if RANK == 0 else None, root_rank=0,
-                                                   name=f"{strategy}.dir")
+                                                   name=f"{strategy}.{metric_average_first}.dir")
     path = os.path.join(directory, "checkpoint-{epoch}.weights.h5")
     if RANK == 0:
         callbacks.append(keras.callbacks.ModelCheckpoint(path, save_weights_only=True))
     steps = 8 + (2 * RANK if strategy != "Synchronous" else 0)         # ranks with different numbers of batches
     history = model.fit(x[:16 * steps], y[:16 * steps], batch_size=16, epochs=3, verbose=0, callbacks=callbacks)
-    weights = keras_helpers.gathered([w.tolist() for w in keras_helpers.weights(model)], f"{strategy}.w")
-    logs = keras_helpers.gathered(history.history, f"{strategy}.logs")
+    weights = keras_helpers.gathered([w.tolist() for w in keras_helpers.weights(model)], f"{strategy}.{metric_average_first}.w")
+    logs = keras_helpers.gathered(history.history, f"{strategy}.{metric_average_first}.logs")
     assert all(w == weights[0] for w in weights)
     assert all(np.allclose(log["loss"], logs[0]["loss"], rtol=1e-6) for log in logs)   # metrics averaged
     if RANK == 0:

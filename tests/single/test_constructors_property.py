@@ -419,7 +419,7 @@ def env_readers(variable):
     elif variable != "HOROVOD_HETERO_STATE_SERVER_HOST":
         readers.append(lambda: Slowdown(0, size=4))
     else:
-        from horovod_hetero._horovod import server_host_setting
+        from horovod_hetero.transports.addresses import server_host_setting
         readers.append(server_host_setting)
     try:
         import horovod_hetero.tensorflow.keras as keras_hh

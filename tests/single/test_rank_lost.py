@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fakes import ArrayCollectives, ArrayModel
-from horovod_hetero import _horovod
+from horovod_hetero.common import collectives as common_collectives, failures, ranks
 from horovod_hetero.errors import CollectiveTimeoutError, HeteroError, RankLostError
 from horovod_hetero.runtime import collectives as runtime_collectives
 from horovod_hetero.runtime.collectives import call_with_timeout
@@ -46,6 +46,21 @@ def test_the_error_names_the_round_the_step_and_the_lost_ranks():
     assert str(error).startswith("model averaging round (round 1, step 3) failed on rank 2: a rank was lost "
                                  "(rank 1 stopped, rank 3 died)")
     assert str(error).endswith("Cause: OSError: Connection closed by peer [127.0.0.1]:1234")
+
+
+def test_a_timeout_with_no_rank_of_this_host_lost_says_so_and_keeps_its_cause():
+    """A user's MetricAverageCallback before the strategy callback (epoch_sync off) times out a round:
+    the error must not claim a lost rank; its cause names the collective of its own to look for."""
+    from horovod_hetero.runtime.controller import rank_lost_error
+    cause = CollectiveTimeoutError("model averaging round did not complete within 60 s: a rank is in a collective "
+                                   "of its own (a metric hvd.allreduce, MetricAverageCallback, ...)")
+    error = rank_lost_error(cause, "model averaging round", 1, 3, 3, {})
+    assert type(error) is CollectiveTimeoutError
+    assert str(error).startswith("model averaging round (round 1, step 3) failed on rank 3: no rank of this host "
+                                 "was lost: a rank on another host was lost, or a rank waits elsewhere. ")
+    assert str(error).endswith("a rank is in a collective of its own (a metric hvd.allreduce, MetricAverageCallback, ...)")
+    lost = rank_lost_error(OSError("closed"), "model averaging round", 1, 3, 3, {})
+    assert "a rank was lost (which rank is not known here)" in str(lost)
 
 
 def test_a_timeout_keeps_its_class_and_synchronous_names_the_gradient_allreduce():
@@ -93,26 +108,26 @@ def test_failed_collectives_are_recognised_and_others_are_not():
     class UnknownError(OpError):             # TensorFlow's, by name: no TensorFlow import
         pass
 
-    assert _horovod.collective_failed(HorovodInternalError("Horovod has been shut down"))
-    assert _horovod.collective_failed(CollectiveTimeoutError("slow"))
-    assert _horovod.collective_failed(UnknownError("... Horovod has been shut down ..."))
-    assert not _horovod.collective_failed(UnknownError("a shape mismatch"))
-    assert not _horovod.collective_failed(ValueError("Horovod"))
+    assert ranks.collective_failed(HorovodInternalError("Horovod has been shut down"))
+    assert ranks.collective_failed(CollectiveTimeoutError("slow"))
+    assert ranks.collective_failed(UnknownError("... Horovod has been shut down ..."))
+    assert not ranks.collective_failed(UnknownError("a shape mismatch"))
+    assert not ranks.collective_failed(ValueError("Horovod"))
 
 
 def test_a_dead_or_stopped_process_of_this_host_is_named():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        assert _horovod.process_state(child.pid) is None
+        assert ranks.process_state(child.pid) is None
         child.send_signal(signal.SIGSTOP)
         for _ in range(100):
-            if _horovod.process_state(child.pid) == "stopped":
+            if ranks.process_state(child.pid) == "stopped":
                 break
             __import__("time").sleep(0.01)
-        assert _horovod.process_state(child.pid) == "stopped"
+        assert ranks.process_state(child.pid) == "stopped"
         child.kill()
         child.wait()
-        assert _horovod.process_state(child.pid) == "died"
+        assert ranks.process_state(child.pid) == "died"
     finally:
         if child.poll() is None:
             child.kill()
@@ -125,7 +140,7 @@ def test_with_process_sets_an_enqueue_is_refused_once_a_rank_of_this_host_died(m
     import socket
 
     from horovod_hetero.torch.collectives import TorchCollectives
-    monkeypatch.setattr(_horovod, "guard_gil", lambda running: None)
+    monkeypatch.setattr(common_collectives, "guard_gil", lambda running: None)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
@@ -153,11 +168,11 @@ def test_the_gil_watchdog_follows_horovod_and_ends_only_a_process_whose_python_c
     import threading
 
     def guards():
-        return [t for t in threading.enumerate() if t.name == _horovod.GIL_GUARD_THREAD]
+        return [t for t in threading.enumerate() if t.name == failures.GIL_GUARD_THREAD]
 
     running = [True]
-    _horovod.guard_gil(lambda: running[0])
-    _horovod.guard_gil(lambda: running[0])                   # once per process
+    failures.guard_gil(lambda: running[0])
+    failures.guard_gil(lambda: running[0])                   # once per process
     assert len(guards()) == 1
     running[0] = False                                       # Horovod shut down: the watchdog ends
     guards()[0].join(5)
@@ -166,13 +181,13 @@ def test_the_gil_watchdog_follows_horovod_and_ends_only_a_process_whose_python_c
     def run(body, limit):
         """A process with the watchdog running (limit from the environment) whose main thread then runs
         ``body``; ``ctypes.PyDLL(None).sleep(n)`` holds the GIL in C for n s."""
-        code = ("import ctypes, time\nfrom horovod_hetero import _horovod\nfrom horovod_hetero.runtime import "
-                "collectives\n_horovod.guard_gil(lambda: True)\ntime.sleep(0.2)\n" + body + "\nprint('survived')")
-        env = {**os.environ, _horovod.ENV_GIL_LIMIT: str(limit)}
+        code = ("import ctypes, time\nfrom horovod_hetero.common import failures\nfrom horovod_hetero.runtime import "
+                "collectives\nfailures.guard_gil(lambda: True)\ntime.sleep(0.2)\n" + body + "\nprint('survived')")
+        env = {**os.environ, failures.ENV_GIL_LIMIT: str(limit)}
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
 
     # an enqueue of ours that holds the GIL past the limit (1 s): exit 1 with every thread's traceback
-    done = run("with _horovod.gil_guarded():\n    ctypes.PyDLL(None).sleep(3)", 1)
+    done = run("with failures.gil_guarded():\n    ctypes.PyDLL(None).sleep(3)", 1)
     assert done.returncode == 1 and "survived" not in done.stdout, (done.returncode, done.stdout)
     assert "Timeout (0:00:01)!" in done.stderr and "in <module>" in done.stderr
     # once a collective failed here, any code that holds the GIL past the limit
@@ -180,20 +195,20 @@ def test_the_gil_watchdog_follows_horovod_and_ends_only_a_process_whose_python_c
     assert done.returncode == 1 and "Timeout (0:00:01)!" in done.stderr, (done.returncode, done.stdout)
     # a healthy process holding the GIL for 60 s (a multi-GB torch.save) at the default limit (45 s) lives,
     # and an enqueue that returns disarms the watchdog
-    done = run("with _horovod.gil_guarded():\n    pass\nctypes.PyDLL(None).sleep(60)", _horovod.GIL_LIMIT_S)
+    done = run("with failures.gil_guarded():\n    pass\nctypes.PyDLL(None).sleep(60)", failures.GIL_LIMIT_S)
     assert done.returncode == 0 and "survived" in done.stdout, (done.returncode, done.stderr[-2000:])
 
 
 def test_the_gil_limit_is_a_setting_and_zero_turns_the_watchdog_off(monkeypatch):
-    monkeypatch.setenv(_horovod.ENV_GIL_LIMIT, "soon")
+    monkeypatch.setenv(failures.ENV_GIL_LIMIT, "soon")
     with pytest.raises(ValueError, match=r"HOROVOD_HETERO_GIL_LIMIT_S must be seconds >= 0.*got 'soon'"):
-        _horovod.gil_limit_s()
-    monkeypatch.setenv(_horovod.ENV_GIL_LIMIT, "0")
-    assert _horovod.gil_limit_s() == 0.0
-    _horovod.guard_gil(lambda: True)
-    assert not _horovod._guard["running"]
-    monkeypatch.delenv(_horovod.ENV_GIL_LIMIT)
-    assert _horovod.gil_limit_s() == _horovod.GIL_LIMIT_S == 45.0
+        failures.gil_limit_s()
+    monkeypatch.setenv(failures.ENV_GIL_LIMIT, "0")
+    assert failures.gil_limit_s() == 0.0
+    failures.guard_gil(lambda: True)
+    assert not failures._guard["running"]
+    monkeypatch.delenv(failures.ENV_GIL_LIMIT)
+    assert failures.gil_limit_s() == failures.GIL_LIMIT_S == 45.0
 
 
 def test_a_rank_of_this_host_still_exiting_is_named_once_it_is_a_zombie(monkeypatch):
@@ -208,11 +223,11 @@ def test_a_rank_of_this_host_still_exiting_is_named_once_it_is_a_zombie(monkeypa
     c.rank = 0
     c._peers = [(socket.gethostname(), 0), (socket.gethostname(), 4242), ("another-host", 7)]
     exits_at = time.monotonic() + 0.3
-    monkeypatch.setattr(_horovod, "process_state", lambda pid: "died" if time.monotonic() >= exits_at else None)
+    monkeypatch.setattr(common_collectives, "process_state", lambda pid: "died" if time.monotonic() >= exits_at else None)
     assert c.lost_ranks() == {1: "died"} and time.monotonic() - exits_at < 0.2
-    monkeypatch.setattr(_horovod, "process_state", lambda pid: None)
+    monkeypatch.setattr(common_collectives, "process_state", lambda pid: None)
     t0 = time.monotonic()
-    assert c.lost_ranks() == {} and _horovod.LOST_SETTLE_S <= time.monotonic() - t0 < _horovod.LOST_SETTLE_S + 0.5
+    assert c.lost_ranks() == {} and common_collectives.LOST_SETTLE_S <= time.monotonic() - t0 < common_collectives.LOST_SETTLE_S + 0.5
     c._peers = [(socket.gethostname(), 0), ("another-host", 7)]                 # no rank of this host to wait for
     t0 = time.monotonic()
     assert c.lost_ranks() == {} and time.monotonic() - t0 < 0.1

@@ -393,31 +393,31 @@ def test_the_client_refuses_an_oversized_answer_and_a_peer_that_is_not_a_state_s
     other.close()
 
 
-def test_servers_bind_the_interface_horovodrun_gives_gloo_and_never_advertise_loopback_across_hosts(monkeypatch):
+def test_servers_bind_the_interfaceaddressesrun_gives_gloo_and_never_advertise_loopback_across_hosts(monkeypatch):
     from types import SimpleNamespace
 
-    from horovod_hetero import _horovod
-    for name in (_horovod.ENV_SERVER_HOST, _horovod.ENV_GLOO_IFACE, _horovod.ENV_RENDEZVOUS):
+    from horovod_hetero.transports import addresses
+    for name in (addresses.ENV_SERVER_HOST, addresses.ENV_GLOO_IFACE, addresses.ENV_RENDEZVOUS):
         monkeypatch.delenv(name, raising=False)
     interfaces = {"lo": ["127.0.0.1"], "eth0": ["10.1.2.3"], "ib0": ["192.168.5.6"]}
-    monkeypatch.setattr(_horovod, "_interfaces", lambda: {
+    monkeypatch.setattr(addresses, "_interfaces", lambda: {
         name: [SimpleNamespace(family=socket.AF_INET6, address="fe80::1")] +
               [SimpleNamespace(family=socket.AF_INET, address=a) for a in addresses]
         for name, addresses in interfaces.items()})
-    monkeypatch.setattr(_horovod, "_host_name_address", lambda: "127.0.1.1")    # as on many Linux hosts
-    assert _horovod.server_host(all_local=True) == "127.0.0.1"
-    monkeypatch.setenv(_horovod.ENV_GLOO_IFACE, "ib0")
-    assert _horovod.server_host(all_local=False) == "192.168.5.6"                # Gloo's interface
-    monkeypatch.setenv(_horovod.ENV_SERVER_HOST, "10.9.9.9")
-    assert _horovod.server_host(all_local=False) == "10.9.9.9"                   # the user's choice first
-    monkeypatch.delenv(_horovod.ENV_SERVER_HOST)
-    monkeypatch.setenv(_horovod.ENV_GLOO_IFACE, "lo")
-    monkeypatch.setenv(_horovod.ENV_RENDEZVOUS, "127.0.0.1")                     # loopback everywhere:
+    monkeypatch.setattr(addresses, "_host_name_address", lambda: "127.0.1.1")    # as on many Linux hosts
+    assert addresses.server_host(all_local=True) == "127.0.0.1"
+    monkeypatch.setenv(addresses.ENV_GLOO_IFACE, "ib0")
+    assert addresses.server_host(all_local=False) == "192.168.5.6"                # Gloo's interface
+    monkeypatch.setenv(addresses.ENV_SERVER_HOST, "10.9.9.9")
+    assert addresses.server_host(all_local=False) == "10.9.9.9"                   # the user's choice first
+    monkeypatch.delenv(addresses.ENV_SERVER_HOST)
+    monkeypatch.setenv(addresses.ENV_GLOO_IFACE, "lo")
+    monkeypatch.setenv(addresses.ENV_RENDEZVOUS, "127.0.0.1")                     # loopback everywhere:
     with pytest.raises(ValueError, match="set HOROVOD_HETERO_STATE_SERVER_HOST to this host's address"):
-        _horovod.server_host(all_local=False)                                    # two interfaces, no choice
+        addresses.server_host(all_local=False)                                    # two interfaces, no choice
     del interfaces["ib0"]
-    assert _horovod.server_host(all_local=False) == "10.1.2.3"                   # the only one
-    assert _horovod.route_address("127.0.0.1") == "127.0.0.1" and _horovod.route_address("no-such-host.invalid") is None
+    assert addresses.server_host(all_local=False) == "10.1.2.3"                   # the only one
+    assert addresses.route_address("127.0.0.1") == "127.0.0.1" and addresses.route_address("no-such-host.invalid") is None
 
 
 def test_a_burst_of_connections_is_accepted_without_syn_retries_and_none_is_evicted():

@@ -7,10 +7,9 @@ import time
 
 import numpy as np
 import pytest
-import zmq
 
 from fakes import ArrayCollectives, ArrayModel, context, run_ranks
-from horovod_hetero._horovod import registered_ids, world_size
+from horovod_hetero.common.process_sets import registered_ids, world_size
 from horovod_hetero.errors import CollectiveTimeoutError
 from horovod_hetero.rules.grouping import butterfly_groups, process_set_ranks, resolve_group_size
 from horovod_hetero.runtime.controller import HeteroController
@@ -270,16 +269,23 @@ def wait_until(condition, timeout=5.0):
     return condition()
 
 
+def hung_up(sock):
+    """True if the other side closed ``sock`` (EOF, or a reset: it left bytes unread)."""
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
 def test_forged_replayed_and_malformed_activations_are_dropped_counted_and_the_responder_goes_on():
-    """A foreign process pushes to rank 1's activation socket: garbage, an unsealed activation, one
-    sealed with another key, one from rank 1 itself or a rank out of range, a replay of rank 0's
-    real activation, an oversized message, a multi-part message and raw bytes without ZeroMQ's
-    framing. None is acted on (nothing is served for them); the responder still serves rank 0."""
+    """A foreign process sends rank 1's activation socket, each on a connection of its own: garbage,
+    an unsealed activation, one with a made-up MAC, one sealed with another key, one from rank 1
+    itself or a rank out of range, a replay of rank 0's real activation, an empty line, bytes that
+    are not text, a line over the limit and raw bytes without a newline. None is acted on (nothing
+    is served for them), each is counted and ends its connection; the responder still serves rank 0."""
     (a, b), allreduce = exchanges()
-    context = zmq.Context()
-    push = context.socket(zmq.PUSH)
-    push.setsockopt(zmq.LINGER, 0)
-    raw = socket.socket()
+    target = ("127.0.0.1", int(a._activations.addresses[1].rsplit(":", 1)[1]))
+    raws = []
     try:
         a.publish([1.0]), b.publish([5.0])
         assert a.average(1, (0, 1), [2.0]).summed.tolist() == [7.0]             # b served stale: 2 + 5
@@ -288,22 +294,21 @@ def test_forged_replayed_and_malformed_activations_are_dropped_counted_and_the_r
         forged = [b"junk", encode(2, (0, 1)), b"0 5 " + b"0" * 64 + b" " + encode(2, (0, 1)),
                   b"0 " + Channel(new_key(), sends=b"activation|0>1").seal(encode(2, (0, 1))),
                   b"1 " + Channel(KEY, sends=b"activation|1>1").seal(encode(2, (0, 1))),
-                  b"7 " + Channel(KEY, sends=b"activation|7>1").seal(encode(2, (0, 1))), real, b"", b"\xff" * 64]
-        push.connect(a._activations.addresses[1])
-        for message in forged:
-            push.send(message)
-        push.send_multipart([b"junk", real])                                     # two more frames
-        push.send(b"0 " * (MAX_MESSAGE_BYTES // 2 + 1))                            # ends this connection
-        raw.connect(("127.0.0.1", int(a._activations.addresses[1].rsplit(":", 1)[1])))
-        raw.sendall(b"\x00" * 100_000)                                            # not ZeroMQ
-        assert wait_until(lambda: b._activations.dropped == len(forged) + 2)
+                  b"7 " + Channel(KEY, sends=b"activation|7>1").seal(encode(2, (0, 1))), real, b"", b"\xff" * 64,
+                  b"0 " * (MAX_MESSAGE_BYTES // 2 + 1)]                                      # over the limit
+        for data in [message + b"\n" for message in forged] + [b"\x00" * 10_000]:            # the last: no newline
+            raws.append(socket.create_connection(target, timeout=5))
+            raws[-1].sendall(data)
+        assert wait_until(lambda: b._activations.dropped == len(forged) + 1)
         time.sleep(0.2)
-        assert b.served_stale == 1 and b._thread.is_alive() and b._activations.dropped == len(forged) + 2
+        assert b.served_stale == 1 and b._thread.is_alive() and b._activations.dropped == len(forged) + 1
+        assert all(hung_up(raw) for raw in raws)
         result = a.average(2, (0, 1), [3.0])                                     # rank 0's next activation
         assert (result.summed.tolist(), result.total_weight) == ([8.0], 2.0)      # 3 + b's stale 5
         assert wait_until(lambda: b.served_stale == 2)
     finally:
-        raw.close(), push.close(), context.term()
+        for raw in raws:
+            raw.close()
         for e in (a, b):
             e.close()
 

@@ -1,6 +1,6 @@
-"""What Horovod's Keras layer gives on Keras 2, for any Keras: synchronous training, the initial
-broadcast, metric averaging, learning-rate warm-up; the refusal of what would go wrong silently; and
-a lost rank named (``RankLostError``) when synchronous training's average fails inside ``fit``.
+"""What Horovod's Keras API gives (on Keras 2 only, in Horovod 0.28.1), for any Keras: synchronous
+training, the initial broadcast, metric averaging, learning-rate warm-up; the refusal of what would
+go wrong silently; and a lost rank named (``RankLostError``) when synchronous training's average fails inside ``fit``.
 
 Horovod 0.28.1 hooks Keras 2's optimizer methods and variable API: on Keras 3 its
 ``DistributedOptimizer`` averages nothing and its callbacks raise. Everything here works on Keras 3
@@ -11,8 +11,10 @@ import os
 
 import numpy as np
 
-from horovod_hetero._horovod import check_process_set, collective_failed
-from horovod_hetero._keras import collectives_class, keras_major, keras_module, value, weights
+from horovod_hetero._keras import collectives_class, keras_major, keras_module, sync_epoch, value, weights
+from horovod_hetero.common import compat
+from horovod_hetero.common.process_sets import check_process_set
+from horovod_hetero.common.ranks import collective_failed
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S
 from horovod_hetero.runtime.controller import rank_lost_error
 from horovod_hetero.validation import check_bool, check_float, check_int
@@ -104,10 +106,8 @@ def averaging_optimizer(optimizer, collectives):
         state.seconds.assign(ops.cast(seconds, "float32"))
         return base.apply(self, averaged, trainable_variables)
 
-    optimizer.__class__ = type(base.__name__, (base,), {
-        "apply": apply, "_hh_averaging": True, "_hh_collectives": collectives, "_hh_gradient": state,
-        "__module__": base.__module__, "__qualname__": base.__qualname__, "__doc__": base.__doc__})
-    return optimizer
+    return compat.subclass_in_place(optimizer, {
+        "apply": apply, "_hh_averaging": True, "_hh_collectives": collectives, "_hh_gradient": state})
 
 
 def step_collectives(optimizer, timeout=DEFAULT_TIMEOUT_S):
@@ -116,7 +116,7 @@ def step_collectives(optimizer, timeout=DEFAULT_TIMEOUT_S):
     ``hvd.DistributedOptimizer`` ones over its process set (made once, ``timeout`` for their object
     collectives); None for an optimizer that averages nothing."""
     found = getattr(optimizer, "_hh_collectives", None)
-    if found is None and getattr(optimizer, "_allreduce_grads", None) is not None:     # Horovod's, Keras 2
+    if found is None and compat.is_horovod_keras2_optimizer(optimizer):
         found = collectives_class()(optimizer.process_set, timeout, owner="hvd.DistributedOptimizer",
                                     members_only=False)
         optimizer._hh_collectives = found
@@ -186,7 +186,7 @@ def guard_train_function(model, timeout=DEFAULT_TIMEOUT_S):
     collectives = step_collectives(getattr(model, "optimizer", None), timeout)
     if collectives is not None:
         collectives.know_peers()
-        model.train_function = GuardedTrainFunction(function, model, collectives)
+        compat.replace_train_function(model, GuardedTrainFunction(function, model, collectives))
 
 
 def begin_training(model, timeout=DEFAULT_TIMEOUT_S):
@@ -235,7 +235,9 @@ class BroadcastGlobalVariablesCallbackImpl:
 
 class MetricAverageCallbackImpl:
     """At the end of every epoch, replace each numeric entry of ``logs`` by its mean over the ranks
-    (put it before callbacks that read the logs: checkpoints, early stopping, LR schedules)."""
+    (put it before callbacks that read the logs: checkpoints, early stopping, LR schedules). A
+    strategy callback of the same ``fit`` with ``epoch_sync`` syncs the model first, wherever it is
+    in the list (``_keras.sync_epoch``)."""
 
     def __init__(self, timeout=DEFAULT_TIMEOUT_S):
         super().__init__()
@@ -245,6 +247,7 @@ class MetricAverageCallbackImpl:
         begin_training(self.model, self.timeout)
 
     def on_epoch_end(self, epoch, logs=None):
+        sync_epoch(self.model, epoch)           # a strategy callback later in the list syncs now
         if logs is None:
             return
         mine = {k: float(np.asarray(v)) for k, v in sorted(logs.items()) if np.ndim(np.asarray(v)) == 0}

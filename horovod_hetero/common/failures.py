@@ -1,0 +1,157 @@
+"""Process-wide hooks for Horovod's own failure paths, installed once per process and only where
+Horovod would otherwise hang or abort without a word: a C++ terminate handler that turns the
+abort of a failed background thread into ``RankLostError`` (``catch_background_abort``), and a
+watchdog for a main thread blocked inside Horovod holding the GIL (``guard_gil``), armed only
+during our enqueues or after a failure was seen, so that a healthy process is never ended."""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import faulthandler
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import NoReturn
+
+from horovod_hetero.runtime.collectives import background_failure, failure_seen
+from horovod_hetero.validation import check_float
+
+#: Seconds Horovod's failed background thread is held for the main thread to raise ``RankLostError``
+#: and exit; a main thread still running then (blocked inside Horovod) is ended with the same error.
+HOLD_S = 20.0
+#: Seconds without the GIL after which a process with process sets ends (``guard_gil``), unless the
+#: environment sets ``ENV_GIL_LIMIT`` (0: never).
+GIL_LIMIT_S = 45.0
+ENV_GIL_LIMIT = "HOROVOD_HETERO_GIL_LIMIT_S"
+
+#: The name of ``guard_gil``'s thread.
+GIL_GUARD_THREAD = "horovod_hetero-gil-guard"
+_hook: dict[str, object] = {}
+_guard: dict[str, float]        # "running" (a bool) and, once it ran, "limit" (seconds)
+_guard, _guard_lock = {"running": False}, threading.Lock()
+
+def gil_limit_s() -> float:
+    """Seconds without the GIL that ``guard_gil`` allows: ``ENV_GIL_LIMIT`` or ``GIL_LIMIT_S`` (0: never)."""
+    text = os.environ.get(ENV_GIL_LIMIT)
+    if text is None:
+        return GIL_LIMIT_S
+    try:
+        return check_float(ENV_GIL_LIMIT, float(text), 0.0)
+    except ValueError:
+        raise ValueError(f"{ENV_GIL_LIMIT} must be seconds >= 0 (0: never end the process), got {text!r}") from None
+
+def guard_gil(running: Callable[[], object]) -> None:
+    """End the process (exit code 1, every thread's traceback on stderr) if no Python code could run
+    for ``gil_limit_s()`` seconds *after a failure*: while an enqueue of ours runs (``gil_guarded``), or
+    once this process has seen a collective fail (``runtime.collectives.failure_seen``, cleared when
+    ``hvd.elastic`` has started Horovod again). Python's
+    ``faulthandler`` watchdog, a C thread that needs no GIL, armed then and re-armed every second by a
+    daemon thread of ours, which ends when Horovod shuts down (``running()``: ``hvd.is_initialized``;
+    the next adapter that needs it starts it again). A healthy process is never ended: a user's step
+    that holds the GIL for minutes (a multi-GB ``pickle`` or ``torch.save``) runs outside our enqueues
+    and before any failure.
+
+    Started when process sets are used: there a main thread that enqueues a collective while
+    Horovod's failed background thread holds the process-set lock waits for it forever holding the
+    GIL, and the terminate handler (``catch_background_abort``), which needs the GIL, never runs.
+    (``check_enqueue`` keeps this rank's own enqueues out of that lock when it sees a rank of this
+    host die; the watchdog covers the rest: a rank lost on another host, a user's own collective after
+    a failure. Not covered: a user's own collective that blocks before any failure was seen here.)"""
+    limit = gil_limit_s()
+    with _guard_lock:
+        if _guard["running"] or sys.__stderr__ is None or not limit:
+            return
+        _guard["running"], _guard["limit"] = True, limit
+
+    def rearm() -> None:
+        try:
+            while running():
+                if failure_seen.is_set() or background_failure.is_set():
+                    # (not None: guard_gil checked it; faulthandler would take None as sys.stderr anyway)
+                    faulthandler.dump_traceback_later(limit, exit=True, file=sys.__stderr__)  # type: ignore[arg-type]
+                time.sleep(1.0)
+        finally:
+            with _guard_lock:
+                faulthandler.cancel_dump_traceback_later()
+                _guard["running"] = False
+
+    threading.Thread(target=rearm, name=GIL_GUARD_THREAD, daemon=True).start()
+
+@contextlib.contextmanager
+def gil_guarded() -> Iterator[None]:
+    """Around an enqueue into Horovod while ``guard_gil`` runs: the watchdog is armed until it returns
+    (about 0.1 ms; an enqueue that waits for a failed background thread holds the GIL forever)."""
+    if not _guard["running"]:
+        yield
+        return
+    # (not None while the guard runs: guard_gil checked it; faulthandler would take None as sys.stderr anyway)
+    faulthandler.dump_traceback_later(_guard["limit"], exit=True, file=sys.__stderr__)  # type: ignore[arg-type]
+    try:
+        yield
+    finally:
+        if not (failure_seen.is_set() or background_failure.is_set()):
+            faulthandler.cancel_dump_traceback_later()
+
+def catch_background_abort() -> None:
+    """Turn the ``SIGABRT`` that ends every survivor of a lost rank when the job registered process
+    sets (WAGMA's) into a ``RankLostError`` in the main thread. Installed once, by the first adapter.
+
+    Why: after a collective fails, Horovod's background thread leaves its loop and, with process sets
+    besides the global one, negotiates their removal with the other ranks (``ProcessSetTable::Finalize``,
+    a Gloo allgather outside the loop's ``try``, holding the process-set table's lock); a dead peer
+    makes it throw ``gloo::IoException``, nothing catches it, and ``std::terminate`` aborts the process
+    before any Python code learns of the failure. This installs a C++ terminate handler that, on a
+    thread other than the main thread, records the failure (``runtime.collectives.background_failure``:
+    every wait of ours, and every collective before it enqueues, then raises ``RankLostError``) and
+    holds that thread. The process then exits with code 1: from the main thread's error (an ``atexit``
+    hook ends it with ``os._exit(1)`` before Horovod's shutdown, which would wait for the held
+    thread), or, if the main thread is still running after ``HOLD_S`` s (blocked inside Horovod on the
+    lock the failed thread holds), from the handler, which prints the error itself. On the main thread,
+    or on a second failure, it aborts as before.
+    """
+    if _hook:
+        return
+    try:
+        set_terminate = ctypes.CDLL("libstdc++.so.6")._ZSt13set_terminatePFvvE
+    except (OSError, AttributeError):              # not GNU libstdc++: Horovod's behaviour stays
+        return
+    handler_type = ctypes.CFUNCTYPE(None)
+
+    def on_terminate() -> None:
+        if threading.current_thread() is threading.main_thread() or background_failure.is_set():
+            os.abort()
+        background_failure.reason = ("Horovod's background thread failed (a rank's connection broke: Horovod "
+                                     "logged the Gloo error above) and shut Horovod down")
+        background_failure.set()
+        deadline = time.monotonic() + (0.0 if _hook.get("exiting") else HOLD_S)
+        while time.monotonic() < deadline and not _hook.get("exiting"):
+            time.sleep(0.05)
+        if not _hook.get("exiting"):
+            print(f"horovod_hetero.errors.RankLostError: {background_failure.reason}; the main thread is "
+                  f"blocked in Horovod: exiting", file=sys.stderr, flush=True)
+        exit_now()
+
+    def exit_now() -> NoReturn:
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(1)
+
+    def at_exit() -> None:
+        _hook["exiting"] = True
+        if background_failure.is_set():
+            exit_now()
+
+    handler = handler_type(on_terminate)
+    set_terminate.restype = ctypes.c_void_p
+    set_terminate.argtypes = [handler_type]
+    set_terminate(handler)
+    _hook["handler"] = handler                      # kept alive: C++ holds only the pointer
+    atexit.register(at_exit)                        # registered after Horovod's: runs before its shutdown

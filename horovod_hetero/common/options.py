@@ -1,0 +1,19 @@
+"""The check of an adapter's run options when the user builds it, before ``hvd.init()`` is needed."""
+from __future__ import annotations
+
+from horovod_hetero.runtime.straggler import Slowdown, check_base_step, check_random_delay, check_slowdown
+from horovod_hetero.runtime.telemetry import Telemetry, telemetry_directory
+from horovod_hetero.transports.addresses import server_host_setting
+
+
+def check_run_options(telemetry: object, slowdown: object) -> None:
+    """Check an adapter's ``telemetry`` and ``slowdown`` and the variables that fill in for them
+    (``HOROVOD_HETERO_*``) when the adapter is built, before ``hvd.init()`` is needed; the
+    ``Telemetry`` and ``Slowdown`` themselves are built later (they need the rank), with the same errors."""
+    if not isinstance(telemetry, Telemetry):
+        telemetry_directory(telemetry)
+    if not isinstance(slowdown, Slowdown):
+        check_slowdown(slowdown)
+        check_base_step(None)
+        check_random_delay(None)
+    server_host_setting()

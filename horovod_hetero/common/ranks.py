@@ -1,0 +1,72 @@
+"""Which ranks train: the ``Membership`` an adapter follows across ``hvd.elastic``'s resets, which
+errors are Horovod's report of a failed collective, and whether a rank of this host is gone."""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Union
+
+from horovod.common.exceptions import HorovodInternalError
+
+from horovod_hetero.errors import ElasticResetError, RankLostError
+from horovod_hetero.runtime.membership import Membership
+
+if TYPE_CHECKING:
+    import psutil
+    from horovod.common.process_sets import ProcessSet
+
+    from horovod_hetero.runtime.controller import HeteroController, OutsideController
+    from horovod_hetero.runtime.telemetry import Telemetry
+
+    # the controller an adapter reaches through its ``Membership``
+    Controller = Union[HeteroController, OutsideController]
+
+def follow_ranks(hvd: Any, process_set: ProcessSet | None, telemetry: Telemetry | str | os.PathLike[str] | None,
+                 build: Callable[[Telemetry | str | os.PathLike[str] | None], Controller]) -> Membership[Controller]:
+    """The ``Membership`` an adapter reaches its controller through: rebuilt when Horovod's ranks
+    change (``hvd.elastic``'s reset) or a collective raised ``HorovodInternalError``.
+
+    Args:
+        hvd: ``horovod.torch`` or ``horovod.tensorflow``.
+        process_set: the adapter's ``process_set`` (a non-global one does not survive a reset:
+            ``ElasticResetError``).
+        telemetry: the adapter's ``telemetry`` argument; after a reset the previous controller's
+            ``Telemetry`` goes on if this rank kept its number (else a new one: another rank's file).
+        build: ``build(telemetry) -> controller`` for the current ranks.
+    """
+    def rebuild(previous: Controller | None) -> Controller:
+        if previous is None:
+            return build(telemetry)
+        if process_set not in (None, hvd.global_process_set):
+            raise ElasticResetError(
+                f"Horovod was initialised again (an elastic reset) and process_set={process_set!r} did not "
+                f"survive it: with hvd.elastic, train over the global process set (the default)")
+        kept = getattr(previous.telemetry, "rank", None) == hvd.rank()
+        return build(previous.telemetry if kept else telemetry)
+
+    def lost(controller: Controller, error: BaseException) -> BaseException | None:
+        if os.environ.get("HOROVOD_ELASTIC") == "1" or not collective_failed(error):
+            return None                     # hvd.elastic resets on HorovodInternalError; other errors pass
+        return controller.rank_lost(error)
+
+    return Membership(rebuild, lambda: (hvd.rank(), hvd.size()), HorovodInternalError, lost)
+
+def collective_failed(error: BaseException) -> bool:
+    """True if ``error`` is Horovod's report of a failed collective: ``HorovodInternalError``
+    (torch, object collectives), TensorFlow's ``OpError`` from a Horovod op, or a timeout of ours.
+    (In a compiled function the op that was running when Horovod failed reports Gloo's error under
+    its node's name, ``horovod_hetero.*``; ops after it, "Horovod has been shut down".)"""
+    if isinstance(error, (HorovodInternalError, RankLostError)):
+        return True
+    op_error = any(c.__name__ == "OpError" for c in type(error).__mro__)    # no TensorFlow import here
+    return op_error and ("Horovod" in str(error) or "{{node horovod_hetero." in str(error))
+
+def process_state(process: int | psutil.Process) -> str | None:
+    """``"died"`` or ``"stopped"`` for a process of this host (a pid or a ``psutil.Process``) that
+    cannot take part any more, else None."""
+    import psutil
+    try:
+        status = (process if isinstance(process, psutil.Process) else psutil.Process(process)).status()
+    except psutil.NoSuchProcess:
+        return "died"
+    return {psutil.STATUS_ZOMBIE: "died", psutil.STATUS_DEAD: "died", psutil.STATUS_STOPPED: "stopped"}.get(status)
