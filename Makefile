@@ -11,6 +11,9 @@ $(READY): tools/bootstrap.sh tools/fetch_data.py tools/requirements.txt pyprojec
 	VENV=$(VENV) bash tools/bootstrap.sh
 
 env: $(READY)
+ifeq ($(GPU),1)
+	VENV=$(VENV) GPU=1 bash tools/bootstrap.sh
+endif
 
 demo: $(READY)
 	$(PY) -m horovod_hetero.cli demo
@@ -25,6 +28,12 @@ test-single: $(READY)
 .PHONY: typecheck
 typecheck: $(READY)
 	$(PY) -m mypy
+
+#: the torch strategies with the model on CUDA, one rank per GPU (tools/test_gpu.sh); one line and exit 0
+#: where there is no GPU or Horovod has no NCCL (build it with GPU=1 make env)
+.PHONY: test-gpu
+test-gpu: $(READY)
+	PY=$(PY) tools/test_gpu.sh
 
 #: the Keras test files run again on these stacks (first run: Keras 3 with the TensorFlow backend)
 KERAS_STACKS ?= KERAS_BACKEND=torch TF_USE_LEGACY_KERAS=1

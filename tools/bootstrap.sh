@@ -84,6 +84,16 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$wheel" ]; then
     fi
   done
 fi
+# GPU=1: Horovod again from its sdist with NCCL for PyTorch (tools/build_horovod_gpu.sh), where nvcc and a
+# CUDA build of PyTorch are in this environment; elsewhere one line says so and the CPU build stays
+if [ "${GPU:-0}" = 1 ] && ! "$VENV/bin/python" -c "import sys, horovod.torch as h; sys.exit(0 if h.nccl_built() else 1)" 2>/dev/null; then
+  if command -v nvcc >/dev/null && "$VENV/bin/python" -c "import sys, torch; sys.exit(0 if torch.version.cuda else 1)"; then
+    quiet "${PIP[@]}" download -q --no-deps --no-binary :all: -d "$CACHE" "horovod==$HOROVOD_VERSION"
+    PY="$VENV/bin/python" bash "$ROOT/tools/build_horovod_gpu.sh" "$CACHE/horovod-$HOROVOD_VERSION.tar.gz"
+  else
+    log "GPU=1: no nvcc or no CUDA build of PyTorch here: nothing to build for a GPU (Horovod stays CPU-only)"
+  fi
+fi
 quiet "${PIP[@]}" install -q --no-deps -e "$ROOT"      # this checkout's package (re-pointed per clone)
 # the bench's real datasets, once per user beside the wheel (checked against pinned digests; a dataset
 # that cannot be fetched is named in one line, and the tasks that need it are skipped)
