@@ -46,7 +46,7 @@ from horovod_hetero import simulate as sim
 from horovod_hetero.data import TASKS, check_split, check_task, class_shares
 from horovod_hetero.runtime.straggler import parse_random_delay, parse_slowdown
 from horovod_hetero.runtime.telemetry import load, summarize
-from horovod_hetero.strategies.registry import REGISTRY, bench_options
+from horovod_hetero.strategies.registry import REGISTRY, bench_options, check_names
 from horovod_hetero.validation import check_float, check_int
 
 #: The directory holding the ``horovod_hetero`` package this command runs (a checkout or site-packages):
@@ -167,9 +167,10 @@ def plan(frameworks, tasks, profiles, strategies, repeats, splits=None, aggregat
         ['Synchronous', 'ESync', 'ESync [normalized]']
     """
     repeats = check_int("repeats", repeats, 1)
-    unknown = [s for s in strategies if s not in STRATEGIES]
-    if unknown or not strategies:
-        raise ValueError(f"strategies: unknown {', '.join(unknown) or 'empty list'}; choose from {', '.join(STRATEGIES)}")
+    try:
+        check_names(strategies, STRATEGIES)
+    except ValueError as e:
+        raise ValueError(f"strategies: {e}") from None
     bad = [f for f in frameworks if f not in MODULES]
     if bad:
         raise ValueError(f"framework must be one of {', '.join(MODULES)}, got {', '.join(bad)}")

@@ -13,7 +13,7 @@ from horovod_hetero import bench
 from horovod_hetero.data import TASKS, check_available, task_data
 from horovod_hetero.runtime.straggler import parse_slowdown
 from horovod_hetero.runtime.telemetry import format_summary, load, summarize
-from horovod_hetero.strategies.registry import REGISTRY, build
+from horovod_hetero.strategies.registry import REGISTRY, build, check_names
 
 #: demo rows: name -> (row label, framework, strategy); the strategies are bench's
 DEMO_STRATEGIES = {**{name: (label, "torch", name) for name, (label, _) in bench.STRATEGIES.items()},
@@ -298,19 +298,17 @@ def simulate(speeds, strategies, duration, jitter, change_at, change_factors, mo
         click.echo(f"chart: {png}")
 
 
-#: what ``plan`` prints: the strategies whose rounds' local steps differ per worker (planned from the
-#: measured step times, or ADSP's per commit)
-PLANS = [name for name, entry in REGISTRY.items() if hasattr(entry.cls, "plan_steps") or name == "adsp"]
+#: what ``plan`` prints: the strategies whose rounds' local steps differ per worker (``Strategy.uneven_steps``)
+PLANS = [name for name, entry in REGISTRY.items() if entry.cls.uneven_steps]
 
 
 def chosen(strategies, registered=REGISTRY):
     """The names ``--strategy`` gives (``all``, or a comma list of ``registered``)."""
     names = list(registered) if strategies == "all" else [n.strip() for n in strategies.split(",")]
-    unknown = [n for n in names if n not in registered]
-    if unknown or not names:
-        raise click.BadParameter(f"unknown {', '.join(unknown) or 'empty list'}; choose from all, "
-                                 f"{', '.join(registered)}", param_hint="--strategy")
-    return names
+    try:
+        return check_names(names, registered)
+    except ValueError as e:
+        raise click.BadParameter(str(e).replace("choose from ", "choose from all, "), param_hint="--strategy") from None
 
 
 @cli.command()

@@ -124,6 +124,8 @@ class ADSP(Strategy):
         ValueError: search_every must be at least two check periods (>= 120), got 100.0
     """
 
+    uneven_steps = True
+
     def __init__(self, check_period: float | str | Steps = 60.0, search_every: float | str | Steps | None = None,
                  fit_points: int = 4, window: int = 5, aggregate: str = "mean", outer: OuterSGD | None = None) -> None:
         super().__init__(aggregate, outer)

@@ -285,6 +285,9 @@ class Strategy:
             Horovod's plain average.
         median_step_time: True if a round should carry the median of each rank's step times since
             the previous round instead of their mean (``Balanced`` plans from the typical step).
+        uneven_steps: True if the ranks run different numbers of local steps between rounds by the
+            strategy's own plan (ElasticBSP and DSSP from the measured step times, ADSP per commit):
+            what ``horovod-hetero plan`` prints.
 
     Attributes:
         aggregate: how a global round combines the models, ``"mean"`` or ``"normalized"`` (set by
@@ -297,6 +300,7 @@ class Strategy:
     averages_gradients = False
     weighs_gradients = False
     median_step_time = False
+    uneven_steps = False
 
     def __init__(self, aggregate: str = "mean", outer: OuterSGD | None = None) -> None:
         self.aggregate, self.outer = check_aggregation(aggregate, outer)

@@ -40,8 +40,16 @@ class LocalSGD(Strategy):
                  outer: OuterSGD | None = None) -> None:
         super().__init__(aggregate, outer)
         self.schedule = Periodic(period, warmup_steps)
-        self.period, self.warmup_steps = self.schedule.period, self.schedule.warmup_steps
         self._period_arg = period
+
+    @property
+    def period(self) -> Callable[[int], int]:
+        """The schedule of local steps between averages (``step -> int``; a constant for an int ``period``)."""
+        return self.schedule.period
+
+    @property
+    def warmup_steps(self) -> int:
+        return self.schedule.warmup_steps
 
     def decide(self, report: StepReport) -> Decision:
         return AVERAGE if self.schedule.due(self.step) else CONTINUE

@@ -26,6 +26,8 @@ class RoundPlanned(Strategy):
     measurement in the round, every rank runs one step, to measure it.
     """
 
+    uneven_steps = True
+
     def __init__(self, aggregate: str = "mean", outer: OuterSGD | None = None) -> None:
         super().__init__(aggregate, outer)
         self.warming_up = False       # the next round measured each rank's first step only

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from horovod_hetero.strategies.adsp import ADSP
@@ -70,6 +71,23 @@ def _lookup(name: str) -> Registered:
         return REGISTRY[name]
     except KeyError:
         raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(REGISTRY)}") from None
+
+
+def check_names(names: Sequence[str], allowed: Iterable[str] = REGISTRY) -> list[str]:
+    """``names`` as a list if there is one and each is one of ``allowed`` (names in ``REGISTRY``), else a
+    ``ValueError`` naming the unknown ones and the choices (the CLI's and bench's check).
+
+    Example:
+        >>> check_names(["esync", "fast"], ["sync", "esync"])
+        Traceback (most recent call last):
+        ...
+        ValueError: unknown fast; choose from sync, esync
+    """
+    allowed = list(allowed)
+    unknown = [n for n in names if n not in allowed]
+    if unknown or not names:
+        raise ValueError(f"unknown {', '.join(unknown) or 'empty list'}; choose from {', '.join(allowed)}")
+    return list(names)
 
 
 def build(name: str, **options: Any) -> Strategy:
