@@ -375,19 +375,6 @@ def round_cost_and_wait(by_rank, every_step=False):
     return cost, statistics.fmean(waits)
 
 
-class _Replay(sim.Cluster):
-    """A simulated cluster whose worker q's steps take, in turn, the seconds measured for rank q."""
-
-    def __init__(self, traces, **kwargs):
-        super().__init__(step_times=[statistics.fmean(t) for t in traces], **kwargs)
-        self.traces, self._next = [list(t) for t in traces], [0] * len(traces)
-
-    def draw_one(self, t, q):
-        trace = self.traces[q]
-        self._next[q] += 1
-        return trace[(self._next[q] - 1) % len(trace)]
-
-
 def predict(by_rank, strategy, wall, batch_size, round_cost):
     """Samples/s the simulator predicts for ``strategy`` over a run of ``wall`` seconds whose ranks'
     steps took what they took (``compute_s``, step by step) and whose global rounds cost ``round_cost``
@@ -402,9 +389,10 @@ def predict(by_rank, strategy, wall, batch_size, round_cost):
     # ``batch_size`` samples: the simulation scales it by the batch it plans
     per_step = lambda r: r["compute_s"] * batch_size / r.get("batch", batch_size)     # noqa: E731
     traces = [[per_step(r) for r in by_rank[k][1:]] or [per_step(by_rank[k][0])] for k in ranks]
-    n = len(traces)
-    cluster = _Replay(traces, model_bytes=0.0, latency_s=(round_cost or 0.0) / (2 * (n - 1)) if n > 1 else 0.0,
-                      samples_per_step=batch_size)
+    n, means = len(traces), [statistics.fmean(t) for t in traces]
+    cluster = sim.Cluster(means, step_factors=[[s / mean for s in t] for t, mean in zip(traces, means)], replay=True,
+                          model_bytes=0.0, latency_s=(round_cost or 0.0) / (2 * (n - 1)) if n > 1 else 0.0,
+                          samples_per_step=batch_size)
     steady = sim.simulate(cluster, strategy, max(end - begin, 1e-3))
     return (steady.samples.sum() + n * batch_size) / wall
 

@@ -61,6 +61,8 @@ class Cluster:
         step_factors: per worker, measured step times over its typical step (``advise`` takes them
             from telemetry): each step's time is ``step_times[q]`` times a factor drawn from worker
             q's list (instead of ``jitter``; e.g. a transient straggler's occasional 4x steps).
+        replay: with ``step_factors``, take each worker's factors in turn (from the first, again after
+            the last) instead of drawing them: a run's measured steps replayed in order (``bench``).
         staleness: the synthetic training loss every step reports (what ``ADSP`` searches on):
             ``1 / (1 + progress / 1000) + 0.05``, where every step adds ``1 / (1 + k / staleness)``
             to the cluster's progress, k being the worker's local steps since its last round (a
@@ -79,6 +81,7 @@ class Cluster:
     seed: int = 0
     staleness: float = 16.0
     step_factors: Any = None
+    replay: bool = False
     rng: np.random.Generator = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -105,6 +108,7 @@ class Cluster:
                 raise ValueError("give jitter or step_factors, not both")
         self.rng = np.random.default_rng(self.seed)
         self._normals: list[float] = []
+        self._replayed = [0] * self.n           # factors taken so far per worker (``replay``)
 
     @property
     def n(self) -> int:
@@ -120,7 +124,7 @@ class Cluster:
         """Durations (n x k) of the next k steps of every worker starting at time t."""
         mean = self.mean_step_times(t)[:, None]
         if self.step_factors is not None:
-            return mean * np.stack([self.rng.choice(f, k) for f in self.step_factors])
+            return mean * np.stack([self._factors(q, k) for q in range(self.n)])
         if not self.jitter:
             return np.repeat(mean, k, axis=1)
         return mean * np.maximum(0.05, 1.0 + self.jitter * self.rng.standard_normal((mean.shape[0], k)))
@@ -129,12 +133,21 @@ class Cluster:
         """Duration of worker q's next step starting at t (scalar path of ``draw`` for event loops)."""
         mean = float(self.mean_step_times(t)[q])
         if self.step_factors is not None:
-            return mean * float(self.rng.choice(self.step_factors[q]))
+            return mean * float(self._factors(q, 1)[0])
         if not self.jitter:
             return mean
         if not self._normals:
             self._normals = self.rng.standard_normal(65536).tolist()
         return mean * max(0.05, 1.0 + self.jitter * self._normals.pop())
+
+    def _factors(self, q: int, k: int) -> npt.NDArray[np.float64]:
+        """The next ``k`` step factors of worker ``q``: drawn from its ``step_factors``, or in turn (``replay``)."""
+        factors = self.step_factors[q]
+        if not self.replay:
+            return self.rng.choice(factors, k)
+        taken = self._replayed[q]
+        self._replayed[q] = taken + k
+        return factors[(taken + np.arange(k)) % factors.size]
 
     def loss(self, progress: float) -> float:
         """The synthetic training loss after ``progress`` (see ``staleness``)."""

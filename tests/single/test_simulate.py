@@ -128,3 +128,12 @@ def test_an_answer_that_is_not_a_decision_is_refused_by_the_simulator_as_by_the_
 
     with pytest.raises(TypeError, match=r"^Answers.after_step answered True; a strategy answers CONTINUE, AVERAGE"):
         simulate(free_network([1, 2]), Answers(), duration=4.0)
+
+
+def test_replay_takes_each_workers_measured_steps_in_turn():
+    cluster = Cluster([1.0, 2.0], step_factors=[[1.0, 2.0, 3.0], [0.5]], replay=True)
+    assert [cluster.draw_one(0.0, 0) for _ in range(4)] == [1.0, 2.0, 3.0, 1.0]
+    assert [cluster.draw_one(0.0, 1) for _ in range(2)] == [1.0, 1.0]
+    assert cluster.draw(0.0, 2).tolist() == [[2.0, 3.0], [1.0, 1.0]]          # the vector path goes on in turn
+    drawn = Cluster([1.0], step_factors=[[1.0, 2.0, 3.0]], seed=1)
+    assert sorted({drawn.draw_one(0.0, 0) for _ in range(50)}) == [1.0, 2.0, 3.0]   # drawn, not in turn
