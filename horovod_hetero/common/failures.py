@@ -23,6 +23,10 @@ from horovod_hetero.validation import check_float
 #: Seconds Horovod's failed background thread is held for the main thread to raise ``RankLostError``
 #: and exit; a main thread still running then (blocked inside Horovod) is ended with the same error.
 HOLD_S = 20.0
+#: Seconds Horovod's shutdown may take at exit under MPI once a collective of ours failed; then the
+#: process ends with status 1 (MPI's collectives have no timeout: the background thread waits for the
+#: lost rank for ever, and Horovod's shutdown at exit waits for that thread).
+MPI_SHUTDOWN_S = 10.0
 #: Seconds without the GIL after which a process with process sets ends (``guard_gil``), unless the
 #: environment sets ``ENV_GIL_LIMIT`` (0: never).
 GIL_LIMIT_S = 45.0
@@ -96,7 +100,7 @@ def gil_guarded() -> Iterator[None]:
         if not (failure_seen.is_set() or background_failure.is_set()):
             faulthandler.cancel_dump_traceback_later()
 
-def catch_background_abort() -> None:
+def catch_background_abort(mpi: bool = False) -> None:
     """Turn the ``SIGABRT`` that ends every survivor of a lost rank when the job registered process
     sets (WAGMA's) into a ``RankLostError`` in the main thread. Installed once, by the first adapter.
 
@@ -112,9 +116,19 @@ def catch_background_abort() -> None:
     thread), or, if the main thread is still running after ``HOLD_S`` s (blocked inside Horovod on the
     lock the failed thread holds), from the handler, which prints the error itself. On the main thread,
     or on a second failure, it aborts as before.
+
+    ``mpi``: Horovod's controller is MPI (``hvd.mpi_enabled()``). There a rank that stops answering
+    (stopped, or cut off) leaves the background thread in an MPI collective for ever: our own wait
+    raises its named error, but Horovod's shutdown at exit would then wait for that thread. So when
+    the process exits after a collective of ours failed (``failure_seen``), it ends with status 1 if
+    Horovod has not shut down within ``MPI_SHUTDOWN_S`` s. (A rank that dies is another matter: Open
+    MPI's launcher then ends every rank of the job at once.)
     """
     if _hook:
+        _hook["mpi"] = bool(_hook.get("mpi")) or mpi
         return
+    _hook["mpi"] = mpi
+    atexit.register(_at_exit)                       # registered after Horovod's: runs before its shutdown
     try:
         set_terminate = ctypes.CDLL("libstdc++.so.6")._ZSt13set_terminatePFvvE
     except (OSError, AttributeError):              # not GNU libstdc++: Horovod's behaviour stays
@@ -133,25 +147,35 @@ def catch_background_abort() -> None:
         if not _hook.get("exiting"):
             print(f"horovod_hetero.errors.RankLostError: {background_failure.reason}; the main thread is "
                   f"blocked in Horovod: exiting", file=sys.stderr, flush=True)
-        exit_now()
-
-    def exit_now() -> NoReturn:
-        logging.shutdown()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-        os._exit(1)
-
-    def at_exit() -> None:
-        _hook["exiting"] = True
-        if background_failure.is_set():
-            exit_now()
+        _exit_now()
 
     handler = handler_type(on_terminate)
     set_terminate.restype = ctypes.c_void_p
     set_terminate.argtypes = [handler_type]
     set_terminate(handler)
     _hook["handler"] = handler                      # kept alive: C++ holds only the pointer
-    atexit.register(at_exit)                        # registered after Horovod's: runs before its shutdown
+
+def _exit_now() -> NoReturn:
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(1)
+
+def _at_exit() -> None:
+    """Before Horovod's shutdown: end at once if its background thread failed (held by the terminate
+    handler); under MPI after a failed collective, end if the shutdown has not returned in ``MPI_SHUTDOWN_S``."""
+    _hook["exiting"] = True
+    if background_failure.is_set():
+        _exit_now()
+    if _hook.get("mpi") and failure_seen.is_set():
+        threading.Thread(target=_bound_shutdown, name="horovod_hetero-mpi-shutdown", daemon=True).start()
+
+def _bound_shutdown() -> None:
+    time.sleep(MPI_SHUTDOWN_S)                      # Horovod's shutdown runs meanwhile (a C call: no GIL held)
+    print(f"horovod_hetero: Horovod did not shut down within {MPI_SHUTDOWN_S:g} s of the exit after a failed "
+          f"collective (its background thread waits in an MPI collective for the lost rank): exiting with "
+          f"status 1", file=sys.stderr, flush=True)
+    _exit_now()

@@ -265,7 +265,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
     (same hooks, same results bit for bit). With a model-averaging strategy such as
     ``LocalSGD`` each rank steps its own replica with the user's optimizer and the model is
     averaged (one fused ``grouped_allreduce``) when the strategy says so. The argument names
-    are Horovod's; ``compression``, ``backward_passes_per_step``, ``op`` (``hvd.Adasum`` too),
+    are Horovod's; ``compression``, ``backward_passes_per_step``, ``op`` (``hvd.Adasum`` too, under MPI),
     ``gradient_predivide_factor``, ``groups`` and ``sparse_as_dense`` apply to gradient averaging
     (``Synchronous``) only.
 
@@ -348,6 +348,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
     name = optimizer.__class__.__name__
     if strategy.averages_gradients:
         adasum = adasum and hvd.size() > 1
+        if adasum and not hvd.mpi_enabled():            # Horovod would fail at the first step, by name only
+            raise ValueError("op=hvd.Adasum needs Horovod's MPI controller (Horovod runs Adasum over MPI only): "
+                             "launch with horovodrun --mpi or mpirun, with a Horovod built with MPI; this job "
+                             "runs on Gloo, where op must be hvd.Average or hvd.Sum")
         base = _DistributedAdasumOptimizer if adasum else _DistributedOptimizer
         mixins = (_WeightedGradients,) if strategy.weighs_gradients else ()
         cls = type(name, (optimizer.__class__,), _methods(base, _HeteroMethods, _SynchronousOptimizer, *mixins))

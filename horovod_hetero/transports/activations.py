@@ -35,7 +35,7 @@ import time
 from typing import Callable, Iterable, Optional, Tuple
 
 from horovod_hetero.transports.auth import Channel, check_key
-from horovod_hetero.transports.listening import accept_waiting, read_some
+from horovod_hetero.transports.listening import Handshakes, read_some
 from horovod_hetero.validation import parse_address
 
 #: The longest line (one message, its newline not counted) a connection may send; a longer one ends it
@@ -50,10 +50,6 @@ MAX_CONNECTIONS = 64
 QUEUE = 1000
 #: Bytes read from a connection at once.
 RECV_BYTES = 65536
-#: Connections accepted per pass of ``receive``, so that a flood of connections cannot starve the peers.
-ACCEPTS_PER_PASS = 64
-#: Seconds ``receive`` stops accepting when the process is out of file descriptors (accept would fail at once again).
-ACCEPT_PAUSE_S = 0.1
 
 Activation = Tuple[int, Tuple[int, ...]]
 
@@ -91,15 +87,13 @@ class _Peer:
 
 
 class _Connection:
-    """A connection accepted by this rank: bytes received short of a parsed line, and until when it
-    may deliver its first authentic message (``None`` once it did)."""
+    """A connection accepted by this rank: bytes received short of a parsed line."""
 
-    __slots__ = ("sock", "inbox", "deadline")
+    __slots__ = ("sock", "inbox")
 
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
+    def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.inbox = bytearray()
-        self.deadline: Optional[float] = deadline
 
 
 class Activations:
@@ -130,20 +124,20 @@ class Activations:
         self._targets: dict[int, tuple] = {}            # peer -> (family, socket address), resolved once
         self._receiving: dict[int, Channel] = {}        # peer -> Channel of what it receives from it
         self._connections: dict[_Connection, None] = {}
-        self._pending: collections.OrderedDict[_Connection, None] = collections.OrderedDict()  # oldest first
         self._waiting: dict[_Connection, None] = {}     # connections with whole lines left unparsed (QUEUE full)
         self._queue: collections.deque[Activation] = collections.deque()
-        self._paused_until: Optional[float] = None
         self._closed = False
         self.dropped = 0
         self.refused = 0
         self._listener: Optional[socket.socket] = None
+        self._handshakes: Optional[Handshakes[_Connection]] = None
         self._selector = selectors.DefaultSelector()
         try:
             # every rank may connect at once: a short backlog would drop (and delay) their SYNs
             self._listener = socket.create_server((host, 0), backlog=socket.SOMAXCONN)   # a port chosen by the OS
             self._listener.setblocking(False)
             self._selector.register(self._listener, selectors.EVENT_READ, None)
+            self._handshakes = Handshakes(self._selector, self._listener, None)
             self.addresses = allgather(f"tcp://{host}:{self._listener.getsockname()[1]}")
         except BaseException:
             self.close()
@@ -232,20 +226,14 @@ class Activations:
             now = time.monotonic()
             if self.dropped != dropped or (waited and now >= deadline):
                 return None
-            self._select(max(0.0, min(self._deadlines(deadline)) - now))
+            assert self._handshakes is not None
+            wait_s = deadline - now
+            wake_in = self._handshakes.wake_in()            # the oldest connection's deadline, a pause's end
+            if wake_in is not None:
+                wait_s = min(wait_s, wake_in)
+            self._select(max(0.0, wait_s))
             waited = True
         return None
-
-    def _deadlines(self, deadline: float) -> list[float]:
-        """When ``receive`` must wake: its own deadline, the oldest connection's, the end of a pause."""
-        deadlines = [deadline]
-        if self._pending:
-            oldest = next(iter(self._pending)).deadline
-            assert oldest is not None
-            deadlines.append(oldest)
-        if self._paused_until is not None:
-            deadlines.append(self._paused_until)
-        return deadlines
 
     def _select(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for connections or lines; handle them; end silent connections."""
@@ -256,39 +244,28 @@ class Activations:
                 self._accept()
             elif key.data in self._connections:             # not ended earlier in this pass
                 self._read(key.data)
-        now = time.monotonic()
-        if self._paused_until is not None and self._paused_until <= now and self._listener is not None:
-            self._paused_until = None
-            self._selector.register(self._listener, selectors.EVENT_READ, None)
-        while self._pending:
-            connection = next(iter(self._pending))
-            assert connection.deadline is not None
-            if connection.deadline > now:
-                break
+        assert self._handshakes is not None
+        for connection in self._handshakes.expired():
             self.refused += 1
             self._drop(connection)
 
     def _accept(self) -> None:
-        """Accept up to ``ACCEPTS_PER_PASS`` connections (ending the oldest unauthenticated ones beyond
-        ``MAX_CONNECTIONS``); out of file descriptors, stop accepting for ``ACCEPT_PAUSE_S``."""
-        assert self._listener is not None
-        accepted, exhausted = accept_waiting(self._listener, ACCEPTS_PER_PASS)
-        if exhausted is not None:
-            self._selector.unregister(self._listener)       # it stays readable: accept would fail at once again
-            self._paused_until = time.monotonic() + ACCEPT_PAUSE_S
+        """Accept waiting connections (``Handshakes.accept``), ending the oldest unauthenticated ones
+        beyond ``MAX_CONNECTIONS``."""
+        assert self._handshakes is not None
+        accepted, _ = self._handshakes.accept()
         for sock in accepted:
             try:
-                connection = _Connection(sock, time.monotonic() + HANDSHAKE_S)
+                connection = _Connection(sock)
                 self._selector.register(sock, selectors.EVENT_READ, connection)
             except (OSError, ValueError):                   # e.g. reset before it was set up
                 sock.close()
                 continue
             self._connections[connection] = None
-            self._pending[connection] = None
-            if len(self._pending) > MAX_CONNECTIONS:
-                oldest = next(iter(self._pending))
+            oldest = self._handshakes.add(connection, HANDSHAKE_S, MAX_CONNECTIONS)
+            if oldest is not None:
                 self._read(oldest)                          # what it sent already is judged first
-                if oldest in self._pending:                 # still not authenticated: ended
+                if oldest in self._handshakes:              # still not authenticated: ended
                     self.refused += 1
                     self._drop(oldest)
 
@@ -320,9 +297,8 @@ class Activations:
                 self.dropped += 1
                 self._drop(connection)
                 return
-            if connection.deadline is not None:             # its first authentic message
-                connection.deadline = None
-                del self._pending[connection]
+            if self._handshakes is not None:                # its first authentic message, perhaps
+                self._handshakes.done(connection)
             self._queue.append(activation)
         del inbox[:start]
         if inbox.find(b"\n", 0, MAX_MESSAGE_BYTES + 1) >= 0:   # QUEUE is full: parsed when it is not
@@ -346,7 +322,8 @@ class Activations:
 
     def _drop(self, connection: _Connection) -> None:
         self._connections.pop(connection, None)
-        self._pending.pop(connection, None)
+        if self._handshakes is not None:
+            self._handshakes.done(connection)
         self._waiting.pop(connection, None)
         try:
             self._selector.unregister(connection.sock)

@@ -41,7 +41,6 @@ Protocol (client -> server, message bodies; the server stamps times with its own
 """
 from __future__ import annotations
 
-import collections
 import json
 import logging
 import resource
@@ -57,7 +56,7 @@ from typing import Any, NoReturn
 from horovod_hetero.errors import StateServerError, StateServerTimeout
 from horovod_hetero.rules.esync import ESyncState
 from horovod_hetero.transports.auth import Channel, check_key, new_key
-from horovod_hetero.transports.listening import accept_waiting, read_some
+from horovod_hetero.transports.listening import ACCEPT_PAUSE_S, Handshakes, read_some
 from horovod_hetero.validation import parse_address
 
 log = logging.getLogger("horovod_hetero")
@@ -72,10 +71,6 @@ MAX_UNREAD_BYTES = 64 * MAX_LINE_BYTES
 AUTH_TIMEOUT_S = 5.0
 #: Connections waiting to authenticate beyond one per worker; one more ends the oldest.
 MAX_PENDING = 64
-#: Connections accepted per pass of the server's loop, so that a flood of connections cannot starve the workers.
-ACCEPTS_PER_PASS = 64
-#: Seconds the server stops accepting when the process is out of file descriptors (accept would fail at once again).
-ACCEPT_PAUSE_S = 0.1
 #: Seconds ``close()`` waits for the server's thread before ending its connections itself.
 CLOSE_TIMEOUT_S = 5.0
 #: Seconds between two log records of the server's own failures (the rest are only counted).
@@ -127,13 +122,13 @@ def _loads(body: bytes) -> Any:
 
 class _Peer:
     """One connection as the server keeps it: its ``Channel``, bytes received short of a whole line,
-    bytes waiting to be sent, whether it authenticated, and until when it may stay silent."""
+    bytes waiting to be sent."""
 
-    __slots__ = ("sock", "channel", "inbox", "outbox", "admitted", "deadline")
+    __slots__ = ("sock", "channel", "inbox", "outbox")
 
-    def __init__(self, sock: socket.socket, channel: Channel, deadline: float) -> None:
-        self.sock, self.channel, self.deadline = sock, channel, deadline
-        self.inbox, self.outbox, self.admitted = b"", bytearray(), False
+    def __init__(self, sock: socket.socket, channel: Channel) -> None:
+        self.sock, self.channel = sock, channel
+        self.inbox, self.outbox = b"", bytearray()
 
 
 class StateServer:
@@ -169,8 +164,6 @@ class StateServer:
         self._key = check_key(key)
         self._clock = clock
         self._lock = threading.Lock()
-        # connections yet to authenticate, oldest first
-        self._pending: collections.OrderedDict[_Peer, None] = collections.OrderedDict()
         self._workers: set[_Peer] = set()           # authenticated connections
         self.max_workers = 4 * size + 4 if max_workers is None else max_workers
         self.max_pending = size + MAX_PENDING         # all workers connecting at once, and a margin
@@ -183,7 +176,7 @@ class StateServer:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._listener, selectors.EVENT_READ, "accept")
         self._selector.register(self._wake, selectors.EVENT_READ, "wake")
-        self._paused_until: float | None = None     # when the listener is watched again after running out of descriptors
+        self._handshakes: Handshakes[_Peer] = Handshakes(self._selector, self._listener, "accept")
         self._quiet_until = 0.0       # no log record before then (LOG_INTERVAL_S)
         self.address = f"tcp://{host}:{self._listener.getsockname()[1]}"
         self.handled = 0
@@ -199,7 +192,7 @@ class StateServer:
     def _serve(self) -> None:
         try:
             while not self._closed:
-                for key, mask in self._selector.select(self._timeout()):
+                for key, mask in self._selector.select(self._handshakes.wake_in()):
                     try:
                         if key.data == "accept":
                             self._accept()
@@ -212,7 +205,7 @@ class StateServer:
                 except Exception:
                     self._failed(None)
         finally:
-            for peer in list(self._pending) + list(self._workers):
+            for peer in self._handshakes.connections() + list(self._workers):
                 self._drop(peer)
             for closing in (self._selector, self._listener, self._wake, self._waker):
                 closing.close()
@@ -232,22 +225,13 @@ class StateServer:
         if isinstance(peer, _Peer):
             self._drop(peer)
 
-    def _timeout(self) -> float | None:
-        """Seconds until the oldest waiting connection's deadline or the end of a pause (None: no deadline)."""
-        deadlines = [next(iter(self._pending)).deadline] if self._pending else []
-        if self._paused_until is not None:
-            deadlines.append(self._paused_until)
-        return max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
-
     def _accept(self) -> None:
         """Greet up to ``ACCEPTS_PER_PASS`` waiting connections (ending the oldest unauthenticated ones beyond
         ``max_pending``); out of file descriptors, stop accepting for ``ACCEPT_PAUSE_S``."""
-        accepted, exhausted = accept_waiting(self._listener, ACCEPTS_PER_PASS)
+        accepted, exhausted = self._handshakes.accept()
         if exhausted is not None:
             self._log(logging.WARNING, "the ESync state server cannot accept a connection (%s); it retries "
                       "in %g s", exhausted, ACCEPT_PAUSE_S)
-            self._selector.unregister(self._listener)       # it stays readable: accept would fail at once again
-            self._paused_until = time.monotonic() + ACCEPT_PAUSE_S
         for sock in accepted:
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -255,14 +239,12 @@ class StateServer:
                 sock.close()
                 continue
             challenge = secrets.token_hex(_CHALLENGE_BYTES).encode()
-            peer = _Peer(sock, _channel(self._key, challenge, b"server", b"worker"),
-                         time.monotonic() + AUTH_TIMEOUT_S)
-            self._pending[peer] = None
+            peer = _Peer(sock, _channel(self._key, challenge, b"server", b"worker"))
             self._selector.register(sock, selectors.EVENT_READ, peer)
-            if len(self._pending) > self.max_pending:
-                oldest = next(iter(self._pending))
+            oldest = self._handshakes.add(peer, AUTH_TIMEOUT_S, self.max_pending)
+            if oldest is not None:
                 self._serve_peer(oldest, selectors.EVENT_READ)   # what it sent already is judged first
-                if oldest in self._pending:                      # still not authenticated: ended
+                if oldest in self._handshakes:                   # still not authenticated: ended
                     self.refused += 1
                     self._drop(oldest)
             peer.outbox += GREETING + challenge + b"\n"
@@ -294,7 +276,7 @@ class StateServer:
                 self.rejected += 1
                 self._drop(peer)
                 return False
-            if not peer.admitted and not self._admit(peer):
+            if peer in self._handshakes and not self._admit(peer):
                 self._drop(peer)
                 return False
             reply = self._answer(body)
@@ -304,11 +286,10 @@ class StateServer:
 
     def _admit(self, peer: _Peer) -> bool:
         """A connection sent its first authentic line: serve it (False: ``max_workers`` are served)."""
-        del self._pending[peer]
+        self._handshakes.done(peer)
         if len(self._workers) >= self.max_workers:
             self.refused += 1
             return False
-        peer.admitted = True
         self._workers.add(peer)
         return True
 
@@ -334,19 +315,12 @@ class StateServer:
 
     def _expire(self) -> None:
         """End connections silent for ``AUTH_TIMEOUT_S`` since they were greeted; accept again after a pause."""
-        now = time.monotonic()
-        if self._paused_until is not None and self._paused_until <= now:
-            self._paused_until = None
-            self._selector.register(self._listener, selectors.EVENT_READ, "accept")
-        while self._pending:
-            peer = next(iter(self._pending))
-            if peer.deadline > now:
-                return
+        for peer in self._handshakes.expired():
             self.refused += 1
             self._drop(peer)
 
     def _drop(self, peer: _Peer) -> None:
-        self._pending.pop(peer, None)
+        self._handshakes.done(peer)
         self._workers.discard(peer)
         try:
             self._selector.unregister(peer.sock)
@@ -395,7 +369,7 @@ class StateServer:
         if self._thread.is_alive():                         # stuck: end its connections from here
             log.warning("the ESync state server's thread did not stop within %g s; its connections are ended",
                         CLOSE_TIMEOUT_S)
-            for sock in [self._listener] + [peer.sock for peer in list(self._pending) + list(self._workers)]:
+            for sock in [self._listener] + [peer.sock for peer in self._handshakes.connections() + list(self._workers)]:
                 _hang_up(sock)
         sys.setswitchinterval(self._switch_interval)
 

@@ -23,7 +23,7 @@ import sys
 
 def main():
     out, *argv = sys.argv[1:]
-    rank = os.environ["HOROVOD_RANK"]
+    rank = os.environ.get("HOROVOD_RANK") or os.environ["OMPI_COMM_WORLD_RANK"]    # horovodrun --gloo; MPI
     pid = os.fork()
     if pid == 0:
         os.execvp(argv[0], argv)

@@ -45,11 +45,25 @@ why_not = hosts_mod.available()
 pytestmark = pytest.mark.skipif(why_not is not None, reason=str(why_not))
 
 
-def horovodrun(hosts_arg, args, record_exit=None):
+def horovodrun(hosts_arg, args, record_exit=None, controller="gloo"):
     """horovodrun of the worker; ``record_exit``: a directory where each rank's exit status is written
-    by its parent (``record_exit.py``)."""
+    by its parent (``record_exit.py``); ``controller="mpi"``: horovodrun --mpi (Open MPI's mpirun, its
+    ssh launcher the stand-in ssh; Open MPI 5 takes only the double-dash binding options)."""
     recorder = [PY, RECORD_EXIT, str(record_exit)] if record_exit is not None else []
-    return [HOROVODRUN, "--disable-cache", "-np", "4", "-H", hosts_arg, "--gloo", *recorder, PY, WORKER, *args]
+    launch = ["--gloo"] if controller == "gloo" else ["--mpi", "--binding-args=--bind-to none --map-by slot"]
+    return [HOROVODRUN, "--disable-cache", "-np", "4", "-H", hosts_arg, *launch, *recorder, PY, WORKER, *args]
+
+
+def mpi_env(hosts, **extra):
+    """The environment of a horovodrun --mpi job on hostA: mpirun found beside horovodrun (on PATH)."""
+    env = hosts.env(PYTHONPATH=ROOT, OMPI_MCA_mpi_yield_when_idle="1", **extra)
+    env["PATH"] += os.pathsep + os.path.dirname(HOROVODRUN)
+    return env
+
+
+def mpi_built():
+    from horovod.common.util import mpi_built as built
+    return os.path.exists(os.path.join(os.path.dirname(HOROVODRUN), "mpirun")) and built()
 
 
 def env_for_job(**extra):
@@ -105,6 +119,35 @@ def test_every_strategy_trains_across_hosts(results, name):
             np.testing.assert_array_equal(a["losses"], b["losses"], err_msg=f"{name}: losses differ")
 
 
+@pytest.fixture(scope="module")
+def mpi_results(hosts, tmp_path_factory):
+    """Final parameters of every strategy trained across the two hosts under horovodrun --mpi."""
+    if not mpi_built():
+        pytest.skip("Horovod without MPI, or no mpirun beside horovodrun (make env builds both)")
+    d = tmp_path_factory.mktemp("two_hosts_mpi")
+    for ns in hosts.netns.values():          # a cut case may have run before
+        subprocess.run(["ip", "-n", ns, "link", "set", hosts_mod.IFACE, "up"], check=True)
+    run(hosts.command("hostA", horovodrun("hostA:2,hostB:2", ["train", str(d), *NAMES], controller="mpi")),
+        mpi_env(hosts, HOROVOD_FUSION_THRESHOLD="0"))
+    return {n: [dict(np.load(d / f"{n}.rank{r}.npz")) for r in range(4)] for n in NAMES}
+
+
+@pytest.mark.parametrize("name", list(NAMES))
+def test_every_strategy_trains_across_hosts_under_mpi(mpi_results, results, name):
+    """As under Gloo: identical models, a lower loss, each host's own address; the deterministic
+    schedules end where Gloo's one-host run ends up to the last bits (MPI sums in another order)."""
+    ranks = mpi_results[name]
+    assert [str(r["host"]) for r in ranks] == ["10.77.0.1", "10.77.0.1", "10.77.0.2", "10.77.0.2"]
+    assert [int(r["local_size"]) for r in ranks] == [2, 2, 2, 2]
+    for r in ranks[1:]:
+        np.testing.assert_array_equal(r["params"], ranks[0]["params"], err_msg=f"{name}: ranks differ")
+    before, after = np.mean([r["data_loss"] for r in ranks], axis=0)
+    assert after < before, f"{name}: loss {before:.4f} -> {after:.4f}"
+    if name in DETERMINISTIC:
+        np.testing.assert_allclose(ranks[0]["params"], results["one_host"][name][0]["params"], rtol=1e-5, atol=1e-6,
+                                   err_msg=f"{name}: MPI across hosts and Gloo on one host differ")
+
+
 def last_line(text):
     lines = [re.sub(r"^\[\d+\]<std(out|err)>:", "", l).strip() for l in text.splitlines()]
     lines = [l for l in lines if l]
@@ -120,21 +163,9 @@ def test_cut_link_fails_every_rank_on_both_sides(hosts, tmp_path, name):
         job = subprocess.Popen(hosts.command("hostA", horovodrun("hostA:2,hostB:2", ["cut", str(out), name], record_exit=out)),
                                cwd=ROOT, env=hosts.env(PYTHONPATH=ROOT, HOROVOD_GLOO_TIMEOUT_SECONDS=str(GLOO_TIMEOUT_S)),
                                stdout=log, stderr=subprocess.STDOUT)
+    ended = {}
     try:
-        deadline = time.monotonic() + JOB_TIMEOUT_S
-        while not all(_progress(out, r)[0] >= 20 for r in range(4)):
-            assert job.poll() is None, f"{name}: the job ended before the cut:\n{_tail(out)}"
-            assert time.monotonic() < deadline, f"{name}: no progress to step 20:\n{_tail(out)}"
-            time.sleep(0.1)
-        pids = {r: _progress(out, r)[1] for r in range(4)}
-        hosts.cut()
-        cut_at = time.monotonic()
-        ended = {}
-        while len(ended) < 4 and time.monotonic() - cut_at < CUT_DEADLINE_S + 30:
-            for r, pid in pids.items():
-                if r not in ended and not _alive(pid):
-                    ended[r] = time.monotonic() - cut_at
-            time.sleep(0.1)
+        _cut_after_step_20(hosts, out, job, name, ended)
         try:
             job.wait(timeout=30)
         except subprocess.TimeoutExpired:
@@ -158,6 +189,24 @@ def test_cut_link_fails_every_rank_on_both_sides(hosts, tmp_path, name):
         assert own, f"{name}: no rank on {host} failed by itself (all ended by the launcher)"
         for e in own:
             assert "horovod_hetero.errors.RankLostError" in e["line"], f"{name}: {host}: {e['line']}"
+
+
+def _cut_after_step_20(hosts, out, job, name, ended):
+    """Once every rank passed step 20, cut the link; fill ``ended`` ({rank: seconds from the cut to
+    its exit}) until all four ended or ``CUT_DEADLINE_S`` + 30 s passed."""
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while not all(_progress(out, r)[0] >= 20 for r in range(4)):
+        assert job.poll() is None, f"{name}: the job ended before the cut:\n{_tail(out)}"
+        assert time.monotonic() < deadline, f"{name}: no progress to step 20:\n{_tail(out)}"
+        time.sleep(0.1)
+    pids = {r: _progress(out, r)[1] for r in range(4)}
+    hosts.cut()
+    cut_at = time.monotonic()
+    while len(ended) < 4 and time.monotonic() - cut_at < CUT_DEADLINE_S + 30:
+        for r, pid in pids.items():
+            if r not in ended and not _alive(pid):
+                ended[r] = time.monotonic() - cut_at
+        time.sleep(0.1)
 
 
 def _tail(out):
@@ -209,3 +258,40 @@ def _exits(hosts, out, ended):
         report[r] = {"host": host, "rc": rc, "line": error or last_line(text),
                      "after_s": ended.get(r, float("inf"))}
     return report
+
+
+#: The strategy's collective timeout in the MPI cut case: MPI's collectives have none of their own
+MPI_CUT_TIMEOUT_S = 20
+
+
+def test_cut_link_under_mpi_fails_every_rank_on_both_sides(hosts, tmp_path):
+    """horovodrun --mpi, LocalSGD, the link cut after step 20: MPI's collectives never time out, so
+    every rank's own wait does (``CollectiveTimeoutError`` after ``MPI_CUT_TIMEOUT_S``) and the rank
+    exits within ``failures.MPI_SHUTDOWN_S`` more though its Horovod thread still waits in MPI."""
+    if not mpi_built():
+        pytest.skip("Horovod without MPI, or no mpirun beside horovodrun (make env builds both)")
+    out = tmp_path
+    for ns in hosts.netns.values():
+        subprocess.run(["ip", "-n", ns, "link", "set", hosts_mod.IFACE, "up"], check=True)
+    argv = horovodrun("hostA:2,hostB:2", ["cut", str(out), "localsgd"], record_exit=out, controller="mpi")
+    with open(out / "horovodrun.log", "w") as log:
+        job = subprocess.Popen(hosts.command("hostA", argv), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                               env=mpi_env(hosts, HH_MULTIHOST_TIMEOUT=str(MPI_CUT_TIMEOUT_S)))
+    ended = {}
+    try:
+        _cut_after_step_20(hosts, out, job, "localsgd", ended)
+    finally:
+        for pid in (p for _, p in map(lambda r: _progress(out, r), range(4)) if p and _alive(p)):
+            os.kill(pid, signal.SIGKILL)
+        job.kill()                               # mpirun waits for hostB's daemon, which it cannot reach
+        job.wait()
+    print("\nlocalsgd under MPI: link cut after step 20")
+    for r in range(4):
+        status = out / f"status.rank{r}"
+        record = out / f"exit.rank{r}.json"
+        rc = int(status.read_text()) if status.exists() else None
+        line = json.load(open(record))["error"] if record.exists() else "(no record)"
+        print(f"  rank {r}: exit {rc} {ended.get(r, float('inf')):.1f} s after the cut: {line}")
+        assert ended.get(r, float("inf")) <= CUT_DEADLINE_S, f"rank {r} still running after the cut"
+        assert rc is not None and rc != 0, f"rank {r}: exit status {rc}"
+        assert "horovod_hetero.errors.CollectiveTimeoutError" in line, f"rank {r}: {line}"

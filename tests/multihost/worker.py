@@ -89,7 +89,8 @@ def cut(out, name):
 
     signal.signal(signal.SIGTERM, on_sigterm)
     model, batches = model_and_data(rank)
-    opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+    timeout = float(os.environ.get("HH_MULTIHOST_TIMEOUT", "300"))     # the strategy's collective timeout
+    opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), timeout=timeout,
                                   named_parameters=model.named_parameters(), strategy=STRATEGIES[name]())
     try:
         for i in range(10 ** 9):
