@@ -48,10 +48,10 @@ test-parallel: $(READY)
 
 #: the parallel tier's core files under MPI (Horovod is built with MPI and Gloo): half under horovodrun --mpi,
 #: half under Open MPI's own mpirun (as srun or a scheduler starts ranks), so that each launcher runs about
-#: 2 min; then faults under mpirun. MPI_ALL=1 runs every core file under both launchers (about 9 min).
+#: 2 min; then faults under mpirun. MPI_ALL=1 runs those and MPI_EXTRA under both launchers (about 14 min).
 MPI_HOROVODRUN ?= test_esync test_adasum_torch test_wagma:dynamic
 MPI_MPIRUN ?= test_torch test_wagma test_contract_keras
-MPI_EXTRA := test_contract_torch
+MPI_EXTRA := test_contract_torch test_keras test_keras_wagma
 MPI_CORE := $(sort $(MPI_HOROVODRUN) $(MPI_MPIRUN) $(MPI_EXTRA))
 test-mpi: $(READY)
 	@for run in $(if $(MPI_ALL),$(foreach f,$(MPI_CORE),mpi/$(f) mpirun/$(f)),$(MPI_HOROVODRUN:%=mpi/%) $(MPI_MPIRUN:%=mpirun/%)); do \

@@ -18,7 +18,7 @@ from horovod_hetero.common.ranks import follow_ranks
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, call_with_timeout
 from horovod_hetero.runtime.controller import HeteroController, OutsideController, ring_bytes
 from horovod_hetero.strategies.registry import check_strategy
-from horovod_hetero.torch.collectives import TorchCollectives, TorchModel, wait
+from horovod_hetero.torch.collectives import TorchCollectives, TorchModel, wait, wait_done
 from horovod_hetero.torch.sampler import DistributedSampler
 from horovod_hetero.validation import check_bool, check_float, check_int
 
@@ -179,12 +179,28 @@ class _SynchronousOptimizer(_HeteroMethods):
         except Exception as e:
             self._hh_membership.reraise(e)
 
+    #: Horovod's controller is MPI (set when built)
+    _hh_mpi = False
+
     def synchronize(self):
         t0 = time.perf_counter()
         try:
+            if self._hh_mpi:
+                self._hh_wait_allreduces()
             return self._hh_base.synchronize(self)
         finally:
             self._hh_comm += time.perf_counter() - t0
+
+    def _hh_wait_allreduces(self):
+        """Under MPI, whose collectives have no timeout (Gloo's own bounds them under Gloo): wait for
+        the gradient allreduces the hooks started with ``timeout``, so that a rank that stopped
+        answering is a ``CollectiveTimeoutError``, not a hang in Horovod's ``synchronize``."""
+        collectives = self._hh.collectives
+        if collectives is None:
+            return
+        for handle, _ in list(self._handles.values()):
+            if isinstance(handle, int):
+                wait_done(handle, collectives.timeout, "the gradient allreduce")
 
     def _hh_local_step(self, closure):
         return self._hh_base.step(self, closure)
@@ -363,6 +379,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
                       hvd.Sum if strategy.weighs_gradients else op, gradient_predivide_factor, groups,
                       sparse_as_dense, collectives.process_set)
         opt._hh_grad_payload = sum(p.numel() * p.element_size() for _, p in params if p.requires_grad)
+        opt._hh_mpi = bool(hvd.mpi_enabled())
     else:
         if backward_passes_per_step != 1:
             warnings.warn("backward_passes_per_step has no effect with model averaging: "

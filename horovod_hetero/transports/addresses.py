@@ -1,6 +1,6 @@
 """The address a rank's servers bind and advertise to the other ranks (ESync's state server, WAGMA's
 activations): loopback on one host; across hosts, the user's setting or the interface horovodrun
-chose for Gloo (``server_host``). Standard library and psutil only: nothing of Horovod."""
+chose for Gloo or MPI (``server_host``). Standard library and psutil only: nothing of Horovod."""
 from __future__ import annotations
 
 import ipaddress
@@ -16,6 +16,9 @@ ENV_SERVER_HOST = "HOROVOD_HETERO_STATE_SERVER_HOST"
 #: What horovodrun exports for Gloo: the network interface every host has and routes (its first
 #: common one), and the launcher's rendezvous address.
 ENV_GLOO_IFACE, ENV_RENDEZVOUS = "HOROVOD_GLOO_IFACE", "HOROVOD_GLOO_RENDEZVOUS_ADDR"
+#: Under MPI: the interfaces horovodrun --mpi found on every host (it exports them for NCCL, and hands
+#: them to Open MPI's TCP transport as ``btl_tcp_if_include``), or what the user set for either.
+ENV_MPI_IFACES = ("NCCL_SOCKET_IFNAME", "OMPI_MCA_btl_tcp_if_include")
 
 def server_host(all_local: bool) -> str:
     """The address servers bind (that interface only) and advertise to the other ranks.
@@ -23,7 +26,8 @@ def server_host(all_local: bool) -> str:
     Loopback when every rank runs on this machine. Otherwise, the first of:
     ``$HOROVOD_HETERO_STATE_SERVER_HOST``; the IPv4 address of ``$HOROVOD_GLOO_IFACE``, the
     interface horovodrun found on every host and hands Gloo (so the job's own traffic takes it
-    too); the address this host reaches the launcher's rendezvous server from
+    too); under MPI, the interface of ``$NCCL_SOCKET_IFNAME`` (horovodrun --mpi exports the common
+    interfaces there) or ``$OMPI_MCA_btl_tcp_if_include``; the address this host reaches the launcher's rendezvous server from
     (``$HOROVOD_GLOO_RENDEZVOUS_ADDR``); this host's name if it resolves to an address that is
     not loopback; the only interface with an IPv4 address that is not loopback. None of them: a
     ``ValueError`` that names the variable to set (many hosts resolve their own name to
@@ -33,8 +37,9 @@ def server_host(all_local: bool) -> str:
     setting = server_host_setting()
     if setting:
         return setting
-    candidates: tuple[Callable[[], str | None], ...] = (lambda: interface_address(os.environ.get(ENV_GLOO_IFACE)),
-                  lambda: route_address(os.environ.get(ENV_RENDEZVOUS)), _host_name_address, _only_interface_address)
+    candidates: tuple[Callable[[], str | None], ...] = (
+        lambda: interface_address(os.environ.get(ENV_GLOO_IFACE)), _mpi_interface_address,
+        lambda: route_address(os.environ.get(ENV_RENDEZVOUS)), _host_name_address, _only_interface_address)
     for candidate in candidates:
         address = candidate()                       # an IPv4 address or None
         if address and not ipaddress.ip_address(address).is_loopback:
@@ -54,6 +59,23 @@ def interface_address(name: str | None) -> str | None:
     for address in _interfaces().get(name or "", ()):
         if address.family == socket.AF_INET:
             return address.address
+    return None
+
+def _mpi_interface_address() -> str | None:
+    """The IPv4 address of the first interface ``ENV_MPI_IFACES`` name (a list, comma-separated; NCCL's
+    ``=name`` is that name exactly, ``name`` any interface whose name starts with it, ``^...`` excludes:
+    not a choice)."""
+    for variable in ENV_MPI_IFACES:
+        for item in (os.environ.get(variable) or "").split(","):
+            item = item.strip()
+            if not item or item.startswith("^"):
+                continue
+            exact = item.startswith("=")
+            names = [item[1:]] if exact else sorted(n for n in _interfaces() if n.startswith(item))
+            for name in names:
+                address = interface_address(name)
+                if address:
+                    return address
     return None
 
 def route_address(host: str | None) -> str | None:

@@ -1,5 +1,6 @@
 """Faults under Open MPI's own launcher (``make test-mpi``): four ranks of ``tests/faults/worker.py``
-(LocalSGD, torch) under ``mpirun``, one rank killed or stopped after step 20.
+(torch: LocalSGD, and Synchronous, whose gradient allreduce is Horovod's) under ``mpirun``, one rank
+killed or stopped after step 20.
 
 Under MPI the launcher, not the library, decides what a death does: Open MPI's ``mpirun`` ends every
 rank of the job as soon as one exits on a signal (no survivor gets to name an error, and nothing hangs).
@@ -51,12 +52,12 @@ def lines(log):
     return out
 
 
-def start(tmp_path):
+def start(tmp_path, strategy="localsgd"):
     """The job, and every rank's pid once all four passed step 20."""
     log = tmp_path / "mpirun.log"
     env = dict(os.environ, PYTHONPATH=str(ROOT), FAULTS_UNTIL=str(tmp_path / "never"), FAULTS_TIMEOUT=str(TIMEOUT_S),
                PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-    job = subprocess.Popen(mpirun(str(WORKER), "localsgd", "torch", "1000000"), cwd=ROOT, env=env,
+    job = subprocess.Popen(mpirun(str(WORKER), strategy, "torch", "1000000"), cwd=ROOT, env=env,
                            stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + START_LIMIT_S
     while True:
@@ -100,8 +101,9 @@ def test_a_killed_rank_ends_the_whole_job_at_once(tmp_path):
     print(f"\nmpirun, rank 1 killed: the job ended {took:.1f} s later (exit {job.returncode})")
 
 
-def test_a_stopped_rank_every_other_rank_names_the_error_and_exits(tmp_path):
-    job, log, pids = start(tmp_path)
+@pytest.mark.parametrize("strategy", ["localsgd", "sync"])
+def test_a_stopped_rank_every_other_rank_names_the_error_and_exits(tmp_path, strategy):
+    job, log, pids = start(tmp_path, strategy)
     try:
         stopped_at = time.monotonic()
         os.kill(pids[1], signal.SIGSTOP)
@@ -118,4 +120,5 @@ def test_a_stopped_rank_every_other_rank_names_the_error_and_exits(tmp_path):
         assert TIMEOUT_S - 1 <= raised_after <= TIMEOUT_S + 5, f"rank {r} raised {raised_after:.1f} s after the stop"
         assert any("rank 1 stopped" in l for l in seen[r]), f"rank {r} did not name rank 1: {seen[r][-5:]}"
     assert job.returncode != 0
-    print(f"\nmpirun, rank 1 stopped: every other rank raised CollectiveTimeoutError, the job ended {took:.1f} s later")
+    print(f"\nmpirun, {strategy}, rank 1 stopped: every other rank raised CollectiveTimeoutError, the job ended "
+          f"{took:.1f} s later")

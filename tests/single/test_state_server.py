@@ -397,7 +397,7 @@ def test_servers_bind_the_interfaceaddressesrun_gives_gloo_and_never_advertise_l
     from types import SimpleNamespace
 
     from horovod_hetero.transports import addresses
-    for name in (addresses.ENV_SERVER_HOST, addresses.ENV_GLOO_IFACE, addresses.ENV_RENDEZVOUS):
+    for name in (addresses.ENV_SERVER_HOST, addresses.ENV_GLOO_IFACE, addresses.ENV_RENDEZVOUS, *addresses.ENV_MPI_IFACES):
         monkeypatch.delenv(name, raising=False)
     interfaces = {"lo": ["127.0.0.1"], "eth0": ["10.1.2.3"], "ib0": ["192.168.5.6"]}
     monkeypatch.setattr(addresses, "_interfaces", lambda: {
@@ -415,6 +415,13 @@ def test_servers_bind_the_interfaceaddressesrun_gives_gloo_and_never_advertise_l
     monkeypatch.setenv(addresses.ENV_RENDEZVOUS, "127.0.0.1")                     # loopback everywhere:
     with pytest.raises(ValueError, match="set HOROVOD_HETERO_STATE_SERVER_HOST to this host's address"):
         addresses.server_host(all_local=False)                                    # two interfaces, no choice
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "^docker,ib")                       # under horovodrun --mpi
+    assert addresses.server_host(all_local=False) == "192.168.5.6"                # prefix "ib": ib0
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "=ib")                               # exactly "ib": none
+    monkeypatch.setenv("OMPI_MCA_btl_tcp_if_include", "eth0")                     # Open MPI's own choice
+    assert addresses.server_host(all_local=False) == "10.1.2.3"
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME")
+    monkeypatch.delenv("OMPI_MCA_btl_tcp_if_include")
     del interfaces["ib0"]
     assert addresses.server_host(all_local=False) == "10.1.2.3"                   # the only one
     assert addresses.route_address("127.0.0.1") == "127.0.0.1" and addresses.route_address("no-such-host.invalid") is None
