@@ -83,7 +83,7 @@ test-multihost: $(READY)
 test-bench: $(READY)
 	$(PY) -m pytest -q -p no:cacheprovider --timeout 300 tests/bench
 
-#: the numbers README.md publishes (about 140 min; each bench can run alone and starts afresh): six bench runs
+#: the numbers README.md publishes (about 165 min; each bench can run alone and starts afresh): six bench runs
 #: on real data, then their reports (tables on stdout, PNGs into docs/img)
 PUBLISH ?= /tmp/horovod-hetero-publish
 PUBLISH_RUNS = fashion fashion-noniid fashion-random shakespeare keras-fashion balanced
@@ -96,7 +96,7 @@ bench-publish-fashion: $(READY)
 	$(PY) -m horovod_hetero.cli bench $(PUBLISH_COMMON) --task fashion-cnn --split iid --out $(PUBLISH)/fashion
 bench-publish-fashion-noniid: $(READY)
 	rm -rf $(PUBLISH)/fashion-noniid
-	$(PY) -m horovod_hetero.cli bench $(PUBLISH_COMMON) --task fashion-cnn --split skew,dirichlet:0.1 \
+	$(PY) -m horovod_hetero.cli bench $(PUBLISH_COMMON) --task fashion-cnn --split skew,dirichlet:0.1,dirichlet:0.5 \
 	  --strategies sync,esync,elasticbsp --aggregate mean,normalized,normalized+nesterov --out $(PUBLISH)/fashion-noniid
 bench-publish-fashion-random: $(READY)
 	rm -rf $(PUBLISH)/fashion-random
