@@ -54,7 +54,9 @@ class HorovodCollectives(Collectives):
         check_process_set(process_set)
         if not hvd.is_initialized():
             raise RuntimeError(f"{owner}: Horovod is not initialized; call hvd.init() first")
-        catch_background_abort(mpi=bool(hvd.mpi_enabled()))
+        #: Horovod's controller is MPI (asked once; the adapters read it here)
+        self.mpi = bool(hvd.mpi_enabled())
+        catch_background_abort(mpi=self.mpi)
         self.process_set = ps = process_set or hvd.global_process_set
         self.included = ps.included()
         # a non-member has no rank in the set (as Horovod's ProcessSet.rank()); the runtime is never built on it

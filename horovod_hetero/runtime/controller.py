@@ -101,7 +101,9 @@ class HeteroController:
         self.collectives, self.model = collectives, model
         self.size, self.rank = collectives.size, collectives.rank
         strategy.check_size(self.size)
-        self.protocol = RoundProtocol(self._average, self.size, self.rank, median=strategy.median_step_time)
+        # a gradient-averaging strategy ends in hvd.join, which answers the others' rounds with zeros
+        self.protocol = RoundProtocol(self._average, self.size, self.rank, median=strategy.median_step_time,
+                                      absent_zeros=strategy.averages_gradients)
         self.telemetry = telemetry if isinstance(telemetry, Telemetry) else Telemetry(self.rank, telemetry)
         self.slowdown = slowdown if isinstance(slowdown, Slowdown) else Slowdown(self.rank, slowdown, size=self.size)
         self.transports: Transports | None = None

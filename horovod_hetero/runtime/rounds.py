@@ -18,6 +18,11 @@ entering rounds as *done* (weight 1 in the first, if it stepped since the last r
 until the summed ``done`` equals the number of ranks. The round in which the last rank joins
 averages every rank's final model, so all ranks leave ``join()`` with identical tensors.
 
+A strategy that averages gradients (``Balanced``) ends with Horovod's own ``hvd.join`` instead: a
+rank inside it answers every allreduce with zeros, so a round the others run meanwhile sums its
+whole block (and its round tag) as zero. With ``absent_zeros`` such a rank counts as absent, not as a
+rank in another round; its block reads as no steps, and plans made from the statistics keep theirs.
+
 The collective is injected (``average``), as Horovod's ``common/elastic.py`` takes its
 broadcast: the protocol runs unchanged over torch, TensorFlow or a fake in tests.
 """
@@ -58,6 +63,9 @@ class RoundProtocol:
         rank: this rank (which block of the control vector it fills).
         median: carry the median of this rank's step times since the previous round instead of their
             mean (a strategy that plans from the typical step: one stall does not move it).
+        absent_zeros: a rank whose whole block sums to zero is absent (inside ``hvd.join``, the end of
+            a gradient-averaging strategy), not in another round: the round tags must then sum to the
+            tag times the ranks present.
 
     Example:
         >>> fake = lambda weight, control: [c * 2 for c in control]   # two identical ranks
@@ -67,8 +75,8 @@ class RoundProtocol:
     """
 
     def __init__(self, average: Callable[[float, list[float]], Sequence[float]], size: int, rank: int = 0,
-                 median: bool = False) -> None:
-        self._average, self._median = average, bool(median)
+                 median: bool = False, absent_zeros: bool = False) -> None:
+        self._average, self._median, self._absent_zeros = average, bool(median), bool(absent_zeros)
         self.size = check_int("size", size, 1)
         self.rank = check_int("rank", rank, 0, self.size - 1)
         self.round = 0
@@ -118,10 +126,14 @@ class RoundProtocol:
         mine = tag(self.round, self.size)
         control = self._control(weight, done, mine)
         summed = self._average(weight, control)
-        if summed[2] != mine * self.size:
+        present = self.size
+        if summed[2] != mine * present and self._absent_zeros and len(summed) == len(control):
+            blocks = np.reshape(summed[_HEAD:], (self.size, _WIDTH))
+            present -= int(np.all(blocks == 0, axis=1).sum())
+        if summed[2] != mine * present:
             raise RoundMismatchError(
                 f"round {self.round}: ranks entered different rounds (sum of round tags {summed[2]}, "
-                f"expected {mine * self.size}). Every rank must synchronise through the same "
+                f"expected {mine * present}). Every rank must synchronise through the same "
                 f"strategy and end with sync_model()/join().")
         if len(summed) != len(control):
             raise RoundMismatchError(f"round {self.round}: control vectors of {len(summed)} and {len(control)} "

@@ -212,6 +212,10 @@ class _SynchronousOptimizer(_HeteroMethods):
         other ranks' gradient allreduces with zeros) until all have called it; the model of the
         rank that joined last is then broadcast. On a non-global process set (``hvd.join`` is
         global) every rank must call it at the same step, and the model is averaged.
+
+        ``Balanced`` plans batches per window of steps: a rank that joined early takes part in the
+        others' rebalancing rounds as absent (its plan is theirs), and leaves with the counters of
+        the rank that joined last, so training again after it continues alike on every rank.
         """
         collectives = self._hh.collectives
         if collectives is None or collectives.process_set != hvd.global_process_set:
@@ -224,6 +228,11 @@ class _SynchronousOptimizer(_HeteroMethods):
                        for i, t in enumerate(hh.model.tensors())]
             for h in handles:
                 wait(h, collectives.timeout, "sync_model broadcast")
+            if hh.strategy.weighs_gradients:
+                counters = call_with_timeout(lambda: hvd.broadcast_object(
+                    hh.state_dict(), root_rank=last, name="horovod_hetero.sync.counters"),
+                    collectives.timeout, "sync_model broadcast of the counters")
+                hh.load_state_dict(counters)
             hh.add_comm(time.perf_counter() - t0)
             hh.close()
 
@@ -364,7 +373,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
     name = optimizer.__class__.__name__
     if strategy.averages_gradients:
         adasum = adasum and hvd.size() > 1
-        if adasum and not hvd.mpi_enabled():            # Horovod would fail at the first step, by name only
+        if adasum and not collectives.mpi:              # Horovod would fail at the first step, by name only
             raise ValueError("op=hvd.Adasum needs Horovod's MPI controller (Horovod runs Adasum over MPI only): "
                              "launch with horovodrun --mpi or mpirun, with a Horovod built with MPI; this job "
                              "runs on Gloo, where op must be hvd.Average or hvd.Sum")
@@ -379,7 +388,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
                       hvd.Sum if strategy.weighs_gradients else op, gradient_predivide_factor, groups,
                       sparse_as_dense, collectives.process_set)
         opt._hh_grad_payload = sum(p.numel() * p.element_size() for _, p in params if p.requires_grad)
-        opt._hh_mpi = bool(hvd.mpi_enabled())
+        opt._hh_mpi = collectives.mpi
     else:
         if backward_passes_per_step != 1:
             warnings.warn("backward_passes_per_step has no effect with model averaging: "

@@ -91,3 +91,30 @@ def test_every_step_leaves_identical_models_and_the_slow_rank_gets_the_smallest_
     assert (per_step.sum(axis=0) == 64).all()
     assert (per_step[:, :15] == 16).all()                               # windows 0-2: the even split
     assert (per_step[SIZE - 1, 15:] < per_step[:SIZE - 1, 15:].min(axis=0)).all(), per_step[:, 15:]
+
+
+def test_a_rank_that_stops_a_step_early_is_absent_from_the_rebalancing_round_and_all_end_alike():
+    """As a time budget on each rank's own clock may do: the last rank stops after step 9 and waits in
+    sync_model (Horovod's join, zeros for every allreduce) while the others take step 10, whose
+    rebalancing round it answers with zeros. Every rank ends with the same model and the counters of
+    the rank that joined last (10 steps, 2 rounds), so training again continues alike."""
+    data = dataset(4000)
+    model = model_of()
+    sampler = hh.DistributedSampler(data, batch_size=16)
+    loader = torch.utils.data.DataLoader(data, batch_sampler=sampler)
+    opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
+                                  strategy=hh.Balanced(rebalance_every=5), sampler=sampler)
+    stop_after = 9 if RANK == SIZE - 1 else 10
+    for step, (x, y) in enumerate(loader, start=1):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.telemetry.annotate(samples=len(y))
+        opt.step()
+        if step == stop_after:
+            break
+    opt.sync_model()
+    everyone = hvd.allgather_object((flat(model).numpy(), opt._hh.state_dict()), name="test.balanced.early")
+    for weights, counters in everyone:
+        np.testing.assert_array_equal(weights, everyone[0][0])
+        assert counters == everyone[0][1]
+    assert everyone[RANK][1]["strategy"]["step"] == 10 and everyone[RANK][1]["rounds"]["round"] == 2

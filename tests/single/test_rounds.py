@@ -6,6 +6,7 @@ from horovod_hetero.errors import RoundMismatchError
 from horovod_hetero.runtime.controller import HeteroController
 from horovod_hetero.runtime.rounds import RoundProtocol
 from horovod_hetero.strategies import LocalSGD
+from horovod_hetero.strategies.base import RoundStats
 
 
 def test_round_averages_models_exactly():
@@ -75,6 +76,40 @@ def test_round_mismatch_is_detected():
         return [control[0] * 2, control[1] * 2, control[2] + 7.0]   # the other rank is in another round
     with pytest.raises(RoundMismatchError, match="different rounds"):
         RoundProtocol(average, size=2).run_round()
+
+
+def inside_join(rank_blocks):
+    """An average over 4 ranks where ranks 0-2 enter the same round as this one and rank 3 sits in
+    Horovod's join (zeros for the whole vector); ``rank_blocks`` other than 3 copy this rank's block."""
+    def average(weight, control):
+        width = len(RoundStats.FIELDS)
+        block = control[3:3 + width]
+        return [c * 3 for c in control[:3]] + block * rank_blocks + [0.0] * width * (4 - rank_blocks)
+    return average
+
+
+def test_a_rank_inside_hvd_join_is_absent_from_a_round_with_absent_zeros():
+    protocol = RoundProtocol(inside_join(3), size=4, absent_zeros=True)
+    protocol.local_step(step_s=0.5, samples=8)
+    result = protocol.run_round()
+    assert result.stats.local_steps.tolist() == [1, 1, 1, 0]
+    assert result.stats.samples.tolist() == [8, 8, 8, 0]
+    assert result.total_weight == 3.0 and protocol.round == 1
+    strict = RoundProtocol(inside_join(3), size=4)             # every other strategy: a mismatch, as before
+    strict.local_step(step_s=0.5)
+    with pytest.raises(RoundMismatchError, match=r"sum of round tags 3.0, expected 4"):
+        strict.run_round()
+
+
+def test_absent_zeros_still_refuses_a_rank_in_another_round():
+    def average(weight, control):              # 3 ranks in this round, the fourth in round 5 (its block filled)
+        summed = inside_join(4)(weight, control)
+        summed[2] += 5.0
+        return summed
+    protocol = RoundProtocol(average, size=4, absent_zeros=True)
+    protocol.local_step(step_s=0.5)
+    with pytest.raises(RoundMismatchError, match=r"sum of round tags 8.0, expected 4"):
+        protocol.run_round()
 
 
 def test_state_dict_round_trip():
