@@ -306,9 +306,9 @@ def chosen(strategies, registered=REGISTRY):
     """The names ``--strategy`` gives (``all``, or a comma list of ``registered``)."""
     names = list(registered) if strategies == "all" else [n.strip() for n in strategies.split(",")]
     try:
-        return check_names(names, registered)
+        return check_names(names, registered, also=["all"])
     except ValueError as e:
-        raise click.BadParameter(str(e).replace("choose from ", "choose from all, "), param_hint="--strategy") from None
+        raise click.BadParameter(str(e), param_hint="--strategy") from None
 
 
 @cli.command()

@@ -7,9 +7,9 @@ factors per rank) is checked when training begins."""
 import inspect
 from collections.abc import Mapping
 
-from horovod_hetero._keras import keras_module
-from horovod_hetero._keras.callback import BalancedCallbackImpl, HeteroSyncCallbackImpl, SlowdownCallbackImpl
-from horovod_hetero._keras.horovod_api import (
+from horovod_hetero.keras._backend import keras_module
+from horovod_hetero.keras._callback import BalancedCallbackImpl, HeteroSyncCallbackImpl, SlowdownCallbackImpl
+from horovod_hetero.keras._horovod_api import (
     BroadcastGlobalVariablesCallbackImpl, LearningRateWarmupCallbackImpl, MetricAverageCallbackImpl)
 from horovod_hetero.strategies import ADSP, DSSP, ESync, ElasticBSP, LocalSGD, WAGMA
 from horovod_hetero.validation import check_options
@@ -174,7 +174,7 @@ class BroadcastGlobalVariablesCallback(BroadcastGlobalVariablesCallbackImpl, Cal
     """Start every rank from ``root_rank``'s model and optimizer state (Horovod's callback of the
     same name, for any Keras and backend). Put it first among the callbacks. Like every hh callback,
     when training begins it makes a lost rank in ``hh.DistributedOptimizer``'s gradient average a
-    ``RankLostError`` (``_keras.horovod_api.guard_train_function``).
+    ``RankLostError`` (``keras._horovod_api.guard_train_function``).
 
     Args:
         root_rank: the (global) rank whose variables every rank takes.

@@ -6,7 +6,7 @@ operators on the framework's tensors (``t * w``, ``s / n``, ``g + lr * (w - g)``
 torch tensors, TensorFlow tensors and NumPy arrays).
 
 - ``Collectives``: Horovod's collectives for one framework (``horovod_hetero.torch.collectives``,
-  ``horovod_hetero.tensorflow.collectives``; shared Horovod logic in ``horovod_hetero.common``).
+  ``horovod_hetero.keras._tensorflow``; shared Horovod logic in ``horovod_hetero.common``).
 - ``Model``: how the user's model is read and written (torch parameters, Keras variables).
 """
 from __future__ import annotations

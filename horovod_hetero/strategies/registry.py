@@ -73,9 +73,10 @@ def _lookup(name: str) -> Registered:
         raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(REGISTRY)}") from None
 
 
-def check_names(names: Sequence[str], allowed: Iterable[str] = REGISTRY) -> list[str]:
+def check_names(names: Sequence[str], allowed: Iterable[str] = REGISTRY, also: Sequence[str] = ()) -> list[str]:
     """``names`` as a list if there is one and each is one of ``allowed`` (names in ``REGISTRY``), else a
-    ``ValueError`` naming the unknown ones and the choices (the CLI's and bench's check).
+    ``ValueError`` naming the unknown ones and the choices, ``also`` first (what else the caller accepts,
+    such as the CLI's ``all``): the CLI's and bench's check.
 
     Example:
         >>> check_names(["esync", "fast"], ["sync", "esync"])
@@ -86,7 +87,7 @@ def check_names(names: Sequence[str], allowed: Iterable[str] = REGISTRY) -> list
     allowed = list(allowed)
     unknown = [n for n in names if n not in allowed]
     if unknown or not names:
-        raise ValueError(f"unknown {', '.join(unknown) or 'empty list'}; choose from {', '.join(allowed)}")
+        raise ValueError(f"unknown {', '.join(unknown) or 'empty list'}; choose from {', '.join([*also, *allowed])}")
     return list(names)
 
 

@@ -1,1 +1,1 @@
-"""TensorFlow adapters of horovod-hetero (Keras: ``horovod_hetero.tensorflow.keras``)."""
+"""Horovod's module name for the Keras adapter: ``horovod_hetero.tensorflow.keras`` is ``horovod_hetero.keras``."""

@@ -58,7 +58,7 @@ def test_keras_callbacks_check_their_arguments():
 
 
 def test_which_keras_runs_follows_tensorflows_rule(monkeypatch):
-    from horovod_hetero import _keras
+    from horovod_hetero.keras import _backend as _keras
 
     monkeypatch.delenv("TF_USE_LEGACY_KERAS", raising=False)
     assert _keras.keras_module().__name__ == "keras"
@@ -70,7 +70,7 @@ def test_which_keras_runs_follows_tensorflows_rule(monkeypatch):
 def test_a_keras_backend_without_horovod_collectives_is_refused_by_name(monkeypatch):
     from types import SimpleNamespace
 
-    from horovod_hetero import _keras
+    from horovod_hetero.keras import _backend as _keras
 
     jax = SimpleNamespace(backend=SimpleNamespace(backend=lambda: "jax"))
     monkeypatch.setattr(_keras, "keras_module", lambda: jax)

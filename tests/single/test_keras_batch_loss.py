@@ -7,7 +7,7 @@ in advance (a model that does not change), so the recovered values can be compar
 import numpy as np
 import pytest
 
-from horovod_hetero._keras.callback import batch_loss
+from horovod_hetero.keras._callback import batch_loss
 
 
 def running_means(losses, calls):

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from horovod.common.exceptions import HorovodInternalError
 
-from horovod_hetero._keras import keras_module
-from horovod_hetero._keras.horovod_api import GuardedTrainFunction, averaging_optimizer, begin_training
+from horovod_hetero.keras._backend import keras_module
+from horovod_hetero.keras._horovod_api import GuardedTrainFunction, averaging_optimizer, begin_training
 from horovod_hetero.errors import CollectiveTimeoutError, RankLostError
 
 keras = keras_module()

@@ -1,4 +1,6 @@
-"""Backend-agnostic logic of the Keras callbacks (as Horovod's ``horovod/_keras``), and which Keras runs."""
+"""Which Keras runs, its collectives, and the backend-agnostic tensor helpers of the Keras adapter.
+
+What Horovod keeps in ``horovod/_keras``: here a private module of the one Keras package."""
 import os
 import weakref
 
@@ -29,7 +31,7 @@ def collectives_class():
     (``KERAS_BACKEND=torch``: no TensorFlow needed)."""
     backend = keras_module().backend.backend()
     if backend == "tensorflow":
-        from horovod_hetero.tensorflow.collectives import TensorFlowCollectives
+        from horovod_hetero.keras._tensorflow import TensorFlowCollectives
         return TensorFlowCollectives
     if backend == "torch":
         from horovod_hetero.torch.collectives import TorchCollectives

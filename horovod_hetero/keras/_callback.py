@@ -7,8 +7,8 @@ Python operators, and the collectives are the backend's (``_keras.collectives_cl
 """
 import numpy as np
 
-from horovod_hetero._keras import collectives_class, strategy_callbacks, to_numpy, to_tensor, value, weights
-from horovod_hetero._keras.horovod_api import begin_training
+from horovod_hetero.keras._backend import collectives_class, strategy_callbacks, to_numpy, to_tensor, value, weights
+from horovod_hetero.keras._horovod_api import begin_training
 from horovod_hetero.common.options import check_run_options
 from horovod_hetero.common.process_sets import check_process_set
 from horovod_hetero.common.ranks import follow_ranks

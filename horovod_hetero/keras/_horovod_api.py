@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from horovod_hetero._keras import collectives_class, keras_major, keras_module, sync_epoch, value, weights
+from horovod_hetero.keras._backend import collectives_class, keras_major, keras_module, sync_epoch, value, weights
 from horovod_hetero.common import compat
 from horovod_hetero.common.process_sets import check_process_set
 from horovod_hetero.common.ranks import collective_failed
@@ -237,7 +237,7 @@ class MetricAverageCallbackImpl:
     """At the end of every epoch, replace each numeric entry of ``logs`` by its mean over the ranks
     (put it before callbacks that read the logs: checkpoints, early stopping, LR schedules). A
     strategy callback of the same ``fit`` with ``epoch_sync`` syncs the model first, wherever it is
-    in the list (``_keras.sync_epoch``)."""
+    in the list (``keras._backend.sync_epoch``)."""
 
     def __init__(self, timeout=DEFAULT_TIMEOUT_S):
         super().__init__()
