@@ -3,7 +3,7 @@
 ``horovod_hetero.keras.callbacks`` mixes it into thin ``Callback`` classes; every strategy's
 callback is ``HeteroSyncCallbackImpl`` with the strategy filled in. Nothing here imports TensorFlow
 or torch: weights are read and written through the Keras variable API (``value``, ``assign``) and
-Python operators, and the collectives are the backend's (``_keras.collectives_class``).
+Python operators, and the collectives are the backend's (``keras._backend.collectives_class``).
 """
 import numpy as np
 

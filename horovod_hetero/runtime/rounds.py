@@ -126,10 +126,10 @@ class RoundProtocol:
         mine = tag(self.round, self.size)
         control = self._control(weight, done, mine)
         summed = self._average(weight, control)
-        present = self.size
+        present, absent = self.size, None
         if summed[2] != mine * present and self._absent_zeros and len(summed) == len(control):
-            blocks = np.reshape(summed[_HEAD:], (self.size, _WIDTH))
-            present -= int(np.all(blocks == 0, axis=1).sum())
+            absent = np.all(np.reshape(summed[_HEAD:], (self.size, _WIDTH)) == 0, axis=1)
+            present -= int(absent.sum())
         if summed[2] != mine * present:
             raise RoundMismatchError(
                 f"round {self.round}: ranks entered different rounds (sum of round tags {summed[2]}, "
@@ -140,7 +140,10 @@ class RoundProtocol:
                                      f"values: ranks disagree on the number of ranks")
         self.steps_since_round = 0
         self._reset_stats()
-        stats = RoundStats.from_block(np.reshape(summed[_HEAD:], (self.size, _WIDTH)))
+        blocks = np.array(np.reshape(summed[_HEAD:], (self.size, _WIDTH)), dtype=np.float64)
+        if absent is not None:          # read as a rank with no step since the round: no time, no loss
+            blocks[absent, 2:4] = math.nan
+        stats = RoundStats.from_block(blocks)
         return RoundResult(self.round, weight, float(summed[0]), int(round(summed[1])), stats)
 
     def join(self, on_round: Callable[[RoundResult], object] | None = None) -> int:

@@ -94,17 +94,18 @@ def test_every_step_leaves_identical_models_and_the_slow_rank_gets_the_smallest_
 
 
 def test_a_rank_that_stops_a_step_early_is_absent_from_the_rebalancing_round_and_all_end_alike():
-    """As a time budget on each rank's own clock may do: the last rank stops after step 9 and waits in
-    sync_model (Horovod's join, zeros for every allreduce) while the others take step 10, whose
-    rebalancing round it answers with zeros. Every rank ends with the same model and the counters of
-    the rank that joined last (10 steps, 2 rounds), so training again continues alike."""
+    """As a time budget on each rank's own clock may do: the last rank stops after step 14 and waits in
+    sync_model (Horovod's join, zeros for every allreduce) while the others take step 15, whose
+    rebalancing round it answers with zeros. The plan made at step 10 (for window 3) stands; every rank
+    ends with the same model and the counters of the rank that joined last (15 steps, 3 rounds), so
+    training again continues alike."""
     data = dataset(4000)
     model = model_of()
     sampler = hh.DistributedSampler(data, batch_size=16)
     loader = torch.utils.data.DataLoader(data, batch_sampler=sampler)
     opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
                                   strategy=hh.Balanced(rebalance_every=5), sampler=sampler)
-    stop_after = 9 if RANK == SIZE - 1 else 10
+    stop_after = 14 if RANK == SIZE - 1 else 15
     for step, (x, y) in enumerate(loader, start=1):
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
@@ -117,4 +118,6 @@ def test_a_rank_that_stops_a_step_early_is_absent_from_the_rebalancing_round_and
     for weights, counters in everyone:
         np.testing.assert_array_equal(weights, everyone[0][0])
         assert counters == everyone[0][1]
-    assert everyone[RANK][1]["strategy"]["step"] == 10 and everyone[RANK][1]["rounds"]["round"] == 2
+    mine = everyone[RANK][1]
+    assert mine["strategy"]["step"] == 15 and mine["rounds"]["round"] == 3
+    assert list(mine["strategy"]["plans"]) == ["3"] and sum(mine["strategy"]["plans"]["3"]) == 64

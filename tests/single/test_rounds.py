@@ -94,6 +94,7 @@ def test_a_rank_inside_hvd_join_is_absent_from_a_round_with_absent_zeros():
     result = protocol.run_round()
     assert result.stats.local_steps.tolist() == [1, 1, 1, 0]
     assert result.stats.samples.tolist() == [8, 8, 8, 0]
+    assert result.stats.step_s[:3].tolist() == [0.5] * 3 and np.isnan(result.stats.step_s[3])
     assert result.total_weight == 3.0 and protocol.round == 1
     strict = RoundProtocol(inside_join(3), size=4)             # every other strategy: a mismatch, as before
     strict.local_step(step_s=0.5)
