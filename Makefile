@@ -83,7 +83,7 @@ test-multihost: $(READY)
 test-bench: $(READY)
 	$(PY) -m pytest -q -p no:cacheprovider --timeout 300 tests/bench
 
-#: the numbers README.md publishes (about 165 min; each bench can run alone and starts afresh): six bench runs
+#: the numbers README.md publishes (about 190 min; each bench can run alone and starts afresh): six bench runs
 #: on real data, then their reports (tables on stdout, PNGs into docs/img)
 PUBLISH ?= /tmp/horovod-hetero-publish
 PUBLISH_RUNS = fashion fashion-noniid fashion-random shakespeare keras-fashion balanced
