@@ -8,6 +8,7 @@ Python operators, and the collectives are the backend's (``keras._backend.collec
 import numpy as np
 
 from horovod_hetero.keras._backend import collectives_class, strategy_callbacks, to_numpy, to_tensor, value, weights
+from horovod_hetero.keras._checkpoint import CheckpointState, carry_state
 from horovod_hetero.keras._horovod_api import begin_training
 from horovod_hetero.common.options import check_run_options
 from horovod_hetero.common.process_sets import check_process_set
@@ -94,7 +95,7 @@ class KerasModel(Model):
         return sum(_nbytes(v) for v in self.variables)
 
 
-class HeteroSyncCallbackImpl:
+class HeteroSyncCallbackImpl(CheckpointState):
     """Runs a model-averaging strategy from Keras batch hooks.
 
     After every training batch the strategy decides whether the model's floating-point
@@ -155,6 +156,7 @@ class HeteroSyncCallbackImpl:
     def on_train_begin(self, logs=None):
         begin_training(self.model, self.timeout)
         strategy_callbacks(self.model).add(self)
+        carry_state(self.model, self)
         self._hh_controller().start()
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -227,7 +229,7 @@ class HeteroSyncCallbackImpl:
             self._hh.load_state_dict(state)
 
 
-class BalancedCallbackImpl:
+class BalancedCallbackImpl(CheckpointState):
     """Runs ``Balanced`` for Keras: synchronous training with ``hh.DistributedOptimizer`` (gradients
     averaged inside the step), each rank's batch sized to its speed, planned per epoch.
 
@@ -312,6 +314,7 @@ class BalancedCallbackImpl:
             raise ValueError("BalancedCallback plans every rank's batch: fit each epoch on "
                              "callback.epoch_plan(len(x), epoch)'s indices and batch size")
         self._gradient = state
+        carry_state(self.model, self)
         hh = self._follow().current()
         hh.start()
         _, mine, sizes = self._epoch

@@ -33,7 +33,9 @@ class HeteroSyncCallback(HeteroSyncCallbackImpl, Callback):
     The model is compiled with a plain local optimizer; after each batch the strategy decides
     whether the weights are averaged across ranks (one fused ``grouped_allreduce``) or within a
     group. At the end of training all replicas hold identical weights, even if ranks saw
-    different numbers of batches, and what the strategy opened is closed.
+    different numbers of batches, and what the strategy opened is closed. The strategy's state
+    rides in the model's Keras checkpoints (``.weights.h5``, ``.keras``): resume it on every rank
+    with ``callback.load_checkpoint_state(path)`` beside ``model.load_weights(path)``.
 
     Args:
         strategy: a model-averaging strategy, e.g. ``LocalSGD(period=8)``.
@@ -150,7 +152,8 @@ class BalancedCallback(BalancedCallbackImpl, Callback):
     measured (the gradient average's time left out). Keras fixes a ``fit``'s batch size, so sizes change
     between epochs: train one ``fit`` per epoch on ``epoch_plan``'s indices and batch size (every rank
     the same number of steps, every sample once per epoch); a plan made after epoch ``p`` is used from
-    epoch ``p + 2`` (epoch 0, with start-up and tracing, is not measured). See ``hh.Balanced``.
+    epoch ``p + 2`` (epoch 0, with start-up and tracing, is not measured). The plans ride in the model's
+    Keras checkpoints, as ``HeteroSyncCallback``'s state (``load_checkpoint_state``). See ``hh.Balanced``.
 
     Args:
         global_batch: samples per step over all ranks (an int >= the number of ranks), or ``None``: the

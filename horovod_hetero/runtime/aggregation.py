@@ -15,7 +15,8 @@ fused allreduce, and every rank combines the sums the same way:
   ``tau_eff * sum p_i d_i / tau_i`` with ``p_i = b_i / B``.
 
 then the outer step (``OuterSGD``; none: ``w = w_t + Delta``) gives the new model, which becomes the
-next round's ``w_t``. Every operation is a Python operator on the framework's tensors, so the same
+next round's ``w_t``. A round in which no rank stepped (``sync_model()`` right after another) takes no
+outer step: the model and the momentum stay. Every operation is a Python operator on the framework's tensors, so the same
 code runs on torch tensors, TensorFlow tensors and NumPy arrays (the tests use NumPy).
 """
 from __future__ import annotations
@@ -92,8 +93,8 @@ class Aggregator:
             scale = 1.0 / total if total > 0 else 0.0
         delta = [s * scale for s in summed]
         outer = self.outer
-        if outer is None:
-            return [g + d for g, d in zip(self.start, delta)]
+        if outer is None or total <= 0:       # no rank stepped since the last round: no outer step either,
+            return [g + d for g, d in zip(self.start, delta)]   # so a second sync_model() moves nothing
         if outer.momentum == 0.0:
             step = delta
         else:

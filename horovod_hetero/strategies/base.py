@@ -308,6 +308,7 @@ class Strategy:
         self.rank, self.size = 0, 1
         self.plan: Plan | None = None              # the latest Plan, if the strategy makes them
         self._plan_left: int | None = None         # local steps left before the planned round
+        self._plan_done: int | None = None         # loaded: the saving rank's steps into its plan (``start``)
 
     # -- called by the runtime (template methods) --
 
@@ -316,6 +317,9 @@ class Strategy:
         self.rank, self.size, self.clock = ctx.rank, ctx.size, ctx.clock
         if self.plan is not None and len(self.plan.steps) != ctx.size:
             self.plan = self._plan_left = None    # planned for other ranks (an elastic resize, another job's checkpoint)
+        elif self.plan is not None and self._plan_done is not None:   # another rank's counters: this rank's share
+            self._plan_left = max(self.plan.steps[ctx.rank] - self._plan_done, 1)
+        self._plan_done = None
         self._set_plan(self.on_start(ctx))
 
     def after_step(self, report: StepReport = StepReport()) -> Decision:
@@ -400,8 +404,15 @@ class Strategy:
                 + (f", outer={self.outer!r}" if self.outer is not None else ""))
 
     def state_dict(self) -> dict[str, Any]:
+        """The counters. ``plan_done`` (this rank's steps into the current plan) lets a rank that loads
+        another's state (a checkpoint of rank 0, an elastic reset) take its own share of the plan: at a
+        round's boundary, where ``sync_model()`` leaves every rank, each continues exactly as it would have."""
+        done = self._plan_done                     # loaded, not started yet
+        if done is None and self.plan is not None and self._plan_left is not None and self.rank < len(self.plan.steps):
+            done = self.plan.steps[self.rank] - self._plan_left
         return {"kind": type(self).__name__, "step": self.step,
-                "plan": None if self.plan is None else list(self.plan.steps), "plan_left": self._plan_left}
+                "plan": None if self.plan is None else list(self.plan.steps), "plan_left": self._plan_left,
+                "plan_done": done}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("kind") != type(self).__name__:
@@ -411,6 +422,8 @@ class Strategy:
         plan = state.get("plan")
         self.plan = None if plan is None else Plan(tuple(plan))
         self._plan_left = state.get("plan_left")
+        done = state.get("plan_done")
+        self._plan_done = None if done is None else check_int("state['plan_done']", done, 0)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

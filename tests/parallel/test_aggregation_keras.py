@@ -1,6 +1,9 @@
 """``aggregate="normalized"`` and ``outer=OuterSGD(...)`` through the Keras callback under horovodrun: identical
 weights after every round with each aggregation, the slow rank's class weighted up, and a resume from the
-callback's state that continues bit for bit with the outer momentum."""
+callback's state, or from a Keras checkpoint, that continues bit for bit with the outer momentum."""
+import os
+import tempfile
+
 import numpy as np
 import pytest
 
@@ -23,6 +26,18 @@ class RoundRecorder(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if self.sync.telemetry.records[-1]["synced"]:
             self.rounds.append([np.array(w).tolist() for w in self.model.weights])
+
+
+class Counters(keras.callbacks.Callback):
+    """The strategy's counters when the epoch ended (put it after the checkpoint: what the file holds)."""
+
+    def __init__(self, sync):
+        super().__init__()
+        self.sync, self.counters = sync, None
+
+    def on_epoch_end(self, epoch, logs=None):
+        state = self.sync.state_dict()
+        self.counters = (state["strategy"], state["rounds"])
 
 
 def model_of(seed=0):
@@ -84,4 +99,34 @@ def test_a_resume_from_the_callbacks_state_continues_bit_identically_with_outer_
     again.load_state_dict(state)
     resumed.fit(x[second], y[second], batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[again])
     assert state["aggregation"]["momentum"] is not None
+    assert [w.tolist() for w in resumed.get_weights()] == after
+
+
+def test_a_resume_from_a_keras_checkpoint_continues_bit_identically_with_outer_momentum():
+    """The same resume through the file rank 0's ``ModelCheckpoint`` wrote: weights and optimizer state by
+    ``load_weights``, the counters and the outer momentum by ``load_checkpoint_state``, on every rank."""
+    def strategy():
+        return FixedPlan(aggregate="normalized", outer=hh.OuterSGD(lr=0.7, momentum=0.5, nesterov=True))
+
+    directory = keras_helpers.hvd.broadcast_object(tempfile.mkdtemp() if RANK == 0 else None, root_rank=0,
+                                                   name="aggregation.checkpoint.dir")
+    path = os.path.join(directory, "checkpoint.weights.h5")
+    x, y = rank_data(RANK, 8 * (24 if RANK < SIZE - 1 else 6))
+    first, second = slice(0, len(x) // 2), slice(len(x) // 2, None)      # three rounds each
+    model, sync = model_of(), hh.callbacks.HeteroSyncCallback(strategy(), batch_size=8)
+    saved = Counters(sync)
+    callbacks = [sync] + ([keras.callbacks.ModelCheckpoint(path, save_weights_only=True), saved] if RANK == 0 else [])
+    model.fit(x[first], y[first], batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+    state = sync.state_dict()
+    saved = keras_helpers.hvd.broadcast_object(saved.counters, root_rank=0, name="aggregation.checkpoint.saved")
+    model.fit(x[second], y[second], batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[sync])
+    after = [w.tolist() for w in model.get_weights()]
+
+    resumed, again = model_of(seed=1), hh.callbacks.HeteroSyncCallback(strategy(), batch_size=8)
+    resumed.load_weights(path)
+    loaded = again.load_checkpoint_state(path)
+    pending = again.state_dict()
+    resumed.fit(x[second], y[second], batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[again])
+    assert loaded and state["aggregation"]["momentum"] is not None
+    assert (pending["strategy"], pending["rounds"]) == saved                 # rank 0's, on every rank
     assert [w.tolist() for w in resumed.get_weights()] == after

@@ -92,3 +92,28 @@ def test_membership_rebuilds_after_a_new_world_or_a_failed_collective_and_closes
         with m.guard():
             raise ValueError("not a failed collective")
     assert m.current() is third
+
+
+def test_a_rank_that_loads_another_ranks_counters_at_a_round_boundary_takes_its_own_share_of_the_plan():
+    """Rank 0's checkpoint (or an elastic reset's counters) after sync_model(): every rank at a boundary
+    (a strategy whose on_start keeps the plan, as ElasticBSP and DSSP do once they have measurements)."""
+    saver = LocalSGD(period=4)
+    saver.start(Context(0, 4, None, None, lambda: 0.0))
+    saver._set_plan(Plan((4, 4, 4, 1)))
+    state = saver.state_dict()
+    assert (state["plan_left"], state["plan_done"]) == (4, 0)
+    slow = LocalSGD(period=4)
+    slow.load_state_dict(state)
+    assert slow.state_dict() == state                        # loaded, not started: as saved
+    slow.start(Context(3, 4, None, None, lambda: 0.0))
+    assert (slow.plan, slow._plan_left) == (Plan((4, 4, 4, 1)), 1)
+    for _ in range(2):                                       # a step into the plan: one left for rank 0
+        saver.after_step()
+    ahead = LocalSGD(period=4)
+    ahead.load_state_dict(saver.state_dict())
+    ahead.start(Context(1, 4, None, None, lambda: 0.0))
+    assert ahead._plan_left == 2
+    ahead = LocalSGD(period=4)
+    ahead.load_state_dict(saver.state_dict())
+    ahead.start(Context(3, 4, None, None, lambda: 0.0))
+    assert ahead._plan_left == 1                             # past its share: it averages at its next step
