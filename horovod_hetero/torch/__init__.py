@@ -1,10 +1,29 @@
-"""PyTorch adapter: ``import horovod_hetero.torch as hh`` next to ``import horovod.torch as hvd``."""
+"""PyTorch adapter: ``import horovod_hetero.torch as hh`` next to ``import horovod.torch as hvd``.
+
+``hh.DistributedOptimizer`` loads its module on first use (PEP 562), so the Keras adapter on the
+PyTorch backend, which needs only ``horovod_hetero.torch.collectives``, does not load the optimizer.
+"""
+from typing import TYPE_CHECKING, Any
+
 from horovod_hetero.common.process_sets import wagma_process_sets  # noqa: F401
 from horovod_hetero.errors import (  # noqa: F401
     CollectiveTimeoutError, ElasticResetError, HeteroError, RankLostError, RoundMismatchError)
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S  # noqa: F401
 from horovod_hetero.strategies import (  # noqa: F401
     ADSP, Balanced, DSSP, ESync, ElasticBSP, LocalSGD, OuterSGD, Steps, Strategy, Synchronous, WAGMA)
-from horovod_hetero.torch.optimizer import DistributedOptimizer  # noqa: F401
 from horovod_hetero.torch.sampler import DistributedSampler  # noqa: F401
 from horovod_hetero.torch.slowdown import slow_down  # noqa: F401
+
+if TYPE_CHECKING:
+    from horovod_hetero.torch.optimizer import DistributedOptimizer  # noqa: F401
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DistributedOptimizer":
+        from horovod_hetero.torch.optimizer import DistributedOptimizer
+        return DistributedOptimizer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + ["DistributedOptimizer"])

@@ -4,6 +4,7 @@ The decision layer (rules, strategies) is also free of networking and threads: t
 through the strategy's Context.
 """
 import ast
+import os
 import pathlib
 import subprocess
 import sys
@@ -115,3 +116,16 @@ def test_no_import_cycle_between_modules_nor_between_the_cores_packages():
     assert cycles(packages) == []
     assert packages["horovod_hetero.tensorflow"] == {"horovod_hetero.keras"}
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]     # the check finds one
+
+
+def test_keras_on_the_torch_backend_loads_the_torch_collectives_not_the_torch_optimizer():
+    code = ("import sys\n"
+            "from horovod_hetero.keras._backend import collectives_class\n"
+            "assert collectives_class().__name__ == 'TorchCollectives'\n"
+            "print('horovod_hetero.torch.optimizer' in sys.modules)\n"
+            "import horovod_hetero.torch as hh\n"
+            "print(hh.DistributedOptimizer.__module__, 'DistributedOptimizer' in dir(hh))\n")
+    env = dict(os.environ, KERAS_BACKEND="torch")
+    env.pop("TF_USE_LEGACY_KERAS", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.split() == ["False", "horovod_hetero.torch.optimizer", "True"]
