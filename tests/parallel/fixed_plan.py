@@ -4,17 +4,18 @@ from horovod_hetero.strategies import Plan, Strategy
 
 
 class FixedPlan(Strategy):
-    """A round after ``fast`` local steps on every rank but the last, which takes one."""
+    """A round after ``fast`` local steps on every rank but the last, which takes one. ``keep=True``: a
+    restart keeps the plan it has (as ElasticBSP and DSSP do once they have measured)."""
 
-    def __init__(self, fast=4, **aggregation):
+    def __init__(self, fast=4, keep=False, **aggregation):
         super().__init__(**aggregation)
-        self.fast = fast
+        self.fast, self.keep = fast, keep
 
     def _plan(self):
         return Plan(tuple([self.fast] * (self.size - 1) + [1]))
 
     def on_start(self, ctx):
-        return self._plan()
+        return None if self.keep and self.plan is not None else self._plan()
 
     def on_round(self, result):
         return self._plan()

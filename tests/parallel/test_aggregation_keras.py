@@ -102,14 +102,16 @@ def test_a_resume_from_the_callbacks_state_continues_bit_identically_with_outer_
     assert [w.tolist() for w in resumed.get_weights()] == after
 
 
-def test_a_resume_from_a_keras_checkpoint_continues_bit_identically_with_outer_momentum():
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_resume_from_a_keras_checkpoint_continues_bit_identically_with_outer_momentum(keep):
     """The same resume through the file rank 0's ``ModelCheckpoint`` wrote: weights and optimizer state by
-    ``load_weights``, the counters and the outer momentum by ``load_checkpoint_state``, on every rank."""
+    ``load_weights``, the counters and the outer momentum by ``load_checkpoint_state``, on every rank.
+    ``keep``: the plan in rank 0's counters goes on, each rank taking its own share (``plan_done``)."""
     def strategy():
-        return FixedPlan(aggregate="normalized", outer=hh.OuterSGD(lr=0.7, momentum=0.5, nesterov=True))
+        return FixedPlan(keep=keep, aggregate="normalized", outer=hh.OuterSGD(lr=0.7, momentum=0.5, nesterov=True))
 
     directory = keras_helpers.hvd.broadcast_object(tempfile.mkdtemp() if RANK == 0 else None, root_rank=0,
-                                                   name="aggregation.checkpoint.dir")
+                                                   name=f"aggregation.checkpoint.dir.{keep}")
     path = os.path.join(directory, "checkpoint.weights.h5")
     x, y = rank_data(RANK, 8 * (24 if RANK < SIZE - 1 else 6))
     first, second = slice(0, len(x) // 2), slice(len(x) // 2, None)      # three rounds each
@@ -118,7 +120,7 @@ def test_a_resume_from_a_keras_checkpoint_continues_bit_identically_with_outer_m
     callbacks = [sync] + ([keras.callbacks.ModelCheckpoint(path, save_weights_only=True), saved] if RANK == 0 else [])
     model.fit(x[first], y[first], batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
     state = sync.state_dict()
-    saved = keras_helpers.hvd.broadcast_object(saved.counters, root_rank=0, name="aggregation.checkpoint.saved")
+    saved = keras_helpers.hvd.broadcast_object(saved.counters, root_rank=0, name=f"aggregation.checkpoint.saved.{keep}")
     model.fit(x[second], y[second], batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[sync])
     after = [w.tolist() for w in model.get_weights()]
 
