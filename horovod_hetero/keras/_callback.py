@@ -5,6 +5,8 @@ callback is ``HeteroSyncCallbackImpl`` with the strategy filled in. Nothing here
 or torch: weights are read and written through the Keras variable API (``value``, ``assign``) and
 Python operators, and the collectives are the backend's (``keras._backend.collectives_class``).
 """
+import copy
+
 import numpy as np
 
 from horovod_hetero.keras._backend import collectives_class, strategy_callbacks, to_numpy, to_tensor, value, weights
@@ -15,7 +17,7 @@ from horovod_hetero.common.process_sets import check_process_set
 from horovod_hetero.common.ranks import follow_ranks
 from horovod_hetero.rules.partition import epoch_indices, step_batch, step_times_of, steps_per_epoch
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, Model
-from horovod_hetero.runtime.controller import HeteroController
+from horovod_hetero.runtime.controller import HeteroController, check_state
 from horovod_hetero.runtime.straggler import Pacer, Slowdown
 from horovod_hetero.strategies.registry import check_strategy
 from horovod_hetero.validation import check_bool, check_float, check_int
@@ -223,10 +225,18 @@ class HeteroSyncCallbackImpl(CheckpointState):
         return self._hh.state_dict()
 
     def load_state_dict(self, state):
-        if self._hh is None:
-            self._pending_state = state
-        else:
+        """Counters from ``state_dict()`` (this rank's or rank 0's); before the first ``fit`` they are kept
+        for it, checked now (a ``ValueError`` here, not at the first batch)."""
+        if self._hh is not None:
             self._hh.load_state_dict(state)
+            return
+        check_state(state)
+        trial = copy.deepcopy(self.strategy)
+        try:
+            trial.load_state_dict(state["strategy"])
+        except (KeyError, TypeError) as error:
+            raise ValueError(f"state['strategy'] is not a state of {type(self.strategy).__name__}: {error!r}") from None
+        self._pending_state = state
 
 
 class BalancedCallbackImpl(CheckpointState):

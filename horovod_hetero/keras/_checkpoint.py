@@ -5,7 +5,7 @@ attribute Keras' saving walks (``save_weights``/``save`` to ``.weights.h5`` or `
 ``ModelCheckpoint`` and ``BackupAndRestore`` write) but the model does not track: ``model.layers``,
 ``model.weights`` and the optimizer's variables are what they are without it, so a plain Keras load of
 such a file sees what it always did (Keras skips the extra entry), and a file without the entry loads
-as before (the callback's state stays). The entry holds the callback's ``state_dict()``: the counters
+as before. Only ``load_checkpoint_state`` reads the entry back: a ``load_weights`` restores no counters. The entry holds the callback's ``state_dict()``: the counters
 as JSON (never pickle: a checkpoint may come from anywhere), the aggregation's tensors as arrays.
 """
 import io
@@ -60,7 +60,7 @@ def decode(entry):
         return None
     try:
         state = json.loads(np.asarray(entry["state"], dtype=np.uint8).tobytes().decode())
-    except (UnicodeDecodeError, ValueError) as error:
+    except (UnicodeDecodeError, ValueError, TypeError, RecursionError) as error:
         raise ValueError(f"the checkpoint's {ATTRIBUTE!r} entry is not a horovod-hetero strategy state: {error}") from None
     if not isinstance(state, dict):
         raise ValueError(f"the checkpoint's {ATTRIBUTE!r} entry is not a horovod-hetero strategy state")
@@ -69,7 +69,8 @@ def decode(entry):
         aggregation = {}
         for part in _PARTS:
             n = counts.get(part)
-            if n is not None and not {f"{part}.{i}" for i in range(n)} <= keys:
+            if n is not None and (type(n) is not int or not 0 <= n <= len(keys)
+                                  or not {f"{part}.{i}" for i in range(n)} <= keys):
                 raise ValueError(f"the checkpoint's {ATTRIBUTE!r} entry lacks tensors of {part!r}")
             aggregation[part] = None if n is None else [np.asarray(entry[f"{part}.{i}"]) for i in range(n)]
         state["aggregation"] = aggregation
@@ -93,14 +94,14 @@ def restore(callback, state):
     return True
 
 
-_holder_class = None
+_holder_classes = {}                     # Keras module name -> its StrategyState
 
 
 def _state_class():
-    """``StrategyState``, a subclass of the running Keras' ``Layer`` (made once: Keras is chosen at run time)."""
-    global _holder_class
-    if _holder_class is None:
-        class StrategyState(keras_module().layers.Layer):
+    """``StrategyState``, a subclass of the running Keras' ``Layer`` (made once per Keras: it is chosen at run time)."""
+    keras = keras_module()
+    if keras.__name__ not in _holder_classes:
+        class StrategyState(keras.layers.Layer):
             """No weights: what Keras' saving finds on the model, the strategy callback's state."""
 
             def __init__(self, callback):
@@ -114,17 +115,16 @@ def _state_class():
                         store[key] = array
 
             def load_own_variables(self, store):
-                state = decode(store)
-                if state is not None:
-                    restore(self.callback, state)
+                """Nothing: a load restores no counters by itself (``load_checkpoint_state`` does, on every
+                rank): rank 0 alone loading weights to evaluate must not leave it in another round."""
 
-        _holder_class = StrategyState
-    return _holder_class
+        _holder_classes[keras.__name__] = StrategyState
+    return _holder_classes[keras.__name__]
 
 
 def carry_state(model, callback):
-    """Make ``model``'s Keras checkpoints carry ``callback``'s state, and load it when they load (an
-    attribute the model does not track: its layers and weights stay as they are)."""
+    """Make ``model``'s Keras checkpoints carry ``callback``'s state (an attribute the model does not
+    track: its layers and weights stay as they are)."""
     holder = model.__dict__.get(ATTRIBUTE)
     if holder is None:
         object.__setattr__(model, ATTRIBUTE, _state_class()(callback))
@@ -139,8 +139,8 @@ class CheckpointState:
         """Resume the strategy's schedule from a Keras checkpoint: its counters (step, round, plans)
         and aggregation state, which every ``.weights.h5`` or ``.keras`` file of the model written
         once this callback trained it holds (``ModelCheckpoint``, ``model.save_weights``,
-        ``model.save``). Call it on every rank before ``fit``, beside the load of the weights; a
-        ``model.load_weights`` into a model this callback trained loads the state by itself.
+        ``model.save``). Call it on every rank before ``fit``, beside the load of the weights
+        (``model.load_weights`` itself restores no counters).
 
         Args:
             filepath: the checkpoint, a ``.weights.h5`` or ``.keras`` file.
@@ -148,6 +148,10 @@ class CheckpointState:
         Returns:
             True if the file held this strategy's state and it was loaded; False if it held none
             (written before any strategy callback trained the model) or another strategy's (a warning).
+
+        Raises:
+            ValueError: ``filepath`` is not a ``.keras`` or ``.weights.h5`` file, cannot be read as
+                one, or holds a state that is not a valid one of this strategy.
 
         Example::
 
@@ -168,14 +172,19 @@ def read_state(filepath):
     import h5py
 
     path = os.fspath(filepath)
-    if path.endswith(".keras"):
-        with zipfile.ZipFile(path) as archive:
-            weights = h5py.File(io.BytesIO(archive.read("model.weights.h5")), "r")
-    elif path.endswith(".weights.h5"):
-        weights = h5py.File(path, "r")
-    else:
+    if not path.endswith((".keras", ".weights.h5")):
         raise ValueError(f"filepath must name a Keras checkpoint ending in .keras or .weights.h5 (what "
                          f"model.save and model.save_weights write), got {path!r}")
+    try:
+        if path.endswith(".keras"):
+            with zipfile.ZipFile(path) as archive:
+                weights = h5py.File(io.BytesIO(archive.read("model.weights.h5")), "r")
+        else:
+            weights = h5py.File(path, "r")
+    except FileNotFoundError:
+        raise
+    except (OSError, KeyError, zipfile.BadZipFile) as error:
+        raise ValueError(f"filepath {path!r} is not a Keras checkpoint: {error}") from None
     with weights:
         group = weights.get(f"{ATTRIBUTE}/vars")
         return None if group is None else decode({key: group[key][()] for key in group.keys()})

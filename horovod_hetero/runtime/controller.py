@@ -25,6 +25,7 @@ from horovod_hetero.runtime.telemetry import Telemetry
 from horovod_hetero.strategies.base import (AVERAGE, MEASURE, Context, GroupAverage, RoundResult, StepReport, Strategy,
                                             check_decision)
 from horovod_hetero.runtime.transports import Transports
+from horovod_hetero.validation import check_int
 
 
 def ring_bytes(payload_bytes: int, size: int) -> int:
@@ -330,8 +331,7 @@ class HeteroController:
         aggregation state where it has one (put on the model's device); where it has none, with rounds
         on changes, the model now held is taken as the latest round's (it was just loaded or
         broadcast, like the counters)."""
-        if not isinstance(state, dict) or not {"strategy", "rounds"} <= state.keys():
-            raise ValueError(f"state must be a dict with 'strategy' and 'rounds' (from state_dict()), got {state!r}")
+        check_state(state)
         self.strategy.load_state_dict(state["strategy"])
         self.protocol.load_state_dict(state["rounds"])
         if self.aggregator is not None:
@@ -339,6 +339,17 @@ class HeteroController:
                 self.aggregator.load_state_dict(state["aggregation"], self.model.place)
             elif self.aggregator.ready:
                 self.aggregator.begin(self.model.tensors())
+
+
+def check_state(state: object) -> None:
+    """Raise ``ValueError`` unless ``state`` has the shape of a controller's ``state_dict()``."""
+    if not isinstance(state, dict) or not {"strategy", "rounds"} <= state.keys():
+        raise ValueError(f"state must be a dict with 'strategy' and 'rounds' (from state_dict()), got {state!r}")
+    rounds = state["rounds"]
+    if not isinstance(rounds, dict):
+        raise ValueError(f"state['rounds'] must be a dict (from state_dict()), got {rounds!r}")
+    for key in ("round", "steps_since_round"):
+        check_int(f"state['rounds'][{key!r}]", rounds.get(key), 0)
 
 
 class OutsideController:

@@ -325,6 +325,7 @@ class Strategy:
     def after_step(self, report: StepReport = StepReport()) -> Decision:
         """Count one local step and answer a ``Decision``."""
         self.step += 1
+        self._plan_done = None                     # a load into a running strategy: counted from here on
         decision = self.decide(report)
         if self._plan_left is not None:
             self._plan_left -= 1
@@ -405,11 +406,13 @@ class Strategy:
 
     def state_dict(self) -> dict[str, Any]:
         """The counters. ``plan_done`` (this rank's steps into the current plan) lets a rank that loads
-        another's state (a checkpoint of rank 0, an elastic reset) take its own share of the plan: at a
-        round's boundary, where ``sync_model()`` leaves every rank, each continues exactly as it would have."""
+        another's state (a checkpoint of rank 0, an elastic reset) take its own share of a plan its
+        ``on_start`` keeps (a strategy that returns ``None`` there; the planned strategies shipped plan
+        afresh at every start): at a round's boundary, where ``sync_model()`` leaves every rank, each
+        continues exactly as it would have."""
         done = self._plan_done                     # loaded, not started yet
         if done is None and self.plan is not None and self._plan_left is not None and self.rank < len(self.plan.steps):
-            done = self.plan.steps[self.rank] - self._plan_left
+            done = max(self.plan.steps[self.rank] - self._plan_left, 0)
         return {"kind": type(self).__name__, "step": self.step,
                 "plan": None if self.plan is None else list(self.plan.steps), "plan_left": self._plan_left,
                 "plan_done": done}

@@ -14,6 +14,11 @@ from horovod_hetero.strategies import (  # noqa: F401
 from horovod_hetero.torch.sampler import DistributedSampler  # noqa: F401
 from horovod_hetero.torch.slowdown import slow_down  # noqa: F401
 
+__all__ = ["DistributedOptimizer", "DistributedSampler", "slow_down", "wagma_process_sets", "DEFAULT_TIMEOUT_S",
+           "Strategy", "Synchronous", "Balanced", "LocalSGD", "ESync", "WAGMA", "ElasticBSP", "DSSP", "ADSP", "Steps",
+           "OuterSGD",
+           "HeteroError", "RankLostError", "CollectiveTimeoutError", "RoundMismatchError", "ElasticResetError"]
+
 if TYPE_CHECKING:
     from horovod_hetero.torch.optimizer import DistributedOptimizer  # noqa: F401
 
@@ -26,4 +31,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(list(globals()) + ["DistributedOptimizer"])
+    return sorted(set(globals()) | set(__all__))

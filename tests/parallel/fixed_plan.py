@@ -5,7 +5,7 @@ from horovod_hetero.strategies import Plan, Strategy
 
 class FixedPlan(Strategy):
     """A round after ``fast`` local steps on every rank but the last, which takes one. ``keep=True``: a
-    restart keeps the plan it has (as ElasticBSP and DSSP do once they have measured)."""
+    restart keeps the plan it has (``on_start`` returns ``None``; the planned strategies shipped plan afresh)."""
 
     def __init__(self, fast=4, keep=False, **aggregation):
         super().__init__(**aggregation)

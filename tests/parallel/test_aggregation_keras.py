@@ -106,7 +106,8 @@ def test_a_resume_from_the_callbacks_state_continues_bit_identically_with_outer_
 def test_a_resume_from_a_keras_checkpoint_continues_bit_identically_with_outer_momentum(keep):
     """The same resume through the file rank 0's ``ModelCheckpoint`` wrote: weights and optimizer state by
     ``load_weights``, the counters and the outer momentum by ``load_checkpoint_state``, on every rank.
-    ``keep``: the plan in rank 0's counters goes on, each rank taking its own share (``plan_done``)."""
+    ``keep``: the plan in rank 0's counters goes on (a strategy whose restart keeps its plan), each rank
+    taking its own share (``plan_done``)."""
     def strategy():
         return FixedPlan(keep=keep, aggregate="normalized", outer=hh.OuterSGD(lr=0.7, momentum=0.5, nesterov=True))
 

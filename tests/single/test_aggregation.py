@@ -84,7 +84,6 @@ def test_outer_momentum_on_injected_deltas(nesterov, expected):
     assert seen == expected
 
 
-
 @pytest.mark.parametrize("aggregate", ["mean", "normalized"])
 def test_a_round_in_which_no_rank_stepped_takes_no_outer_step(aggregate):
     """sync_model() right after another: the model and the momentum stay (else the momentum moves it)."""
@@ -93,6 +92,7 @@ def test_a_round_in_which_no_rank_stepped_takes_no_outer_step(aggregate):
     assert (agg.start[0].tolist(), agg.momentum[0].tolist()) == ([4.0], [2.0])
     out = round_of(agg, [[0.0], [0.0]], steps=[0, 0], samples=[0, 0], weights=[0.0, 0.0])
     assert (out.tolist(), agg.momentum[0].tolist()) == ([4.0], [2.0])
+
 
 def test_outer_sgd_lr_1_without_momentum_is_plain_mean():
     assert check_aggregation("mean", OuterSGD(lr=1.0)) == ("mean", None)

@@ -96,7 +96,7 @@ def test_membership_rebuilds_after_a_new_world_or_a_failed_collective_and_closes
 
 def test_a_rank_that_loads_another_ranks_counters_at_a_round_boundary_takes_its_own_share_of_the_plan():
     """Rank 0's checkpoint (or an elastic reset's counters) after sync_model(): every rank at a boundary
-    (a strategy whose on_start keeps the plan, as ElasticBSP and DSSP do once they have measurements)."""
+    (a strategy whose on_start keeps the plan: returns None; the planned strategies shipped plan afresh)."""
     saver = LocalSGD(period=4)
     saver.start(Context(0, 4, None, None, lambda: 0.0))
     saver._set_plan(Plan((4, 4, 4, 1)))

@@ -124,8 +124,11 @@ def test_keras_on_the_torch_backend_loads_the_torch_collectives_not_the_torch_op
             "assert collectives_class().__name__ == 'TorchCollectives'\n"
             "print('horovod_hetero.torch.optimizer' in sys.modules)\n"
             "import horovod_hetero.torch as hh\n"
-            "print(hh.DistributedOptimizer.__module__, 'DistributedOptimizer' in dir(hh))\n")
+            "print(hh.DistributedOptimizer.__module__, 'DistributedOptimizer' in dir(hh))\n"
+            "namespace = {}\n"
+            "exec('from horovod_hetero.torch import *', namespace)\n"
+            "print(namespace['DistributedOptimizer'] is hh.DistributedOptimizer)\n")
     env = dict(os.environ, KERAS_BACKEND="torch")
     env.pop("TF_USE_LEGACY_KERAS", None)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
-    assert out.stdout.split() == ["False", "horovod_hetero.torch.optimizer", "True"]
+    assert out.stdout.split() == ["False", "horovod_hetero.torch.optimizer", "True", "True"]

@@ -31,7 +31,7 @@ def test_both_hh_namespaces_export_every_registered_class():
     import horovod_hetero.torch as hh_torch
 
     for entry in REGISTRY.values():
-        assert getattr(hh_torch, entry.cls.__name__) is entry.cls
+        assert getattr(hh_torch, entry.cls.__name__) is entry.cls and entry.cls.__name__ in hh_torch.__all__
         assert getattr(hh_keras, entry.cls.__name__) is entry.cls and entry.cls.__name__ in hh_keras.__all__
 
 
