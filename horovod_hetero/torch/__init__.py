@@ -5,6 +5,7 @@ PyTorch backend, which needs only ``horovod_hetero.torch.collectives``, does not
 """
 from typing import TYPE_CHECKING, Any
 
+from horovod_hetero.common import compat  # noqa: F401  (checks Horovod's version here, at import)
 from horovod_hetero.common.process_sets import wagma_process_sets  # noqa: F401
 from horovod_hetero.errors import (  # noqa: F401
     CollectiveTimeoutError, ElasticResetError, HeteroError, RankLostError, RoundMismatchError)
