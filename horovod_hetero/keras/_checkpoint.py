@@ -5,8 +5,9 @@ attribute Keras' saving walks (``save_weights``/``save`` to ``.weights.h5`` or `
 ``ModelCheckpoint`` and ``BackupAndRestore`` write) but the model does not track: ``model.layers``,
 ``model.weights`` and the optimizer's variables are what they are without it, so a plain Keras load of
 such a file sees what it always did (Keras skips the extra entry), and a file without the entry loads
-as before. Only ``load_checkpoint_state`` reads the entry back: a ``load_weights`` restores no counters. The entry holds the callback's ``state_dict()``: the counters
-as JSON (never pickle: a checkpoint may come from anywhere), the aggregation's tensors as arrays.
+as before. Only ``load_checkpoint_state`` reads the entry back: a ``load_weights`` restores no
+counters. The entry holds the callback's ``state_dict()``: the counters as JSON (never pickle: a
+checkpoint may come from anywhere), the aggregation's tensors as arrays.
 """
 import io
 import json
@@ -85,7 +86,7 @@ def _kind(state):
 def restore(callback, state):
     """Load ``state`` into ``callback`` unless it is another strategy's (then warn: the strategy starts
     afresh, and the weights load as Keras loads them). True if loaded."""
-    current = callback.strategy.state_dict().get("kind")
+    current = type(callback.strategy).__name__                # what Strategy.state_dict() names "kind"
     if _kind(state) != current:
         warnings.warn(f"the checkpoint holds the state of {_kind(state)}, not of {current}: "
                       f"{type(callback).__name__} keeps its own (the strategy's schedule starts afresh)", stacklevel=3)

@@ -16,8 +16,8 @@ fused allreduce, and every rank combines the sums the same way:
 
 then the outer step (``OuterSGD``; none: ``w = w_t + Delta``) gives the new model, which becomes the
 next round's ``w_t``. A round in which no rank stepped (``sync_model()`` right after another) takes no
-outer step: the model and the momentum stay. Every operation is a Python operator on the framework's tensors, so the same
-code runs on torch tensors, TensorFlow tensors and NumPy arrays (the tests use NumPy).
+outer step: the model and the momentum stay. Every operation is a Python operator on the framework's
+tensors, so the same code runs on torch tensors, TensorFlow tensors and NumPy arrays (the tests use NumPy).
 """
 from __future__ import annotations
 

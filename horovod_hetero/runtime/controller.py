@@ -19,13 +19,12 @@ from horovod_hetero.errors import CollectiveTimeoutError, RankLostError
 from horovod_hetero.rules.partition import latest_step_times
 from horovod_hetero.runtime.aggregation import Aggregator
 from horovod_hetero.runtime.collectives import Collectives, Model, failure_seen, scaled
-from horovod_hetero.runtime.rounds import RoundProtocol
+from horovod_hetero.runtime.rounds import RoundProtocol, check_counters
 from horovod_hetero.runtime.straggler import Slowdown, SlowdownFactors
 from horovod_hetero.runtime.telemetry import Telemetry
 from horovod_hetero.strategies.base import (AVERAGE, MEASURE, Context, GroupAverage, RoundResult, StepReport, Strategy,
                                             check_decision)
 from horovod_hetero.runtime.transports import Transports
-from horovod_hetero.validation import check_int
 
 
 def ring_bytes(payload_bytes: int, size: int) -> int:
@@ -345,11 +344,9 @@ def check_state(state: object) -> None:
     """Raise ``ValueError`` unless ``state`` has the shape of a controller's ``state_dict()``."""
     if not isinstance(state, dict) or not {"strategy", "rounds"} <= state.keys():
         raise ValueError(f"state must be a dict with 'strategy' and 'rounds' (from state_dict()), got {state!r}")
-    rounds = state["rounds"]
-    if not isinstance(rounds, dict):
-        raise ValueError(f"state['rounds'] must be a dict (from state_dict()), got {rounds!r}")
-    for key in ("round", "steps_since_round"):
-        check_int(f"state['rounds'][{key!r}]", rounds.get(key), 0)
+    if not isinstance(state["rounds"], dict):
+        raise ValueError(f"state['rounds'] must be a dict (from state_dict()), got {state['rounds']!r}")
+    check_counters(state["rounds"])
 
 
 class OutsideController:

@@ -164,5 +164,10 @@ class RoundProtocol:
         return {"round": self.round, "steps_since_round": self.steps_since_round}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.round = check_int("state['round']", state["round"], 0)
-        self.steps_since_round = check_int("state['steps_since_round']", state["steps_since_round"], 0)
+        self.round, self.steps_since_round = check_counters(state)
+
+
+def check_counters(state: Mapping[str, Any]) -> tuple[int, int]:
+    """``(round, steps_since_round)`` of a ``RoundProtocol.state_dict()``, each an int >= 0, else raise naming it."""
+    return (check_int("state['round']", state.get("round"), 0),
+            check_int("state['steps_since_round']", state.get("steps_since_round"), 0))
