@@ -18,7 +18,15 @@ endif
 demo: $(READY)
 	$(PY) -m horovod_hetero.cli demo
 
-test: test-single typecheck test-parallel test-elastic test-bench test-faults test-multihost test-mpi docs
+#: make test's parts in order; each is timed (tools/timed), and the table of where the time went, every
+#: part and the jobs inside it, is printed at the end, also when a part failed (the first failure stops the run)
+TEST_PARTS ?= test-single typecheck test-parallel test-elastic test-bench test-faults test-multihost test-mpi docs
+TIMING_LOG ?= $(CURDIR)/build/test-timing.tsv
+test: $(READY)
+	@mkdir -p $(dir $(TIMING_LOG)); rm -f $(TIMING_LOG); status=0; \
+	for part in $(TEST_PARTS); do \
+	  HH_TIMING_LOG=$(TIMING_LOG) tools/timed $$part $(MAKE) --no-print-directory $$part || { status=1; break; }; done; \
+	$(PY) tools/timing_table.py $(TIMING_LOG); exit $$status
 
 test-single: $(READY)
 	$(PY) -m pytest -q -p no:cacheprovider tests/single
@@ -58,11 +66,11 @@ test-mpi: $(READY)
 	  launcher=$${run%%/*}; file=$${run#*/}; sets=; case $$file in *:dynamic) sets=dynamic; file=$${file%:*};; esac; \
 	  echo "[$$launcher$${sets:+, $$sets process sets}] tests/parallel/$$file.py"; \
 	  HH_TEST_PROCESS_SETS=$$sets LAUNCHER=$$launcher VENV=$(VENV) tools/run_parallel.sh $(NP) tests/parallel/$$file.py || exit 1; done
-	$(PY) -m pytest -q -s -p no:cacheprovider --timeout 240 tests/mpi
+	HH_TIMING_BY=test $(PY) -m pytest -q -s -p no:cacheprovider --timeout 240 tests/mpi
 
 #: Horovod elastic (each case runs its own horovodrun with a host-discovery script)
 test-elastic: $(READY)
-	$(PY) -m pytest -q -p no:cacheprovider --timeout 300 tests/elastic
+	HH_TIMING_BY=test $(PY) -m pytest -q -p no:cacheprovider --timeout 300 tests/elastic
 
 #: the documentation site (Sphinx, MyST, furo; the API reference from the docstrings): docs/_build/html;
 #: warnings are errors, so a broken reference or docstring fails the build (and make test)
@@ -72,16 +80,16 @@ docs: $(READY)
 
 #: fault injection: kill -9 / SIGSTOP / stalls / an intruder against jobs of 4 ranks; prints the table
 test-faults: $(READY)
-	$(PY) -m pytest -q -s -p no:cacheprovider --timeout 240 tests/faults
+	HH_TIMING_BY=test $(PY) -m pytest -q -s -p no:cacheprovider --timeout 240 tests/faults
 
 #: horovodrun -np 4 -H hostA:2,hostB:2 across two network namespaces of this machine (as root, with
 #: iproute2; skipped otherwise): every strategy, results against one host, then a cut link
 test-multihost: $(READY)
-	$(PY) -m pytest -q -s -p no:cacheprovider --timeout 600 tests/multihost
+	HH_TIMING_BY=test $(PY) -m pytest -q -s -p no:cacheprovider --timeout 600 tests/multihost
 
 #: horovod-hetero bench for real (it launches horovodrun itself): a short bench, its report, an interrupted bench
 test-bench: $(READY)
-	$(PY) -m pytest -q -p no:cacheprovider --timeout 300 tests/bench
+	HH_TIMING_BY=test $(PY) -m pytest -q -p no:cacheprovider --timeout 300 tests/bench
 
 #: the numbers README.md publishes (about 190 min; each bench can run alone and starts afresh): six bench runs
 #: on real data, then their reports (tables on stdout, PNGs into docs/img)
