@@ -22,11 +22,26 @@ demo: $(READY)
 #: part and the jobs inside it, is printed at the end, also when a part failed (the first failure stops the run)
 TEST_PARTS ?= test-single typecheck test-parallel test-elastic test-bench test-faults test-multihost test-mpi docs
 TIMING_LOG ?= $(CURDIR)/build/test-timing.tsv
-test: $(READY)
-	@mkdir -p $(dir $(TIMING_LOG)); rm -f $(TIMING_LOG); status=0; \
-	for part in $(TEST_PARTS); do \
+#: $(call timed_parts,TARGETS): each target in turn through tools/timed (the first failure stops the run),
+#: then the table of where the time went
+timed_parts = @mkdir -p $(dir $(TIMING_LOG)); rm -f $(TIMING_LOG); status=0; \
+	for part in $(1); do \
 	  HH_TIMING_LOG=$(TIMING_LOG) tools/timed $$part $(MAKE) --no-print-directory $$part || { status=1; break; }; done; \
 	$(PY) tools/timing_table.py $(TIMING_LOG); exit $$status
+test: $(READY)
+	$(call timed_parts,$(TEST_PARTS))
+
+#: the inner loop of a working session (a few minutes): the single tier, mypy and one parallel job per
+#: framework (QUICK_TORCH, QUICK_KERAS: any parallel files)
+QUICK_TORCH ?= tests/parallel/test_torch.py
+QUICK_KERAS ?= tests/parallel/test_keras.py
+.PHONY: test-quick
+test-quick: $(READY)
+	$(call timed_parts,test-single typecheck test-parallel-quick)
+.PHONY: test-parallel-quick
+test-parallel-quick: $(READY)
+	VENV=$(VENV) tools/run_parallel.sh $(NP) $(QUICK_TORCH)
+	VENV=$(VENV) tools/run_parallel.sh $(NP) $(QUICK_KERAS)
 
 test-single: $(READY)
 	$(PY) -m pytest -q -p no:cacheprovider tests/single
@@ -43,16 +58,26 @@ typecheck: $(READY)
 test-gpu: $(READY)
 	PY=$(PY) tools/test_gpu.sh
 
-#: the Keras test files run again on these stacks (first run: Keras 3 with the TensorFlow backend)
+#: the parallel files, one horovodrun job (one pytest session, one hvd.init: tests/parallel/job.py) per
+#: group: the torch files; the bit-for-bit file alone (Horovod's tensor fusion off from its hvd.init);
+#: the Keras files on each Keras stack (first Keras 3 with the TensorFlow backend, then KERAS_STACKS)
+PARALLEL_BITWISE := tests/parallel/test_torch_bitwise.py
+#: $(call first,FILES,ALL): ALL with FILES first. First in a job: the files whose tests need a process that no
+#: other file used: test_keras_sync.py's first test (Keras on the torch backend never imports TensorFlow;
+#: Keras' own set_random_seed, which every other Keras file calls, does), then the lifecycle files (they
+#: count a process's threads and sockets)
+first = $(1) $(filter-out $(1),$(2))
+PARALLEL_KERAS := $(call first,tests/parallel/test_keras_sync.py tests/parallel/test_lifecycle_keras.py,$(sort $(wildcard tests/parallel/test_*keras*.py)))
+PARALLEL_TORCH := $(call first,tests/parallel/test_lifecycle_torch.py,$(filter-out $(PARALLEL_KERAS) $(PARALLEL_BITWISE),$(sort $(wildcard tests/parallel/test_*.py))))
 KERAS_STACKS ?= KERAS_BACKEND=torch TF_USE_LEGACY_KERAS=1
+export PARALLEL_TIMEOUT ?= 1800
 
 test-parallel: $(READY)
-	@# one horovodrun job per file: a file may set Horovod's environment (fusion off) or register
-	@# process sets (WAGMA) in its hvd.init, once per job
-	for f in tests/parallel/test_*.py; do \
-	  VENV=$(VENV) tools/run_parallel.sh $(NP) $$f || exit 1; done
-	for stack in $(KERAS_STACKS); do for f in tests/parallel/test_*keras*.py; do \
-	  echo "[$$stack] $$f"; env $$stack VENV=$(VENV) tools/run_parallel.sh $(NP) $$f || exit 1; done; done
+	PARALLEL_JOB="torch files" VENV=$(VENV) tools/run_parallel.sh $(NP) $(PARALLEL_TORCH)
+	VENV=$(VENV) tools/run_parallel.sh $(NP) $(PARALLEL_BITWISE)
+	PARALLEL_JOB="Keras files" VENV=$(VENV) tools/run_parallel.sh $(NP) $(PARALLEL_KERAS)
+	for stack in $(KERAS_STACKS); do echo "[$$stack]"; \
+	  env $$stack PARALLEL_JOB="Keras files" VENV=$(VENV) tools/run_parallel.sh $(NP) $(PARALLEL_KERAS) || exit 1; done
 
 #: the parallel tier's core files under MPI (Horovod is built with MPI and Gloo): half under horovodrun --mpi,
 #: half under Open MPI's own mpirun (as srun or a scheduler starts ranks), so that each launcher runs about

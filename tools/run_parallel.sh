@@ -21,8 +21,9 @@ esac
 # MPI polls when -H gives it a slot per rank; under --gloo nothing polls)
 [ "$np" -gt "$(nproc)" ] && export OMPI_MCA_mpi_yield_when_idle=1
 log=$(mktemp)
-# the job is a row of make test's timing table (tools/timed): the files, the launcher, the Keras stack
-job="$*${LAUNCHER:+ [$LAUNCHER]}${KERAS_BACKEND:+ [KERAS_BACKEND=$KERAS_BACKEND]}${TF_USE_LEGACY_KERAS:+ [Keras 2]}"
+# the job is a row of make test's timing table (tools/timed): PARALLEL_JOB or the files, the launcher,
+# the Keras stack
+job="${PARALLEL_JOB:-$*}${LAUNCHER:+ [$LAUNCHER]}${KERAS_BACKEND:+ [KERAS_BACKEND=$KERAS_BACKEND]}${TF_USE_LEGACY_KERAS:+ [Keras 2]}"
 "$(dirname "$0")/timed" "$job" timeout "${PARALLEL_TIMEOUT:-1200}" "${launch[@]}" \
   "$VENV/bin/python" -m pytest -q -p no:cacheprovider --color=no --timeout 240 "$@" >"$log" 2>&1
 rc=$?

@@ -2,7 +2,7 @@
 
 ``make test`` runs every ``test_*keras*.py`` three times: Keras 3 with the TensorFlow backend (the
 default), ``KERAS_BACKEND=torch`` (Horovod's torch collectives, no TensorFlow imported) and
-``TF_USE_LEGACY_KERAS=1`` (Keras 2, the ``tf-keras`` package). No ``hvd.init()`` here.
+``TF_USE_LEGACY_KERAS=1`` (Keras 2, the ``tf-keras`` package), each stack's files in one horovodrun job.
 """
 import os
 
@@ -11,6 +11,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np  # noqa: E402
 
 import horovod_hetero.keras as hh  # noqa: E402
+import job  # noqa: E402
 
 keras = hh.keras_module()
 BACKEND = keras.backend.backend()
@@ -21,9 +22,12 @@ else:
 STACK = f"Keras {keras.__version__} ({BACKEND})"
 
 
-def init(**kwargs):
-    """``hvd.init`` of this backend, one compute thread per rank; returns (rank, size)."""
-    hvd.init(**kwargs)
+def init():
+    """``hvd.init`` of this backend once per job (``job.init``: WAGMA's process sets registered), one
+    compute thread per rank; returns (rank, size)."""
+    if hvd.is_initialized():                 # an earlier file of this job set it up
+        return hvd.rank(), hvd.size()
+    job.init(hvd, hh)
     if BACKEND == "torch":
         import torch
         torch.set_num_threads(1)

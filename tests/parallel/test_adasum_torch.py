@@ -8,8 +8,9 @@ import torch
 
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
+import job
 
-hvd.init()
+job.init(hvd, hh)
 RANK, SIZE = hvd.rank(), hvd.size()
 N = 16
 pytestmark = pytest.mark.skipif(SIZE not in (2, 4), reason="written for 2 or 4 ranks")

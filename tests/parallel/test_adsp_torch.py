@@ -7,9 +7,10 @@ import torch
 
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
+import job
 from horovod_hetero.runtime.straggler import Slowdown
 
-hvd.init()
+job.init(hvd, hh)
 RANK, SIZE = hvd.rank(), hvd.size()
 torch.set_num_threads(1)
 

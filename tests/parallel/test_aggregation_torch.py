@@ -9,9 +9,10 @@ import torch
 
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
+import job
 from fixed_plan import FixedPlan, reference
 
-hvd.init()
+job.init(hvd, hh)
 RANK, SIZE = hvd.rank(), hvd.size()
 TAUS = [4] * (SIZE - 1) + [1]
 GRADS = [-(r + 1.0) for r in range(SIZE)]

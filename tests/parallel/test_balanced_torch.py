@@ -6,9 +6,10 @@ import torch
 
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
+import job
 from per_sample import PerSampleSlowdown
 
-hvd.init()
+job.init(hvd, hh)
 RANK, SIZE = hvd.rank(), hvd.size()
 torch.set_num_threads(1)          # 4 ranks on 2 cores: torch's own threads would make the step times noise
 

@@ -6,10 +6,11 @@ import torch
 
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
+import job
 from contract_strategy import SpeedProportional
 from horovod_hetero.runtime.straggler import Slowdown
 
-hvd.init()
+job.init(hvd, hh)
 RANK, SIZE = hvd.rank(), hvd.size()
 #: the test-only strategy and the library's planned ones, built the same way
 PLANNED = {"test-only": SpeedProportional, "ElasticBSP": lambda: hh.ElasticBSP(lookahead=8),

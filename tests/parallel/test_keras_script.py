@@ -13,7 +13,7 @@ import keras_helpers
 from keras_helpers import hh, keras
 from horovod_hetero.data import digits
 
-RANK, SIZE = keras_helpers.init(process_sets=hh.wagma_process_sets(group_size=2))
+RANK, SIZE = keras_helpers.init()
 pytestmark = pytest.mark.skipif(SIZE != 4, reason="written for 4 ranks")
 
 STRATEGIES = {

@@ -6,7 +6,7 @@ import keras_helpers
 from horovod_hetero.rules.grouping import butterfly_groups
 from keras_helpers import Recorder, hh, make_model, rank_data
 
-RANK, SIZE = keras_helpers.init(process_sets=hh.wagma_process_sets(group_size=2))
+RANK, SIZE = keras_helpers.init()
 pytestmark = pytest.mark.skipif(SIZE != 4, reason="written for 4 ranks (S=2)")
 
 

@@ -4,9 +4,10 @@ import torch
 
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
+import job
 from lifecycle import opened, settled
 
-hvd.init(process_sets=hh.wagma_process_sets(group_size=2))
+job.init(hvd, hh)
 RANK, SIZE = hvd.rank(), hvd.size()
 pytestmark = pytest.mark.skipif(SIZE != 4, reason="written for 4 ranks (WAGMA S=2)")
 

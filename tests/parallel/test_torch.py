@@ -5,8 +5,9 @@ import torch
 
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
+import job
 
-hvd.init()
+job.init(hvd, hh)
 RANK, SIZE = hvd.rank(), hvd.size()
 RANKS = np.arange(SIZE, dtype=np.float64)
 GRADS = -(RANKS + 1)

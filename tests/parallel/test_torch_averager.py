@@ -59,8 +59,9 @@ from torch.distributed.algorithms.model_averaging import utils as averaging_util
 
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
+import job
 
-hvd.init()
+job.init(hvd, hh)
 RANK, SIZE = hvd.rank(), hvd.size()
 pytestmark = pytest.mark.skipif(SIZE != 4, reason="written for 4 ranks (ring summation order, see docstring)")
 

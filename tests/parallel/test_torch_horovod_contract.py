@@ -10,11 +10,11 @@ import torch
 
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
+import job
 from horovod.torch.optimizer import _DistributedAdasumOptimizer
 
-SETS = hh.wagma_process_sets(group_size=2)
+SETS = job.init(hvd, hh)
 PAIR = next(ps for ps in SETS if ps.ranks == [0, 1])
-hvd.init(process_sets=SETS)
 RANK, SIZE = hvd.rank(), hvd.size()
 pytestmark = pytest.mark.skipif(SIZE != 4, reason="written for 4 ranks")
 

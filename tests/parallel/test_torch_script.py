@@ -8,9 +8,10 @@ import pytest
 
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
+import job
 from horovod_hetero.examples import torch_mnist
 
-hvd.init(process_sets=hh.wagma_process_sets(group_size=2))
+job.init(hvd, hh)
 RANK, SIZE = hvd.rank(), hvd.size()
 pytestmark = pytest.mark.skipif(SIZE != 4, reason="written for 4 ranks")
 

@@ -1,5 +1,4 @@
 """WAGMA under horovodrun -np 4 with S=2: group membership, exact group means, global sync every tau."""
-import os
 import pathlib
 import subprocess
 import sys
@@ -11,12 +10,12 @@ import torch
 
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
+import job
 from horovod_hetero.rules.grouping import butterfly_groups
 from horovod_hetero.torch.collectives import TorchCollectives
 
-#: HH_TEST_PROCESS_SETS=dynamic: hvd.init(process_sets="dynamic"), the groups added by the strategy
-DYNAMIC = os.environ.get("HH_TEST_PROCESS_SETS") == "dynamic"
-hvd.init(process_sets="dynamic" if DYNAMIC else hh.wagma_process_sets(group_size=2))
+job.init(hvd, hh)                 # HH_TEST_PROCESS_SETS=dynamic: the groups added by the strategy
+DYNAMIC = job.DYNAMIC
 RANK, SIZE = hvd.rank(), hvd.size()
 pytestmark = pytest.mark.skipif(SIZE != 4, reason="written for 4 ranks (S=2)")
 
