@@ -79,18 +79,20 @@ test-parallel: $(READY)
 	for stack in $(KERAS_STACKS); do echo "[$$stack]"; \
 	  env $$stack PARALLEL_JOB="Keras files" VENV=$(VENV) tools/run_parallel.sh $(NP) $(PARALLEL_KERAS) || exit 1; done
 
-#: the parallel tier's core files under MPI (Horovod is built with MPI and Gloo): half under horovodrun --mpi,
-#: half under Open MPI's own mpirun (as srun or a scheduler starts ranks), so that each launcher runs about
-#: 2 min; then faults under mpirun. MPI_ALL=1 runs those and MPI_EXTRA under both launchers (about 14 min).
-MPI_HOROVODRUN ?= test_esync test_adasum_torch test_wagma:dynamic
-MPI_MPIRUN ?= test_torch test_wagma test_contract_keras
-MPI_EXTRA := test_contract_torch test_keras test_keras_wagma
-MPI_CORE := $(sort $(MPI_HOROVODRUN) $(MPI_MPIRUN) $(MPI_EXTRA))
+#: the parallel tier's core files under MPI (Horovod is built with MPI and Gloo), one job (one pytest session)
+#: each LAUNCHER:SETS:FILES: horovodrun --mpi (with dynamic process sets), Open MPI's own mpirun (as srun or a
+#: scheduler starts ranks) for torch and for Keras; then faults under mpirun. MPI_ALL=1: every core file, the
+#: torch contract and the Keras callback files too, under both launchers
+MPI_TORCH_CORE := test_torch$(comma)test_esync$(comma)test_adasum_torch$(comma)test_wagma$(comma)test_contract_torch
+MPI_KERAS_CORE := test_contract_keras$(comma)test_keras$(comma)test_keras_wagma
+MPI_JOBS ?= $(if $(MPI_ALL),$(foreach l,mpi mpirun,$(l)::$(MPI_TORCH_CORE) $(l):dynamic:test_wagma $(l)::$(MPI_KERAS_CORE)),\
+  mpi:dynamic:test_esync$(comma)test_adasum_torch$(comma)test_wagma mpirun::test_torch$(comma)test_wagma mpirun::test_contract_keras)
 test-mpi: $(READY)
-	@for run in $(if $(MPI_ALL),$(foreach f,$(MPI_CORE),mpi/$(f) mpirun/$(f)),$(MPI_HOROVODRUN:%=mpi/%) $(MPI_MPIRUN:%=mpirun/%)); do \
-	  launcher=$${run%%/*}; file=$${run#*/}; sets=; case $$file in *:dynamic) sets=dynamic; file=$${file%:*};; esac; \
-	  echo "[$$launcher$${sets:+, $$sets process sets}] tests/parallel/$$file.py"; \
-	  HH_TEST_PROCESS_SETS=$$sets LAUNCHER=$$launcher VENV=$(VENV) tools/run_parallel.sh $(NP) tests/parallel/$$file.py || exit 1; done
+	@for job in $(MPI_JOBS); do \
+	  launcher=$${job%%:*}; rest=$${job#*:}; sets=$${rest%%:*}; files=$${rest#*:}; \
+	  echo "[$$launcher$${sets:+, $$sets process sets}] $$files"; \
+	  HH_TEST_PROCESS_SETS=$$sets LAUNCHER=$$launcher PARALLEL_JOB="$$files$${sets:+ ($$sets process sets)}" VENV=$(VENV) \
+	    tools/run_parallel.sh $(NP) $$(echo $$files | tr , ' ' | sed -E 's@([^ ]+)@tests/parallel/\1.py@g') || exit 1; done
 	HH_TIMING_BY=test $(PY) -m pytest -q -s -p no:cacheprovider --timeout 240 tests/mpi
 
 #: Horovod elastic (each case runs its own horovodrun with a host-discovery script)

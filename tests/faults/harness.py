@@ -8,10 +8,14 @@ and its final model; and the job's samples/s before, during and after the fault.
 
     python tests/faults/harness.py [CASE_NAME_SUBSTRING ...]      prints the table (see ``CASES``)
 """
+import atexit
 import dataclasses
+import json
 import os
 import pathlib
+import queue
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +36,8 @@ COLLECTIVE_TIMEOUT_S, GLOO_TIMEOUT_S = 5, 10
 #: What every case must end within: every survivor out with the named error, or the job done.
 EXIT_LIMIT_S = 60
 FAULT_AT, STEPS, STALL_S = 30, 120, 3.0
+#: torch ranks forked from a process that imported torch once (``Zygote``); FAULTS_ZYGOTE=0: new interpreters
+FORK = os.environ.get("FAULTS_ZYGOTE", "1") != "0"
 
 
 @dataclasses.dataclass
@@ -78,13 +84,112 @@ class Outcome:
         return f"| {self.case.name} | {outcome} | {slowest:.1f} | {rates} |"
 
 
+class Zygote:
+    """The harness's end of ``zygote.py``: a process that imported torch, Horovod and horovod_hetero
+    once and forks each torch rank from there (``FAULTS_ZYGOTE=0``: every rank a new interpreter)."""
+
+    def __init__(self):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.proc = subprocess.Popen([sys.executable, str(HERE / "zygote.py"), str(theirs.fileno())],
+                                     pass_fds=[theirs.fileno()], cwd=ROOT,
+                                     env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT)))
+        theirs.close()
+        self.sock = ours
+        self._pids = queue.Queue()                   # its answers to spawn(), in order
+        self._exits = {}                             # pid -> (exit status, unix time)
+        self._ended = threading.Condition()
+        self._spawning = threading.Lock()
+        threading.Thread(target=self._listen, daemon=True).start()
+
+    def _listen(self):
+        while True:
+            try:
+                message = self.sock.recv(4096).decode()
+            except OSError:
+                message = ""
+            if not message:                          # the zygote ended
+                self._pids.put(None)
+                return
+            kind, *fields = message.split()
+            if kind == "PID":
+                self._pids.put(int(fields[0]))
+            else:
+                with self._ended:
+                    self._exits[int(fields[0])] = (int(fields[1]), float(fields[2]))
+                    self._ended.notify_all()
+
+    def spawn(self, argv, env, out_fd):
+        """A rank running ``python *argv`` with ``env``, its output to ``out_fd``; its pid."""
+        with self._spawning:
+            socket.send_fds(self.sock, [json.dumps({"argv": argv, "env": env, "cwd": str(ROOT)}).encode()], [out_fd])
+            pid = self._pids.get(timeout=60)
+        if pid is None:
+            raise RuntimeError(f"the fault harness's zygote ended (exit {self.proc.wait()})")
+        return pid
+
+    def status(self, pid, timeout=None):
+        """The rank's exit status once it ended (within ``timeout`` s), else None."""
+        with self._ended:
+            self._ended.wait_for(lambda: pid in self._exits, timeout)
+            return self._exits.get(pid, (None,))[0]
+
+    def close(self):
+        self.sock.shutdown(socket.SHUT_RDWR)         # the zygote sees the end (close alone waits for _listen)
+        self.sock.close()
+        self.proc.wait(30)
+
+
+class Forked:
+    """A rank forked by the ``Zygote``, with the part of ``subprocess.Popen``'s interface the harness uses."""
+
+    def __init__(self, zygote, argv, env):
+        self._zygote = zygote
+        read, write = os.pipe()
+        try:
+            self.pid = zygote.spawn(argv, env, write)
+        finally:
+            os.close(write)
+        self.stdout = open(read, errors="replace")
+
+    @property
+    def returncode(self):
+        return self._zygote.status(self.pid, 0)
+
+    def poll(self):
+        return self.returncode
+
+    def wait(self):
+        return self._zygote.status(self.pid)
+
+    def send_signal(self, sig):
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self):
+        self.send_signal(signal.SIGKILL)
+
+
+_zygote = []
+
+
+def zygote():
+    """The session's Zygote, started on first use."""
+    if not _zygote:
+        _zygote.append(Zygote())
+        atexit.register(_zygote[0].close)
+    return _zygote[0]
+
+
 class Rank:
     """One rank's process and its timestamped output."""
 
-    def __init__(self, rank, command, env):
+    def __init__(self, rank, command, env, forked=False):
         self.rank = rank
-        self.proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, errors="replace")
+        if forked:
+            self.proc = Forked(zygote(), command[1:], env)
+        else:
+            self.proc = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                         text=True, errors="replace")
         self.lines = []                   # (arrival time, line)
         self.ended = None
         self.pid = None
@@ -120,7 +225,7 @@ def launch(case, env_extra=None):
     for slot in plan:
         slot_env = dict(env, **create_slot_env_vars(slot))
         command = [sys.executable, str(WORKER), case.strategy, case.framework, str(STEPS)]
-        ranks.append(Rank(slot.rank, command, slot_env))
+        ranks.append(Rank(slot.rank, command, slot_env, forked=case.framework == "torch" and FORK))
     return rendezvous, ranks
 
 

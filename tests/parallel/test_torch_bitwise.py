@@ -6,7 +6,7 @@ the same data differ in the last bits (the A/A check below shows it for the refe
 """
 import os
 
-os.environ["HOROVOD_FUSION_THRESHOLD"] = "0"   # before hvd.init(); this file runs in its own job
+os.environ["HOROVOD_FUSION_THRESHOLD"] = "0"   # before hvd.init(); make test runs this file in a job of its own
 
 import torch  # noqa: E402
 
