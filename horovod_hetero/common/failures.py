@@ -72,11 +72,16 @@ def guard_gil(running: Callable[[], object]) -> None:
         _guard["running"], _guard["limit"] = True, limit
 
     def rearm() -> None:
+        armed = False
         try:
             while running():
                 if failure_seen.is_set() or background_failure.is_set():
                     # (not None: guard_gil checked it; faulthandler would take None as sys.stderr anyway)
                     faulthandler.dump_traceback_later(limit, exit=True, file=sys.__stderr__)  # type: ignore[arg-type]
+                    armed = True
+                elif armed:                 # the failure was forgotten (forget_failure) as this loop armed it
+                    faulthandler.cancel_dump_traceback_later()
+                    armed = False
                 time.sleep(1.0)
         finally:
             with _guard_lock:

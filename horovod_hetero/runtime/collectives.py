@@ -11,6 +11,7 @@ torch tensors, TensorFlow tensors and NumPy arrays).
 """
 from __future__ import annotations
 
+import faulthandler
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -170,6 +171,14 @@ background_failure.reason = None
 #: Set once this process has seen a collective fail (a ``RankLostError`` or a timeout of ours, or
 #: ``background_failure``): from then on ``common.failures.guard_gil`` watches that Python code still runs.
 failure_seen = threading.Event()
+
+
+def forget_failure() -> None:
+    """The failure this process saw is over (``hvd.elastic`` started Horovod again): clear ``failure_seen``
+    and end the GIL watchdog's countdown, which ``common.failures.guard_gil`` re-armed every second while
+    the failure stood (left running, it would end a healthy process that then waits 45 s in Horovod)."""
+    failure_seen.clear()
+    faulthandler.cancel_dump_traceback_later()
 
 
 def check_background(what: str) -> None:

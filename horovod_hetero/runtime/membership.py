@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Generic, NoReturn, Protocol, TypeVar
 
-from horovod_hetero.runtime.collectives import failure_seen
+from horovod_hetero.runtime.collectives import forget_failure
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class Membership(Generic[_C]):
                          self._seen, world, ", after a failed collective" if self._failed else "")
                 with contextlib.suppress(Exception):      # the old ranks' transports: peers may be gone
                     previous.close()
-                failure_seen.clear()                      # Horovod started again: its failure is over
+                forget_failure()                          # Horovod started again: its failure is over
             self.controller = self._build(previous)
             self._seen, self._failed = world, False
         return self.controller

@@ -98,6 +98,7 @@ class Zygote:
         self._pids = queue.Queue()                   # its answers to spawn(), in order
         self._exits = {}                             # pid -> (exit status, unix time)
         self._ended = threading.Condition()
+        self._gone = False
         self._spawning = threading.Lock()
         threading.Thread(target=self._listen, daemon=True).start()
 
@@ -107,8 +108,11 @@ class Zygote:
                 message = self.sock.recv(4096).decode()
             except OSError:
                 message = ""
-            if not message:                          # the zygote ended
+            if not message:                          # the zygote ended: no exit will be reported any more
                 self._pids.put(None)
+                with self._ended:
+                    self._gone = True
+                    self._ended.notify_all()
                 return
             kind, *fields = message.split()
             if kind == "PID":
@@ -122,15 +126,18 @@ class Zygote:
         """A rank running ``python *argv`` with ``env``, its output to ``out_fd``; its pid."""
         with self._spawning:
             socket.send_fds(self.sock, [json.dumps({"argv": argv, "env": env, "cwd": str(ROOT)}).encode()], [out_fd])
-            pid = self._pids.get(timeout=60)
+            try:
+                pid = self._pids.get(timeout=60)
+            except queue.Empty:
+                pid = None
         if pid is None:
             raise RuntimeError(f"the fault harness's zygote ended (exit {self.proc.wait()})")
         return pid
 
     def status(self, pid, timeout=None):
-        """The rank's exit status once it ended (within ``timeout`` s), else None."""
+        """The rank's exit status once it ended (within ``timeout`` s), else None (also once the zygote ended)."""
         with self._ended:
-            self._ended.wait_for(lambda: pid in self._exits, timeout)
+            self._ended.wait_for(lambda: pid in self._exits or self._gone, timeout)
             return self._exits.get(pid, (None,))[0]
 
     def close(self):

@@ -193,6 +193,10 @@ def test_the_gil_watchdog_follows_horovod_and_ends_only_a_process_whose_python_c
     # once a collective failed here, any code that holds the GIL past the limit
     done = run("collectives.failure_seen.set(); time.sleep(1.5); ctypes.PyDLL(None).sleep(3)", 1)
     assert done.returncode == 1 and "Timeout (0:00:01)!" in done.stderr, (done.returncode, done.stdout)
+    # a failure forgotten (hvd.elastic started Horovod again) ends the countdown the watchdog had armed
+    done = run("collectives.failure_seen.set(); time.sleep(1.5); collectives.forget_failure(); "
+               "ctypes.PyDLL(None).sleep(3)", 1)
+    assert done.returncode == 0 and "survived" in done.stdout, (done.returncode, done.stderr[-2000:])
     # a healthy process holding the GIL past the limit (a multi-GB torch.save: 60 s against the default 45 s;
     # here 3 s against 1 s) lives, and an enqueue that returns disarms the watchdog
     done = run("with failures.gil_guarded():\n    pass\nctypes.PyDLL(None).sleep(3)", 1)
