@@ -59,22 +59,24 @@ test-gpu: $(READY)
 	PY=$(PY) tools/test_gpu.sh
 
 #: the parallel files, one horovodrun job (one pytest session, one hvd.init: tests/parallel/job.py) per
-#: group: the torch files; the bit-for-bit file alone (Horovod's tensor fusion off from its hvd.init);
-#: the Keras files on each Keras stack (first Keras 3 with the TensorFlow backend, then KERAS_STACKS)
-PARALLEL_BITWISE := tests/parallel/test_torch_bitwise.py
+#: group: the torch files; each file of PARALLEL_SOLO alone (the bit-for-bit file: Horovod's tensor fusion
+#: off from its hvd.init; torch's averager: a torch.distributed Gloo group beside Horovod's, which stalled
+#: a Horovod collective for Gloo's 30 s once in 4 runs of a shared job); the Keras files on each Keras
+#: stack (first Keras 3 with the TensorFlow backend, then KERAS_STACKS)
+PARALLEL_SOLO := tests/parallel/test_torch_bitwise.py tests/parallel/test_torch_averager.py
 #: $(call first,FILES,ALL): ALL with FILES first. First in a job: the files whose tests need a process that no
 #: other file used: test_keras_sync.py's first test (Keras on the torch backend never imports TensorFlow;
 #: Keras' own set_random_seed, which every other Keras file calls, does), then the lifecycle files (they
 #: count a process's threads and sockets)
 first = $(1) $(filter-out $(1),$(2))
 PARALLEL_KERAS := $(call first,tests/parallel/test_keras_sync.py tests/parallel/test_lifecycle_keras.py,$(sort $(wildcard tests/parallel/test_*keras*.py)))
-PARALLEL_TORCH := $(call first,tests/parallel/test_lifecycle_torch.py,$(filter-out $(PARALLEL_KERAS) $(PARALLEL_BITWISE),$(sort $(wildcard tests/parallel/test_*.py))))
+PARALLEL_TORCH := $(call first,tests/parallel/test_lifecycle_torch.py,$(filter-out $(PARALLEL_KERAS) $(PARALLEL_SOLO),$(sort $(wildcard tests/parallel/test_*.py))))
 KERAS_STACKS ?= KERAS_BACKEND=torch TF_USE_LEGACY_KERAS=1
 export PARALLEL_TIMEOUT ?= 1800
 
 test-parallel: $(READY)
 	PARALLEL_JOB="torch files" VENV=$(VENV) tools/run_parallel.sh $(NP) $(PARALLEL_TORCH)
-	VENV=$(VENV) tools/run_parallel.sh $(NP) $(PARALLEL_BITWISE)
+	for f in $(PARALLEL_SOLO); do VENV=$(VENV) tools/run_parallel.sh $(NP) $$f || exit 1; done
 	PARALLEL_JOB="Keras files" VENV=$(VENV) tools/run_parallel.sh $(NP) $(PARALLEL_KERAS)
 	for stack in $(KERAS_STACKS); do echo "[$$stack]"; \
 	  env $$stack PARALLEL_JOB="Keras files" VENV=$(VENV) tools/run_parallel.sh $(NP) $(PARALLEL_KERAS) || exit 1; done
