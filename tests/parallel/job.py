@@ -9,6 +9,8 @@ groups itself; ``make test-mpi`` runs test_wagma.py so).
 """
 import os
 
+from horovod_hetero.common.process_sets import SIZE_VARIABLES
+
 #: hvd.init(process_sets="dynamic") in this job
 DYNAMIC = os.environ.get("HH_TEST_PROCESS_SETS") == "dynamic"
 _registered = None
@@ -19,7 +21,7 @@ def init(hvd, hh):
     global _registered
     if _registered is None:
         # outside a launcher (pytest collecting these files alone: conftest.py skips them) one rank, no sets
-        launched = any(os.environ.get(name) for name in ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"))
+        launched = any(os.environ.get(name) for name in SIZE_VARIABLES)
         sets = hh.wagma_process_sets(group_size=2) if launched and not DYNAMIC else []
         hvd.init(process_sets="dynamic" if DYNAMIC else sets)
         _registered = sets
