@@ -196,8 +196,8 @@ def _cut_after_step_20(hosts, out, job, name, ended):
     its exit}) until all four ended or ``CUT_DEADLINE_S`` + 30 s passed."""
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while not all(_progress(out, r)[0] >= 20 for r in range(4)):
-        assert job.poll() is None, f"{name}: the job ended before the cut:\n{_tail(out)}"
-        assert time.monotonic() < deadline, f"{name}: no progress to step 20:\n{_tail(out)}"
+        assert job.poll() is None, f"{name}: the job ended before the cut:\n{_before_cut(hosts, out)}"
+        assert time.monotonic() < deadline, f"{name}: no progress to step 20:\n{_before_cut(hosts, out)}"
         time.sleep(0.1)
     pids = {r: _progress(out, r)[1] for r in range(4)}
     hosts.cut()
@@ -209,8 +209,16 @@ def _cut_after_step_20(hosts, out, job, name, ended):
         time.sleep(0.1)
 
 
-def _tail(out):
-    return open(out / "horovodrun.log", errors="replace").read()[-5000:]
+def _before_cut(hosts, out):
+    """What every rank said (its exit status, its error record or last line, the steps it took, and
+    Horovod's own error lines), then the end of horovodrun's log: which rank failed first, and how."""
+    lines = []
+    for r, e in sorted(_exits(hosts, out, {}).items()):
+        lines.append(f"rank {r} ({e['host']}): exit {e['rc']} after {_progress(out, r)[0]} steps: {e['line']}")
+    log = open(out / "horovodrun.log", errors="replace").read()
+    remote = "\n".join(x["log"] for x in hosts.remote_runs() if str(out) in x["command"])
+    lines += [l for l in (log + "\n" + remote).splitlines() if "Horovod background loop" in l or "Timed out" in l]
+    return "\n".join(lines) + "\n--- the end of horovodrun's log:\n" + log[-4000:]
 
 
 def _progress(out, rank):
