@@ -4,6 +4,7 @@ As in Horovod, the wrapper is a factory that builds a subclass of the user's opt
 (``isinstance(opt, torch.optim.SGD)`` stays true). The strategy owns the schedule and the runtime
 (``HeteroController``) carries it out; the wrapper only reports steps.
 """
+import contextlib
 import time
 import warnings
 
@@ -19,10 +20,13 @@ from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, call_with_time
 from horovod_hetero.runtime.controller import HeteroController, OutsideController, ring_bytes
 from horovod_hetero.strategies.registry import check_strategy
 from horovod_hetero.torch.collectives import TorchCollectives, TorchModel, wait, wait_done
-from horovod_hetero.torch.sampler import DistributedSampler
+from horovod_hetero.torch.sampler import DistributedSampler, register_optimizer
 from horovod_hetero.validation import check_bool, check_float, check_int
 
 _STATE_KEY = "horovod_hetero"
+#: sync_model() warns once (no ``hh.DistributedSampler`` bound) when a rank waited there for more than this
+#: share of the time since the previous sync_model(): an even split of the epoch left it idle
+IDLE_SHARE = 0.25
 _DistributedOptimizer, _DistributedAdasumOptimizer = torch_optimizer_bases()
 
 
@@ -45,7 +49,8 @@ def _named(named, what, fallback):
 
 
 def _named_tensors(optimizer, named_parameters, named_buffers):
-    """The optimizer's parameters and the model's floating-point buffers, as sorted (name, tensor)."""
+    """The optimizer's parameters, the model's floating-point buffers and its other buffers (BatchNorm's
+    ``num_batches_tracked``), each as sorted (name, tensor)."""
     unnamed = [(f"param.{i}.{j}", p) for i, g in enumerate(optimizer.param_groups)
                for j, p in enumerate(g["params"])]
     params = _named(named_parameters, "named_parameters", unnamed)
@@ -53,8 +58,9 @@ def _named_tensors(optimizer, named_parameters, named_buffers):
     if any(id(p) not in known for _, p in unnamed):
         raise ValueError("named_parameters was given, but one or more optimizer parameters are "
                          "not in it; pass model.named_parameters() of the optimized model")
-    buffers = [(n, b) for n, b in _named(named_buffers, "named_buffers", []) if b.is_floating_point()]
-    return params, buffers
+    buffers = _named(named_buffers, "named_buffers", [])
+    return params, [(n, b) for n, b in buffers if b.is_floating_point()], [(n, b) for n, b in buffers
+                                                                          if not b.is_floating_point()]
 
 
 class _Counters:
@@ -83,9 +89,13 @@ class _Counters:
 class _HeteroMethods:
     """Methods shared by every optimizer kind; copied into the dynamic class."""
 
-    def _hh_setup(self, membership):
-        """``membership``: the ``Membership`` that gives the controller for Horovod's current ranks."""
+    def _hh_setup(self, membership, counts):
+        """``membership``: the ``Membership`` that gives the controller for Horovod's current ranks;
+        ``counts``: the integer buffers, which sync_model() copies from one rank."""
         self._hh_membership = membership
+        self._hh_counts = counts
+        self._hh_synced_at = time.monotonic()
+        self._hh_idle_warned = False
         self._hh_comm = 0.0
         self._hh_counters = _Counters(self)
         self.param_groups[0][_STATE_KEY] = self._hh_counters
@@ -137,13 +147,47 @@ class _HeteroMethods:
 
         A rank that calls it early (it ran out of data) keeps joining the other ranks'
         averaging rounds until they call it too. On return every rank holds bit-identical
-        parameters and floating-point buffers, and what the strategy opened (servers, threads,
-        sockets) is closed; the next ``step()`` opens it again. Call it before collectives of your
+        parameters and buffers (those given as ``named_buffers``), and what the strategy opened
+        (servers, threads, sockets) is closed; the next ``step()`` opens it again. A rank that waited
+        here for over a quarter of the time since the last call while no ``hh.DistributedSampler``
+        was bound warns once (an even split of the epoch leaves fast ranks idle). Call it before collectives of your
         own (a metric ``hvd.allreduce``, ``hvd.broadcast_*``): it brings every rank to the same round.
         """
+        t0 = time.monotonic()
         with self._hh_membership.guard() as hh:
             self._hh_adopt()
             hh.finish()
+            self._hh_copy_counts(hh, None)
+        self._hh_check_idle(t0)
+
+    def _hh_copy_counts(self, hh, root):
+        """Integer buffers (BatchNorm's ``num_batches_tracked``) are not averaged: every rank takes those of
+        ``root`` (default: the process set's first rank), so the whole ``state_dict()`` is identical."""
+        collectives = hh.collectives
+        if not self._hh_counts or collectives is None:
+            return
+        counts = collectives.broadcast(self._hh_counts, collectives.root if root is None else root,
+                                       name="horovod_hetero.sync.counts", what="sync_model's broadcast of the integer buffers")
+        with torch.no_grad():
+            for mine, theirs in zip(self._hh_counts, counts):
+                mine.copy_(theirs)
+
+    def _hh_check_idle(self, started):
+        """Warn once if this rank waited in sync_model() for over ``IDLE_SHARE`` of the time since the last
+        one while the epoch was split evenly (no ``hh.DistributedSampler`` bound to this optimizer)."""
+        now, since = time.monotonic(), self._hh_synced_at
+        self._hh_synced_at = now
+        waited = now - started
+        if (self._hh_idle_warned or self._hh_split_by_speed or self._hh.strategy.averages_gradients
+                or waited <= IDLE_SHARE * (now - since)):
+            return
+        self._hh_idle_warned = True
+        warnings.warn(f"this rank waited {waited:.1f} s of the {now - since:.1f} s since the last sync_model() for "
+                      f"slower ranks in sync_model(): every rank took the same share of the data (torch's "
+                      f"DistributedSampler), so the fast ranks idle at each epoch's end. Use "
+                      f"hh.DistributedSampler(dataset, num_replicas=hvd.size(), rank=hvd.rank()) as the loader's "
+                      f"sampler: it binds to this optimizer and splits every epoch by the ranks' measured speed",
+                      stacklevel=3)
 
     def state_dict(self):
         self._hh_adopt()
@@ -153,9 +197,27 @@ class _HeteroMethods:
 
 
 class _LocalOptimizer(_HeteroMethods):
-    """Local steps with the user's optimizer; the model is averaged when the strategy says so."""
+    """Local steps with the user's optimizer; the model is averaged when the strategy says so.
+
+    Horovod's gradient API is kept, with the gradients this rank's own: ``synchronize()`` has nothing
+    to wait for, ``skip_synchronize()`` is a context as Horovod's, so clipping and ``torch.amp``'s
+    ``GradScaler`` run as Horovod documents them (``synchronize()``; unscale and clip; ``with
+    skip_synchronize(): step()``); gradients accumulate over backward passes until ``step()``, which
+    is what ``backward_passes_per_step`` asks of Horovod."""
 
     _hh_grad_payload = 0
+    backward_passes_per_step = 1
+
+    def synchronize(self):
+        """Nothing to wait for: under model averaging each rank steps with its own gradients."""
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """As Horovod's (``optimizer.synchronize()``, then ``with optimizer.skip_synchronize(): optimizer.step()``)."""
+        yield
+
+    def set_backward_passes_per_step(self, passes):
+        self.backward_passes_per_step = check_int("passes", passes, 1)
 
     def _hh_local_step(self, closure):
         return super(self.__class__, self).step(closure)
@@ -228,6 +290,7 @@ class _SynchronousOptimizer(_HeteroMethods):
                        for i, t in enumerate(hh.model.tensors())]
             for h in handles:
                 wait(h, collectives.timeout, "sync_model broadcast")
+            self._hh_copy_counts(hh, last)
             if hh.strategy.weighs_gradients:
                 counters = call_with_timeout(lambda: hvd.broadcast_object(
                     hh.state_dict(), root_rank=last, name="horovod_hetero.sync.counters"),
@@ -290,9 +353,13 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
     (same hooks, same results bit for bit). With a model-averaging strategy such as
     ``LocalSGD`` each rank steps its own replica with the user's optimizer and the model is
     averaged (one fused ``grouped_allreduce``) when the strategy says so. The argument names
-    are Horovod's; ``compression``, ``backward_passes_per_step``, ``op`` (``hvd.Adasum`` too, under MPI),
-    ``gradient_predivide_factor``, ``groups`` and ``sparse_as_dense`` apply to gradient averaging
-    (``Synchronous``) only.
+    are Horovod's; ``op`` (``hvd.Adasum`` too, under MPI) applies to gradient averaging only, and so do
+    ``compression``, ``gradient_predivide_factor``, ``groups`` and ``sparse_as_dense``, which a
+    model-averaging strategy refuses (``ValueError``) unless left at Horovod's defaults. Horovod's
+    methods work under every strategy: under model averaging the gradients are this rank's own, so
+    ``synchronize()`` has nothing to wait for, ``skip_synchronize()`` is a context as Horovod's
+    (clipping and ``GradScaler`` run as Horovod documents them), and gradients accumulate over
+    ``backward_passes_per_step`` backward passes until ``step()`` as they would in Horovod.
 
     Horovod's optimizer contract holds for every strategy: the class is one of Horovod's own
     (``hvd.broadcast_optimizer_state`` creates missing state with the wrapped class's ``step``,
@@ -310,8 +377,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
             ``LocalSGD(period, warmup_steps)``, ``ESync(global_lr, mode)``, ``WAGMA(group_size, sync_period)``,
             or any ``Strategy``.
         process_set: Horovod process set to synchronise over (default: all ranks).
-        named_buffers: ``model.named_buffers()``: floating-point buffers (BatchNorm running
-            statistics) are averaged with the parameters; without it only parameters are.
+        named_buffers: ``model.named_buffers()``: floating-point buffers (BatchNorm's running
+            statistics) are averaged with the parameters and the others (``num_batches_tracked``)
+            copied from the process set's first rank in ``sync_model()``, so the whole
+            ``state_dict()`` is then identical on every rank; without it buffers stay each rank's own.
         telemetry: directory for per-rank JSON-lines step records (default
             ``$HOROVOD_HETERO_TELEMETRY``; unset: kept in memory).
         slowdown: per-rank slowdown factors, e.g. ``"1,1,1,4"`` (default
@@ -320,7 +389,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
         num_groups: deprecated in Horovod (``groups``); accepted with its ``DeprecationWarning``.
         sampler: an ``hh.DistributedSampler`` to bind: its epochs are split by the speeds this
             optimizer's rounds measure; with ``batch_size`` its batches are sized by the strategy
-            (``Balanced`` needs one).
+            (``Balanced`` needs one). A sampler built without one binds to the process's only
+            ``hh.DistributedOptimizer`` by itself; with several, name it here.
 
     Example::
 
@@ -333,7 +403,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
                                       strategy=hh.LocalSGD(period=8))
         for x, y in loader:                  # any number of batches per rank
             opt.zero_grad(); loss_fn(model(x), y).backward(); opt.step()
-        opt.sync_model()                     # every rank: identical model afterwards
+        opt.sync_model()                     # every rank: identical state_dict() afterwards
     """
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
@@ -354,7 +424,17 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
     if not strategy.averages_gradients and op != hvd.Average:
         raise ValueError(f"op must be hvd.Average with {type(strategy).__name__} (models are averaged); "
                          f"op=hvd.Adasum or hvd.Sum apply to gradients, with strategy=hh.Synchronous()")
-    params, buffers = _named_tensors(optimizer, named_parameters, named_buffers)
+    if not strategy.averages_gradients:
+        given = [name for name, changed in (("compression", compression is not Compression.none),
+                                            ("gradient_predivide_factor", gradient_predivide_factor != 1.0),
+                                            ("groups", groups is not None), ("sparse_as_dense", sparse_as_dense))
+                 if changed]
+        if given:
+            raise ValueError(f"{', '.join(given)}: Horovod's options for the gradient allreduce, which "
+                             f"{type(strategy).__name__} does not run (each rank steps with its own gradients and the "
+                             f"model itself is averaged, in its own dtype): leave them at Horovod's defaults, or "
+                             f"use strategy=hh.Synchronous()")
+    params, buffers, counts = _named_tensors(optimizer, named_parameters, named_buffers)
     adasum = strategy.averages_gradients and op == hvd.Adasum
     if adasum and process_set is not None and process_set != hvd.global_process_set:
         raise NotImplementedError("Adasum does not support non-global process sets yet.")
@@ -390,11 +470,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
         opt._hh_grad_payload = sum(p.numel() * p.element_size() for _, p in params if p.requires_grad)
         opt._hh_mpi = collectives.mpi
     else:
-        if backward_passes_per_step != 1:
-            warnings.warn("backward_passes_per_step has no effect with model averaging: "
-                          "call step() after the backward passes you want to accumulate")
         cls = type(name, (optimizer.__class__,), _methods(_HeteroMethods, _LocalOptimizer))
         opt = cls(optimizer.param_groups)
+        opt.backward_passes_per_step = backward_passes_per_step
     # model averaging packs the model into flat tensors; gradient averaging only broadcasts it in sync_model()
     model = TorchModel([p for _, p in params] + [b for _, b in buffers], flat=not strategy.averages_gradients)
 
@@ -409,7 +487,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
     if sampler is not None and sampler.batch_size is not None and strategy.weighs_gradients:
         strategy.use_batch(sampler.batch_size, collectives.size)     # the global batch: ranks x the user's batch
     opt._hh_sampler = sampler
-    opt._hh_setup(follow_ranks(hvd, process_set, telemetry, build))
+    opt._hh_split_by_speed = False              # set when an hh.DistributedSampler binds to it
+    opt._hh_setup(follow_ranks(hvd, process_set, telemetry, build), [b for _, b in counts])
     if sampler is not None:
         sampler.optimizer = opt
+    register_optimizer(opt)
     return opt

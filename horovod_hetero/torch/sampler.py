@@ -1,6 +1,9 @@
 """``hh.DistributedSampler``: torch's ``DistributedSampler``, with each rank's share of the epoch
 proportional to its speed; with ``batch_size``, a batch sampler that hands each rank its batch of every
 step (``Balanced``'s sizes)."""
+import gc
+import weakref
+
 import torch
 
 import horovod.torch as hvd
@@ -8,6 +11,27 @@ import horovod.torch as hvd
 from horovod_hetero.rules.partition import epoch_indices, step_batch, step_times_of, steps_per_epoch
 from horovod_hetero.strategies.balanced import even_split
 from horovod_hetero.validation import check_bool, check_int
+
+
+#: every ``hh.DistributedOptimizer`` of this process (weakly: an optimizer the user dropped is not held)
+_optimizers: "weakref.WeakSet[object]" = weakref.WeakSet()
+
+
+def register_optimizer(optimizer):
+    """An ``hh.DistributedOptimizer`` was built: a sampler built without one binds to it."""
+    _optimizers.add(optimizer)
+
+
+def _the_optimizer():
+    """The process's one ``hh.DistributedOptimizer`` (None before there is one); several: ``ValueError``."""
+    if len(_optimizers) > 1:
+        gc.collect()                    # optimizers the user dropped (reference cycles hold them)
+    live = list(_optimizers)
+    if len(live) > 1:
+        raise ValueError(f"this hh.DistributedSampler is bound to no optimizer, and {len(live)} "
+                         f"hh.DistributedOptimizers live in this process: bind it to the one that trains on its "
+                         f"batches, hh.DistributedOptimizer(..., sampler=sampler)")
+    return live[0] if live else None
 
 
 class DistributedSampler(torch.utils.data.Sampler):
@@ -39,8 +63,9 @@ class DistributedSampler(torch.utils.data.Sampler):
             ``hvd.elastic.run``'s reset it splits among the new ranks).
         shuffle: a new permutation every epoch (``seed`` and the epoch), the same on every rank.
         seed: the permutation's seed; the same on every rank.
-        optimizer: the ``hh.DistributedOptimizer`` whose rounds measure the speeds; or bind it later
-            with ``hh.DistributedOptimizer(..., sampler=this)``.
+        optimizer: the ``hh.DistributedOptimizer`` whose rounds measure the speeds. Default: the one
+            ``hh.DistributedOptimizer(..., sampler=this)`` names, else the process's only one, bound
+            when an epoch is first split (several in the process: ``ValueError``, name it).
         batch_size: ``None`` (a sampler of indices), or the samples per step of one rank (an int >= 1): a
             batch sampler, whose batches the bound strategy may size per rank (``Balanced``).
 
@@ -49,7 +74,7 @@ class DistributedSampler(torch.utils.data.Sampler):
         sampler = hh.DistributedSampler(train_set, num_replicas=hvd.size(), rank=hvd.rank())
         loader = torch.utils.data.DataLoader(train_set, batch_size=32, sampler=sampler)
         opt = hh.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                      strategy=hh.ESync(), sampler=sampler)
+                                      strategy=hh.ESync())       # the process's one: the sampler binds to it
         for epoch in range(epochs):
             sampler.set_epoch(epoch)
             for x, y in loader:
@@ -66,10 +91,27 @@ class DistributedSampler(torch.utils.data.Sampler):
         self.shuffle = check_bool("shuffle", shuffle)
         self.seed = check_int("seed", seed)
         self.epoch = 0
-        self.optimizer = optimizer
+        self._optimizer = None
+        if optimizer is not None:
+            self.optimizer = optimizer
         self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
         self.drawn = 0                  # batches handed out (a loader that never draws them is named)
         self._share = None
+
+    @property
+    def optimizer(self):
+        """The ``hh.DistributedOptimizer`` whose rounds measure the speeds (bound at first need, see ``Args``)."""
+        if self._optimizer is None:
+            found = _the_optimizer()
+            if found is not None:
+                self.optimizer = found
+        return self._optimizer
+
+    @optimizer.setter
+    def optimizer(self, optimizer):
+        self._optimizer = optimizer
+        if optimizer is not None:
+            optimizer._hh_split_by_speed = True
 
     @property
     def num_replicas(self):

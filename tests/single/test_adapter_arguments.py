@@ -34,6 +34,11 @@ def test_use_before_hvd_init_names_the_fix():
     ({"telemetry": 5}, TypeError, "telemetry"),
     ({"sampler": [0, 1]}, TypeError, "sampler must be a horovod_hetero.torch.DistributedSampler"),
     ({"strategy": hh.LocalSGD(2), "op": hvd.Adasum}, ValueError, "op must be hvd.Average with LocalSGD"),
+    # Horovod's gradient-allreduce options under model averaging: refused by name, never ignored
+    ({"strategy": hh.ESync(), "compression": hvd.Compression.fp16}, ValueError,
+     r"^compression: Horovod's options for the gradient allreduce, which ESync does not run"),
+    ({"strategy": hh.LocalSGD(2), "gradient_predivide_factor": 2.0, "groups": 2, "sparse_as_dense": True}, ValueError,
+     r"^gradient_predivide_factor, groups, sparse_as_dense: .* strategy=hh.Synchronous\(\)"),
 ])
 def test_bad_arguments_are_refused_before_init(kwargs, error, match):
     with pytest.raises(error, match=match):

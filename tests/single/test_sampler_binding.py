@@ -1,0 +1,88 @@
+"""``hh.DistributedSampler`` binds to the process's one ``hh.DistributedOptimizer`` (the README's line is
+enough); with several it refuses by name; one it is given stays bound. Fakes stand for the optimizers:
+the sampler reads only their rounds' step times (``_hh.step_times``)."""
+import types
+
+import pytest
+
+import horovod_hetero.torch.sampler as sampler_mod
+from horovod_hetero.torch.sampler import DistributedSampler, register_optimizer
+
+
+class FakeOptimizer:
+    """What the sampler reads of an ``hh.DistributedOptimizer``: the rounds' step times, no strategy."""
+
+    strategy = None
+
+    def __init__(self, step_times):
+        self._hh = types.SimpleNamespace(step_times=step_times)
+
+
+@pytest.fixture(autouse=True)
+def no_optimizers(monkeypatch):
+    monkeypatch.setattr(sampler_mod, "_optimizers", type(sampler_mod._optimizers)())
+
+
+def test_the_only_optimizer_is_bound_when_an_epoch_is_first_split():
+    sampler = DistributedSampler(range(100), num_replicas=2, rank=1, shuffle=False)
+    assert sampler.optimizer is None and len(sampler) == 50          # none yet: an even split, nothing bound
+    sampler.set_epoch(1)
+    opt = FakeOptimizer([0.1, 0.4])                                   # rank 1 takes 4x as long per step
+    register_optimizer(opt)
+    assert len(sampler) == 20 and list(sampler) == list(range(80, 100))
+    assert sampler.optimizer is opt and opt._hh_split_by_speed
+    register_optimizer(FakeOptimizer([0.4, 0.1]))                     # a later one: this sampler stays bound
+    sampler.set_epoch(2)
+    assert len(sampler) == 20 and sampler.optimizer is opt
+
+
+def test_several_optimizers_are_refused_with_the_fix_until_one_is_dropped():
+    first, second = FakeOptimizer([0.1, 0.1]), FakeOptimizer([0.1, 0.3])
+    first.cycle = first                                               # held by a reference cycle, as torch's are
+    register_optimizer(first)
+    register_optimizer(second)
+    sampler = DistributedSampler(range(100), num_replicas=2, rank=0, shuffle=False)
+    with pytest.raises(ValueError, match=r"bound to no optimizer, and 2 hh.DistributedOptimizers live in this "
+                                         r"process: .*hh.DistributedOptimizer\(\.\.\., sampler=sampler\)"):
+        len(sampler)
+    del first                                                         # dropped: collected when the sampler looks
+    assert len(sampler) == 75 and sampler.optimizer is second
+
+
+def test_an_optimizer_given_stays_bound_beside_others():
+    mine, other = FakeOptimizer([0.3, 0.1]), FakeOptimizer([0.1, 0.3])
+    register_optimizer(mine)
+    register_optimizer(other)
+    sampler = DistributedSampler(range(100), num_replicas=2, rank=0, shuffle=False, optimizer=mine)
+    assert len(sampler) == 25 and sampler.optimizer is mine and mine._hh_split_by_speed
+    assert not hasattr(other, "_hh_split_by_speed")
+
+
+def idle_check(waited, since, **state):
+    """``_hh_check_idle`` of a wrapper (``state``: its attributes) that last synced ``since`` s ago and
+    waited ``waited`` s of it: the warnings it gave."""
+    import time
+    import warnings
+
+    from horovod_hetero.torch.optimizer import _HeteroMethods
+    now = time.monotonic()
+    opt = types.SimpleNamespace(_hh_synced_at=now - since, _hh_idle_warned=False, _hh_split_by_speed=False,
+                                _hh=types.SimpleNamespace(strategy=types.SimpleNamespace(averages_gradients=False)))
+    for key, value in state.items():
+        setattr(opt, key, value)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _HeteroMethods._hh_check_idle(opt, now - waited)
+    assert opt._hh_idle_warned == (bool(caught) or state.get("_hh_idle_warned", False))
+    return [str(w.message) for w in caught]
+
+
+def test_a_rank_idle_in_sync_model_with_an_even_split_is_told_the_fix_once():
+    said = idle_check(waited=6.0, since=10.0)
+    assert len(said) == 1 and said[0].startswith("this rank waited 6.0 s of the 10.0 s since the last sync_model()")
+    assert "hh.DistributedSampler(dataset, num_replicas=hvd.size(), rank=hvd.rank())" in said[0]
+    assert idle_check(waited=6.0, since=10.0, _hh_idle_warned=True) == []      # once only
+    assert idle_check(waited=2.0, since=10.0) == []                      # a quarter or less: no warning
+    assert idle_check(waited=6.0, since=10.0, _hh_split_by_speed=True) == []
+    assert idle_check(waited=6.0, since=10.0, _hh=types.SimpleNamespace(
+        strategy=types.SimpleNamespace(averages_gradients=True))) == []   # Synchronous: it waits every step
