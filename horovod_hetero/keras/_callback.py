@@ -15,7 +15,7 @@ from horovod_hetero.keras._horovod_api import begin_training
 from horovod_hetero.common.options import check_run_options
 from horovod_hetero.common.process_sets import check_process_set
 from horovod_hetero.common.ranks import follow_ranks
-from horovod_hetero.rules.partition import epoch_indices, step_batch, step_times_of, steps_per_epoch
+from horovod_hetero.rules.partition import epoch_indices, epoch_steps, step_batch, step_times_of, steps_per_epoch
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, Model
 from horovod_hetero.runtime.controller import HeteroController, check_state
 from horovod_hetero.runtime.straggler import Pacer, Slowdown
@@ -97,6 +97,15 @@ class KerasModel(Model):
         return sum(_nbytes(v) for v in self.variables)
 
 
+class _EpochShared(int):
+    """``model.stop_training`` while a strategy callback ends this rank's share of an epoch: truthy, so
+    Keras leaves the epoch's loop, and told apart from the ``True`` another callback sets to end ``fit``
+    (``EarlyStopping``), which the callback leaves as it is."""
+
+
+EPOCH_SHARED = _EpochShared(1)
+
+
 class HeteroSyncCallbackImpl(CheckpointState):
     """Runs a model-averaging strategy from Keras batch hooks.
 
@@ -106,6 +115,13 @@ class HeteroSyncCallbackImpl(CheckpointState):
     finished, so all replicas end with identical weights even when ranks saw different numbers of
     batches; then what the strategy opened is closed. Under ``hvd.elastic.run`` the next ``fit``
     after a reset goes on with the new ranks (``runtime.membership``).
+
+    With ``epoch_sync``, ranks share each epoch by speed: Keras gives every rank the same batches per
+    epoch (``steps_per_epoch``, or the batches of its arrays), so the fastest rank takes them all and
+    every other rank as many as it takes in the same time, from the speeds the rounds measured
+    (``rules.partition.epoch_steps``; identical on every rank after the previous epoch's sync), and
+    ends its epoch there: no rank waits at the epoch's end for a slower one. The first epoch, before
+    any speed is measured, every rank takes Keras' count.
     """
 
     def __init__(self, strategy, process_set=None, telemetry=None, slowdown=None, batch_size=None,
@@ -127,6 +143,7 @@ class HeteroSyncCallbackImpl(CheckpointState):
         self._pending_state = None
         self._loss_mean = None                 # (batches, Keras' running mean of the loss) this epoch
         self._synced_epoch = None              # the epoch whose end sync_model() ran (epoch_sync)
+        self.epoch_shares = None               # every rank's batches this epoch (None: Keras' own count)
 
     @property
     def _hh(self):
@@ -164,6 +181,17 @@ class HeteroSyncCallbackImpl(CheckpointState):
     def on_epoch_begin(self, epoch, logs=None):
         self._loss_mean = None
         self._synced_epoch = None
+        self.epoch_shares = self._shares()
+
+    def _shares(self):
+        """Every rank's batches this epoch by speed, or None (Keras' own count): without ``epoch_sync``,
+        without a known number of batches, or before every rank's speed is measured."""
+        steps = (getattr(self, "params", None) or {}).get("steps")
+        hh = self._hh
+        if not self.epoch_sync or not steps or hh is None or hh.step_times is None:
+            return None
+        shares = epoch_steps(int(steps), hh.step_times).tolist()
+        return None if min(shares) == steps else shares
 
     def on_train_batch_end(self, batch, logs=None):
         with self._follow().guard() as hh:
@@ -174,8 +202,12 @@ class HeteroSyncCallbackImpl(CheckpointState):
             if self.batch_size:
                 hh.telemetry.annotate(samples=self.batch_size)
             hh.after_step()
+            if self.epoch_shares is not None and batch + 1 >= self.epoch_shares[hh.rank]:
+                self.model.stop_training = self.model.stop_training or EPOCH_SHARED    # this rank's share is done
 
     def on_epoch_end(self, epoch, logs=None):
+        if self.model.stop_training is EPOCH_SHARED:        # the epoch's end, not fit's
+            self.model.stop_training = False
         self.sync_epoch(epoch)
 
     def sync_epoch(self, epoch):

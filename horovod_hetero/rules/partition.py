@@ -83,6 +83,22 @@ def epoch_indices(n: int, step_s: npt.ArrayLike, rank: int, epoch: int = 0, seed
     return order[bounds[rank]:bounds[rank + 1]].tolist()
 
 
+def epoch_steps(steps: int, step_s: npt.ArrayLike) -> npt.NDArray[np.int64]:
+    """Every rank's batches in an epoch that the framework caps at ``steps`` batches a rank (Keras'
+    ``steps_per_epoch``): the fastest rank takes all ``steps``, every other rank as many as it takes
+    in the same time (at least one), so no rank waits for another at the epoch's end. Before every
+    rank's speed is known (NaN), every rank takes ``steps``.
+
+    Example:
+        >>> epoch_steps(8, [0.1, 0.1, 0.1, 0.4]).tolist(), epoch_steps(8, [0.1, float("nan")]).tolist()
+        ([8, 8, 8, 2], [8, 8])
+    """
+    step_s = np.asarray(step_s, dtype=np.float64)
+    if not (np.isfinite(step_s) & (step_s > 0)).all():
+        return np.full(step_s.shape, steps, dtype=np.int64)
+    return np.clip(np.rint(steps * step_s.min() / step_s), 1, steps).astype(np.int64)
+
+
 def steps_per_epoch(n: int, global_batch: int) -> int:
     """Steps of an epoch of ``n`` samples in global batches of ``global_batch`` (the last one completed
     from the epoch's start).

@@ -32,3 +32,71 @@ def test_fit_per_epoch_on_speed_proportional_shares_sees_every_sample_once():
     assert later[3] * 1.5 < min(later[:3]), later
     assert all(f == finals[0] for f in finals)           # fit's end synced every epoch
     assert np.isfinite(np.concatenate([np.ravel(w) for w in finals[0]])).all()
+
+
+class Recorder(keras_helpers.keras.callbacks.Callback):
+    """After the strategy callback: each epoch's shares as it computed them, this rank's batches, and
+    the weights at the epoch's end."""
+
+    def __init__(self, strategy_callback):
+        super().__init__()
+        self.strategy_callback = strategy_callback
+        self.shares, self.batches, self.finals = [], [], []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.shares.append(self.strategy_callback.epoch_shares)
+        self.batches.append(0)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.batches[-1] += 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.finals.append([w.tolist() for w in keras_helpers.weights(self.model)])
+
+
+def forever(x, y, batch):
+    """Batches of ``x``, ``y`` in turn, endlessly."""
+    while True:
+        for i in range(0, len(x), batch):
+            yield x[i:i + batch], y[i:i + batch]
+
+
+class StopAt(keras_helpers.keras.callbacks.Callback):
+    """Before the strategy callback: ends ``fit`` at ``epoch``'s end, as ``EarlyStopping`` would."""
+
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == self.epoch:
+            self.model.stop_training = True
+
+
+@pytest.mark.parametrize("steps_per_epoch", [None, 12])
+def test_fit_shares_each_epoch_by_speed_and_every_rank_ends_it_together(steps_per_epoch):
+    """Horovod's pattern, the callback alone: ``fit(x, y, batch_size)`` on arrays (Keras counts the
+    epoch's batches) and ``fit(..., steps_per_epoch=N)``. The first epoch every rank takes Keras' count;
+    then the fast ranks take it and the slow one what it takes in the same time, every rank computing
+    the same shares; weights identical at every epoch's end; a stop set by another callback still ends
+    ``fit``, the callback's own ends only the epoch."""
+    steps = steps_per_epoch or 12
+    x, y = rank_data(RANK, 8 * steps)
+    model = make_model(RANK)
+    callback = hh.callbacks.ESyncCallback(slowdown=Slowdown(RANK, "1,1,1,4", base_step_s=0.05))
+    recorder = Recorder(callback)
+    if steps_per_epoch:                               # an endless stream, as dataset.repeat() (any backend)
+        data = dict(x=forever(x, y, 8), steps_per_epoch=steps_per_epoch, shuffle=False)
+    else:
+        data = dict(x=x, y=y, batch_size=8, shuffle=False)
+    history = model.fit(**data, epochs=5, verbose=0, callbacks=[StopAt(3), callback, recorder])
+    assert len(history.history["loss"]) == 4                          # StopAt(3) ended fit, the shares did not
+    everyone = keras_helpers.gathered((recorder.shares, recorder.batches, recorder.finals), name=f"shared.{steps}")
+    shares, batches, finals = zip(*everyone)
+    assert all(s == shares[0] for s in shares)                        # every rank computed the same shares
+    assert shares[0][0] is None and [b[0] for b in batches] == [steps] * 4    # no speed yet: Keras' count
+    for epoch in range(1, 4):
+        share = shares[0][epoch]
+        assert share is not None and max(share) == steps and share[3] < steps, share
+        assert [b[epoch] for b in batches] == share                   # each rank ended its epoch at its share
+        assert all(f[epoch] == finals[0][epoch] for f in finals)      # synced at every epoch's end
