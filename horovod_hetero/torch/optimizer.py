@@ -148,10 +148,11 @@ class _HeteroMethods:
         A rank that calls it early (it ran out of data) keeps joining the other ranks'
         averaging rounds until they call it too. On return every rank holds bit-identical
         parameters and buffers (those given as ``named_buffers``), and what the strategy opened
-        (servers, threads, sockets) is closed; the next ``step()`` opens it again. A rank that waited
-        here for over a quarter of the time since the last call while no ``hh.DistributedSampler``
-        was bound warns once (an even split of the epoch leaves fast ranks idle). Call it before collectives of your
-        own (a metric ``hvd.allreduce``, ``hvd.broadcast_*``): it brings every rank to the same round.
+        (servers, threads, sockets) is closed; the next ``step()`` opens it again. Call it before
+        collectives of your own (a metric ``hvd.allreduce``, ``hvd.broadcast_*``): it brings every
+        rank to the same round. A rank that waited here for over a quarter of the time since the
+        last call while no ``hh.DistributedSampler`` was bound warns once (an even split of the
+        epoch leaves the fast ranks idle).
         """
         t0 = time.monotonic()
         with self._hh_membership.guard() as hh:
@@ -167,7 +168,8 @@ class _HeteroMethods:
         if not self._hh_counts or collectives is None:
             return
         counts = collectives.broadcast(self._hh_counts, collectives.root if root is None else root,
-                                       name="horovod_hetero.sync.counts", what="sync_model's broadcast of the integer buffers")
+                                       name="horovod_hetero.sync.counts",
+                                       what="sync_model's broadcast of the integer buffers")
         with torch.no_grad():
             for mine, theirs in zip(self._hh_counts, counts):
                 mine.copy_(theirs)
