@@ -58,6 +58,10 @@ class HorovodCollectives(Collectives):
         self.mpi = bool(hvd.mpi_enabled())
         catch_background_abort(mpi=self.mpi)
         self.process_set = ps = process_set or hvd.global_process_set
+        if ps.process_set_id is None:        # Horovod's own calls would fail later on its size (None)
+            raise ValueError(f"{owner}: process_set {ps.ranks} is not registered with Horovod: register it at "
+                             f"hvd.init(process_sets=[...]) or with hvd.add_process_set(...) (after "
+                             f"hvd.init(process_sets='dynamic')) on every rank first")
         self.included = ps.included()
         # a non-member has no rank in the set (as Horovod's ProcessSet.rank()); the runtime is never built on it
         self.rank = self.size = None  # type: ignore[assignment]

@@ -27,6 +27,10 @@ from horovod_hetero.validation import check_float, check_int
 ENV_FACTORS = "HOROVOD_HETERO_SLOWDOWN"
 ENV_BASE = "HOROVOD_HETERO_BASE_STEP_S"
 ENV_RANDOM = "HOROVOD_HETERO_RANDOM_DELAY"
+#: the largest slowdown factor, and the most seconds a padded step or a random delay may add: past them a
+#: simulated cluster is a typo (``"1e300"``), which would otherwise end in an ``OverflowError`` mid-training
+MAX_FACTOR = 1000.0
+MAX_SECONDS = 3600.0
 
 #: A checked slowdown schedule: ``[(from_seconds, per-rank factors), ...]``, from 0 s, times increasing.
 Schedule = list[tuple[float, list[float]]]
@@ -43,7 +47,7 @@ def parse_random_delay(text: object, name: str = ENV_RANDOM) -> tuple[int, float
     except ValueError:
         raise ValueError(f"{name} must be COUNT:SECONDS, e.g. 2:0.05 (2 random ranks sleep 0.05 s more "
                          f"each step), got {text!r}") from None
-    return check_int(f"{name} count", count, 0), check_float(f"{name} seconds", seconds, 0.0)
+    return check_int(f"{name} count", count, 0), check_float(f"{name} seconds", seconds, 0.0, MAX_SECONDS)
 
 
 def check_random_delay(value: object, name: str = "random_delay") -> tuple[int, float] | None:
@@ -62,7 +66,7 @@ def check_random_delay(value: object, name: str = "random_delay") -> tuple[int, 
     if isinstance(value, (bytes, dict)) or not isinstance(value, (tuple, list)) or len(value) != 2:
         raise TypeError(f"{name} must be (count, seconds), e.g. (2, 0.05), a string like '2:0.05', or None, "
                         f"got {value!r} ({type(value).__name__})")
-    return check_int(f"{name} count", value[0], 0), check_float(f"{name} seconds", value[1], 0.0)
+    return check_int(f"{name} count", value[0], 0), check_float(f"{name} seconds", value[1], 0.0, MAX_SECONDS)
 
 
 def check_base_step(value: object, name: str = "base_step_s") -> float | None:
@@ -73,14 +77,14 @@ def check_base_step(value: object, name: str = "base_step_s") -> float | None:
         0.02
     """
     if value is not None:
-        return check_float(name, value, 0.0)
+        return check_float(name, value, 0.0, MAX_SECONDS)
     text = os.environ.get(ENV_BASE)
     if not text:
         return None
     try:
-        return check_float(ENV_BASE, float(text), 0.0)
+        return check_float(ENV_BASE, float(text), 0.0, MAX_SECONDS)
     except (TypeError, ValueError):
-        raise ValueError(f"{ENV_BASE} must be finite seconds >= 0, e.g. 0.1, got {text!r}") from None
+        raise ValueError(f"{ENV_BASE} must be finite seconds from 0 to {MAX_SECONDS:g}, e.g. 0.1, got {text!r}") from None
 
 
 def check_slowdown(factors: object = None, name: str = "slowdown") -> tuple[Schedule | None, str]:
@@ -109,7 +113,7 @@ def delayed_ranks(size: int, count: int, step: int, seed: int = 0) -> list[int]:
 
 
 def parse_factors(text: object, name: str = ENV_FACTORS) -> list[float]:
-    """Parse ``"1,1,1,4"`` into ``[1.0, 1.0, 1.0, 4.0]``; every factor must be finite and > 0."""
+    """Parse ``"1,1,1,4"`` into ``[1.0, 1.0, 1.0, 4.0]``; every factor must be > 0 and at most ``MAX_FACTOR``."""
     try:
         factors = [float(part) for part in str(text).split(",")]
     except ValueError:
@@ -118,7 +122,7 @@ def parse_factors(text: object, name: str = ENV_FACTORS) -> list[float]:
 
 
 def _finite_factor(name: str, value: object) -> float:
-    return check_float(name, value, 0.0, min_exclusive=True)
+    return check_float(name, value, 0.0, MAX_FACTOR, min_exclusive=True)
 
 
 def parse_slowdown(text: object, name: str = ENV_FACTORS) -> Schedule:
@@ -186,7 +190,7 @@ class Slowdown:
         factors: per-rank factors (a list, or a string ``"1,1,1,4"``), factors that change over time
             (``"1,1,1,1;15:1,1,1,4"`` or ``[(0, [1, 1, 1, 1]), (15, [1, 1, 1, 4])]``: seconds
             since this rank's first step), or ``None`` to read ``HOROVOD_HETERO_SLOWDOWN`` (unset:
-            no slowdown). Factors are finite numbers > 0, at least one per rank.
+            no slowdown). Factors are numbers > 0 and at most ``MAX_FACTOR`` (1000), at least one per rank.
         base_step_s: fixed base step time in seconds (finite, >= 0); ``None`` reads
             ``HOROVOD_HETERO_BASE_STEP_S`` (unset: proportional to the measured step time).
         size: number of ranks, an int > ``rank`` (needed with ``random_delay``).

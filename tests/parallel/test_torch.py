@@ -193,3 +193,13 @@ def test_telemetry_counts_local_steps_and_syncs():
     assert [r["synced"] for r in recs] == [False, True, False, True]
     assert [r["local_steps"] for r in recs] == [1, 2, 1, 2]
     assert recs[1]["bytes_sent"] == int(2 * (SIZE - 1) * 8 / SIZE)   # 2 float32 values, ring estimate
+
+
+def test_a_process_set_horovod_does_not_know_is_named_when_built():
+    """A ProcessSet never registered (not given to hvd.init nor hvd.add_process_set) is refused by name,
+    on every rank, before any collective; Horovod would fail later on its size (None)."""
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(ValueError, match=r"process_set \[0, 1\] is not registered with Horovod: register it at "
+                                         r"hvd.init\(process_sets=\[\.\.\.\]\)"):
+        hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), strategy=hh.LocalSGD(period=2),
+                                process_set=hvd.ProcessSet([0, 1]))
