@@ -116,16 +116,16 @@ class HeteroSyncCallbackImpl(CheckpointState):
     batches; then what the strategy opened is closed. Under ``hvd.elastic.run`` the next ``fit``
     after a reset goes on with the new ranks (``runtime.membership``).
 
-    With ``epoch_sync``, ranks share each epoch by speed: Keras gives every rank the same batches per
-    epoch (``steps_per_epoch``, or the batches of its arrays), so the fastest rank takes them all and
-    every other rank as many as it takes in the same time, from the speeds the rounds measured
-    (``rules.partition.epoch_steps``; identical on every rank after the previous epoch's sync), and
-    ends its epoch there: no rank waits at the epoch's end for a slower one. The first epoch, before
+    With ``share_epochs`` (and ``epoch_sync``), ranks share each epoch by speed: Keras gives every rank
+    the same batches per epoch (``steps_per_epoch``, or the batches of its arrays), so the fastest rank
+    takes them all and every other rank as many as it takes in the same time, from the speeds the rounds
+    measured (``rules.partition.epoch_steps``; identical on every rank after the previous epoch's sync),
+    and ends its epoch there: no rank waits at the epoch's end for a slower one. The first epoch, before
     any speed is measured, every rank takes Keras' count.
     """
 
     def __init__(self, strategy, process_set=None, telemetry=None, slowdown=None, batch_size=None,
-                 timeout=DEFAULT_TIMEOUT_S, epoch_sync=True):
+                 timeout=DEFAULT_TIMEOUT_S, epoch_sync=True, share_epochs=False):
         super().__init__()
         self.strategy = check_strategy(strategy)
         if self.strategy.averages_gradients:
@@ -137,6 +137,7 @@ class HeteroSyncCallbackImpl(CheckpointState):
         self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
         self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
         self.epoch_sync = check_bool("epoch_sync", epoch_sync)
+        self.share_epochs = check_bool("share_epochs", share_epochs)
         check_run_options(telemetry, slowdown)                   # built at fit (they need the rank)
         self._telemetry, self._slowdown = telemetry, slowdown
         self._membership = None                # built at fit: it needs hvd.init() and the model
@@ -184,11 +185,11 @@ class HeteroSyncCallbackImpl(CheckpointState):
         self.epoch_shares = self._shares()
 
     def _shares(self):
-        """Every rank's batches this epoch by speed, or None (Keras' own count): without ``epoch_sync``,
-        without a known number of batches, or before every rank's speed is measured."""
+        """Every rank's batches this epoch by speed, or None (Keras' own count): without ``share_epochs``
+        and ``epoch_sync``, without a known number of batches, or before every rank's speed is measured."""
         steps = (getattr(self, "params", None) or {}).get("steps")
         hh = self._hh
-        if not self.epoch_sync or not steps or hh is None or hh.step_times is None:
+        if not (self.share_epochs and self.epoch_sync) or not steps or hh is None or hh.step_times is None:
             return None
         shares = epoch_steps(int(steps), hh.step_times).tolist()
         return None if min(shares) == steps else shares
