@@ -131,7 +131,7 @@ SLOWDOWN = st.one_of(
 BAD_SLOWDOWN = st.one_of(
     st.integers(), st.booleans(), st.just({}), st.just(b"1,2"), st.just([]), st.just({1.0, 2.0}), OBJECTS,
     st.sampled_from(["x", "1,x", "1,0", "1,-2", "1,inf", "1,nan", "5:1,1", "1,1;5:1", "1,1;inf:1,2", ";", "1,,2",
-                     "1,1;5:1,1;3:1,1"]),
+                     "1,1;5:1,1;3:1,1", "1,1e300", "1,1001"]),
     POSITIVE_FACTORS.flatmap(lambda fs: st.sampled_from([fs + [0.0], fs + [-1.0], fs + [math.inf], fs + [math.nan],
                                                          fs + ["2"], fs + [True], fs + [None]])),
     st.just([(5, [1, 1])]), st.just([(0, [1, 1]), (10, [1])]), st.just([(0, [1, 1]), (0, [1, 2])]),
@@ -145,7 +145,7 @@ BAD_RANDOM_DELAY = st.one_of(
     st.tuples(st.integers(max_value=-1), floats(0.0, 1.0)), st.tuples(ints(0, 8), st.floats(max_value=-1e-9)),
     st.tuples(ints(0, 8), NOT_FINITE), st.tuples(st.floats(0.5, 1.5), floats(0.0, 1.0)),
     st.tuples(st.booleans(), floats(0.0, 1.0)), st.tuples(ints(0, 8), st.sampled_from(["0.1", None])),
-    st.sampled_from(["x", "2", "1:inf", "1:nan", "-1:0.1", "1:-0.1", "1.5:0.1", "1:2:3", ":", "a:b"]))
+    st.sampled_from(["x", "2", "1:inf", "1:nan", "-1:0.1", "1:-0.1", "1.5:0.1", "1:2:3", ":", "a:b", "1:1e300"]))
 
 
 def scratch_dirs():
@@ -257,7 +257,7 @@ WAGMA_MORE = [Arg("wait_avoiding", BOOLS, BAD_BOOLS), Arg("patience", floats(0.0
 SLOWDOWN_ARGS = [
     Arg("rank", ints(0, 3), bad_ints(0)),
     Arg("factors", st.one_of(st.none(), SLOWDOWN), BAD_SLOWDOWN, expect="slowdown"),
-    Arg("base_step_s", st.one_of(st.none(), floats(0.0)), bad_floats(0.0, optional=True)),
+    Arg("base_step_s", st.one_of(st.none(), floats(0.0, 3600.0)), bad_floats(0.0, 3600.0, optional=True)),
     Arg("size", ints(4, 64), st.one_of(bad_ints(1, optional=True), st.just(0))),
     Arg("random_delay", RANDOM_DELAY, BAD_RANDOM_DELAY),
     Arg("sleep", CALLABLES, BAD_CALLABLES), Arg("clock", CALLABLES, BAD_CALLABLES)]
