@@ -21,6 +21,14 @@ if TYPE_CHECKING:
     # the controller an adapter reaches through its ``Membership``
     Controller = Union[HeteroController, OutsideController]
 
+class ElasticRankLostError(RankLostError, HorovodInternalError):
+    """A rank lost under ``hvd.elastic.run`` (``HOROVOD_ELASTIC=1``), which this library saw before
+    Horovod did: a dead rank of this host, a collective of ours that timed out, a transport that closed.
+    Both a ``RankLostError`` (it names the collective, the round and the rank) and Horovod's
+    ``HorovodInternalError``, which ``hvd.elastic.run`` takes as a failed worker: it restores the last
+    commit and resets, instead of ending this healthy worker."""
+
+
 def follow_ranks(hvd: Any, process_set: ProcessSet | None, telemetry: Telemetry | str | os.PathLike[str] | None,
                  build: Callable[[Telemetry | str | os.PathLike[str] | None], Controller]) -> Membership[Controller]:
     """The ``Membership`` an adapter reaches its controller through: rebuilt when Horovod's ranks
@@ -45,8 +53,12 @@ def follow_ranks(hvd: Any, process_set: ProcessSet | None, telemetry: Telemetry 
         return build(previous.telemetry if kept else telemetry)
 
     def lost(controller: Controller, error: BaseException) -> BaseException | None:
-        if os.environ.get("HOROVOD_ELASTIC") == "1" or not collective_failed(error):
-            return None                     # hvd.elastic resets on HorovodInternalError; other errors pass
+        if not collective_failed(error):
+            return None                     # not a failed collective: the error as it is
+        if os.environ.get("HOROVOD_ELASTIC") == "1":
+            if isinstance(error, HorovodInternalError):
+                return None                 # Horovod's own: hvd.elastic.run resets on it
+            return ElasticRankLostError(str(error))     # ours (a dead rank seen first, a timeout): the same reset
         return controller.rank_lost(error)
 
     return Membership(rebuild, lambda: (hvd.rank(), hvd.size()), HorovodInternalError, lost)

@@ -87,9 +87,9 @@ class Membership(Generic[_C]):
         ``loss.backward()`` runs (``hvd.DistributedOptimizer``'s), which must fail as a step does.
         """
         controller = self.controller if controller is None else controller
-        if isinstance(error, self._failure):
-            self._failed = True
         replacement = self._lost(controller, error) if self._lost is not None and controller is not None else None
+        if isinstance(error, self._failure) or isinstance(replacement, self._failure):
+            self._failed = True             # the next call builds a new controller (after elastic's reset)
         if replacement is None:
             raise error
         raise replacement from error

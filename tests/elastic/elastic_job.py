@@ -26,18 +26,19 @@ def set_hosts(text):
     os.replace(path + ".tmp", path)
 
 
-def run(worker, strategy, tmp_path, **env):
-    """Start ``worker strategy`` on 2 workers (at most 4); the records its processes logged."""
+def run(worker, strategy, tmp_path, hosts_text="localhost:2\n", np=2, args=(), **env):
+    """Start ``worker strategy *args`` on ``np`` workers of ``hosts_text`` (at least 2, at most 4); the
+    records its processes logged."""
     hosts, log = tmp_path / "hosts", tmp_path / "log.jsonl"
-    hosts.write_text("localhost:2\n")
+    hosts.write_text(hosts_text)
     discover = tmp_path / "discover.sh"
     discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
     discover.chmod(0o755)
     env = dict(os.environ, HH_ELASTIC_HOSTS=str(hosts), HH_ELASTIC_LOG=str(log), **env,
                PYTHONPATH=os.pathsep.join([str(Path.cwd()), os.environ.get("PYTHONPATH", "")]))
     # --network-interface: without it Horovod's elastic Gloo launcher waits for two hosts to compare their NICs
-    cmd = [str(HOROVODRUN), "-np", "2", "--min-np", "2", "--max-np", "4", "--network-interface", "lo",
-           "--host-discovery-script", str(discover), "--gloo", sys.executable, str(worker), strategy]
+    cmd = [str(HOROVODRUN), "-np", str(np), "--min-np", "2", "--max-np", "4", "--network-interface", "lo",
+           "--host-discovery-script", str(discover), "--gloo", sys.executable, str(worker), strategy, *args]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     return [json.loads(line) for line in log.read_text().splitlines()]

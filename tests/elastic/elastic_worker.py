@@ -14,21 +14,39 @@ from elastic_job import log, set_hosts
 
 STRATEGIES = {"sync": hh.Synchronous, "localsgd": lambda: hh.LocalSGD(period=3), "esync": hh.ESync,
               "wagma": lambda: hh.WAGMA(group_size=2, sync_period=4), "elasticbsp": hh.ElasticBSP,
-              "dssp": hh.DSSP, "balanced": lambda: hh.Balanced(rebalance_every=2)}
+              "dssp": hh.DSSP, "balanced": lambda: hh.Balanced(rebalance_every=2),
+              "adsp": lambda: hh.ADSP(check_period="4steps", search_every="8steps")}
+
+
+def build(name):
+    """``hvd.init`` (dynamic process sets: WAGMA adds its groups for each size), then the model, the
+    strategy called ``name``, its sampler (Balanced draws its batches from the batch sampler, which
+    splits among Horovod's current ranks; else None) and the wrapped optimizer."""
+    hvd.init(process_sets="dynamic")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    strategy = STRATEGIES[name]()
+    sampler = hh.DistributedSampler(range(10_000), batch_size=8) if strategy.weighs_gradients else None
+    opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                  named_parameters=model.named_parameters(), strategy=strategy, sampler=sampler)
+    return model, strategy, sampler, opt
+
+
+def train_step(model, opt, rank, batches=None):
+    """One step on this rank's data (a batch of ``batches``' size, else 8); odd ranks step slower."""
+    n = len(next(batches)) if batches is not None else 8
+    x = torch.full((n, 4), float(rank + 1)) * torch.linspace(-1, 1, n)[:, None]
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True) * 0.5).backward()
+    opt.step()
+    time.sleep(0.02 * (1 + rank % 2))
 
 
 def main():
     parser = argparse.ArgumentParser()       # horovodrun reads options after the command too: only a positional
     parser.add_argument("strategy", choices=STRATEGIES)
     args = parser.parse_args()
-    hvd.init(process_sets="dynamic")                 # WAGMA adds its groups for each size
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 1)
-    strategy = STRATEGIES[args.strategy]()
-    # Balanced draws its batches from the batch sampler, which splits among Horovod's current ranks
-    sampler = hh.DistributedSampler(range(10_000), batch_size=8) if strategy.weighs_gradients else None
-    opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
-                                  named_parameters=model.named_parameters(), strategy=strategy, sampler=sampler)
+    model, strategy, sampler, opt = build(args.strategy)
     state = hvd.elastic.TorchState(model=model, optimizer=opt, epoch=0, grown=-1, shrunk=-1)
     sizes = []
 
@@ -45,12 +63,7 @@ def main():
                 raise RuntimeError(f"no resize seen: epoch {state.epoch}, size {size}")
             batches = iter(sampler) if sampler is not None else None
             for _ in range(6):
-                n = len(next(batches)) if batches is not None else 8
-                x = torch.full((n, 4), float(rank + 1)) * torch.linspace(-1, 1, n)[:, None]
-                opt.zero_grad()
-                torch.nn.functional.mse_loss(model(x), x.sum(1, keepdim=True) * 0.5).backward()
-                opt.step()
-                time.sleep(0.02 * (1 + rank % 2))                        # odd ranks step slower
+                train_step(model, opt, rank, batches)
             # the epoch ends as in Horovod's elastic examples, with the strategy's sync first: every
             # rank in the same round, so commit's own collective (it checks for new hosts) meets no round
             opt.sync_model()

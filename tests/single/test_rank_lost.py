@@ -235,3 +235,41 @@ def test_a_rank_of_this_host_still_exiting_is_named_once_it_is_a_zombie(monkeypa
     c._peers = [(socket.gethostname(), 0), ("another-host", 7)]                 # no rank of this host to wait for
     t0 = time.monotonic()
     assert c.lost_ranks() == {} and time.monotonic() - t0 < 0.1
+
+
+def test_under_hvd_elastic_a_rank_lost_error_of_ours_takes_horovods_reset(monkeypatch):
+    """Under ``hvd.elastic.run`` a failure this library saw first (a dead rank, a timeout of ours) is raised
+    as ``ElasticRankLostError``, a ``HorovodInternalError`` too, which elastic's ``run`` resets on, and the
+    next call builds a new controller; Horovod's own error passes as it is; outside elastic a lost rank
+    stays a plain ``RankLostError``."""
+    import types
+
+    from horovod.common.exceptions import HorovodInternalError
+
+    class Controller:
+        closed, telemetry = False, None
+
+        def rank_lost(self, error):
+            return RankLostError(f"named: {error}")
+
+        def close(self):
+            self.closed = True
+
+    hvd = types.SimpleNamespace(rank=lambda: 0, size=lambda: 2, global_process_set=object())
+    membership = ranks.follow_ranks(hvd, None, None, lambda telemetry: Controller())
+    first = membership.current()
+    monkeypatch.setenv("HOROVOD_ELASTIC", "1")
+    with pytest.raises(ranks.ElasticRankLostError, match="^group average cannot complete: rank 0 of this host died$") as e:
+        with membership.guard():
+            raise RankLostError("group average cannot complete: rank 0 of this host died")
+    assert isinstance(e.value, HorovodInternalError) and isinstance(e.value, RankLostError)
+    assert membership.current() is not first and first.closed          # rebuilt, as after Horovod's own failure
+    with pytest.raises(HorovodInternalError) as e:
+        with membership.guard():
+            raise HorovodInternalError("Horovod has been shut down")
+    assert type(e.value) is HorovodInternalError
+    monkeypatch.delenv("HOROVOD_ELASTIC")
+    with pytest.raises(RankLostError, match="^named: a timeout$") as e:
+        with membership.guard():
+            raise CollectiveTimeoutError("a timeout")
+    assert not isinstance(e.value, HorovodInternalError)
