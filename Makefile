@@ -5,7 +5,7 @@ READY := $(VENV)/.horovod-hetero-ready
 NP ?= 4
 comma := ,
 
-.PHONY: demo docs test test-single test-parallel test-elastic test-faults test-multihost test-mpi test-bench bench-publish $(addprefix bench-publish-,$(PUBLISH_RUNS)) bench bench-peers bench-wagma bench-planned bench-epochs bench-scripts bench-state-server env clean
+.PHONY: demo docs test test-single test-parallel test-elastic test-faults test-multihost test-mpi test-bench test-elastic-kill bench-publish $(addprefix bench-publish-,$(PUBLISH_RUNS)) bench bench-peers bench-wagma bench-planned bench-epochs bench-scripts bench-state-server env clean
 
 $(READY): tools/bootstrap.sh tools/fetch_data.py tools/requirements.txt pyproject.toml
 	VENV=$(VENV) bash tools/bootstrap.sh
@@ -99,7 +99,13 @@ test-mpi: $(READY)
 
 #: Horovod elastic (each case runs its own horovodrun with a host-discovery script)
 test-elastic: $(READY)
-	HH_TIMING_BY=test $(PY) -m pytest -q -p no:cacheprovider --timeout 300 tests/elastic
+	HH_TIMING_BY=test $(PY) -m pytest -q -p no:cacheprovider --timeout 300 --ignore=tests/elastic/test_elastic_kill.py tests/elastic
+
+#: a worker killed with SIGKILL mid-epoch under hvd.elastic, six strategies (about 9 min); not in make test
+#: yet: a survivor hung in 2 of about 30 cases (ElasticBSP and ADSP, rank 2 killed), still open
+.PHONY: test-elastic-kill
+test-elastic-kill: $(READY)
+	HH_TIMING_BY=test $(PY) -m pytest -q -s -p no:cacheprovider --timeout 300 tests/elastic/test_elastic_kill.py
 
 #: the documentation site (Sphinx, MyST, furo; the API reference from the docstrings): docs/_build/html;
 #: warnings are errors, so a broken reference or docstring fails the build (and make test)
