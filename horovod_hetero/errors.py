@@ -27,7 +27,8 @@ class RankLostError(HeteroError):
     """A rank died (its connections closed) or froze (a collective timed out) while this rank
     trained: the job cannot go on. The message names the collective, the round, the step and, where
     it can be seen from this host, the lost rank. Restart from a checkpoint, or train under
-    ``hvd.elastic.run`` (there Horovod's own ``HorovodInternalError`` goes to its reset instead)."""
+    ``hvd.elastic.run`` (there Horovod's own ``HorovodInternalError`` goes to its reset instead, and
+    so does a dead rank this library sees first: ``common.ranks.ElasticRankLostError``)."""
 
 
 class CollectiveTimeoutError(RankLostError, TimeoutError):

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from horovod.common.exceptions import HorovodInternalError
 
-from horovod_hetero.errors import ElasticResetError, RankLostError
+from horovod_hetero.errors import CollectiveTimeoutError, ElasticResetError, RankLostError
 from horovod_hetero.runtime.membership import Membership
 
 if TYPE_CHECKING:
@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 
 class ElasticRankLostError(RankLostError, HorovodInternalError):
     """A rank lost under ``hvd.elastic.run`` (``HOROVOD_ELASTIC=1``), which this library saw before
-    Horovod did: a dead rank of this host, a collective of ours that timed out, a transport that closed.
+    Horovod did: a dead rank of this host, a transport that closed (a collective of ours that timed out
+    stays a ``CollectiveTimeoutError``: it may be the user's own collective between rounds, which a
+    reset would repeat).
     Both a ``RankLostError`` (it names the collective, the round and the rank) and Horovod's
     ``HorovodInternalError``, which ``hvd.elastic.run`` takes as a failed worker: it restores the last
     commit and resets, instead of ending this healthy worker."""
@@ -56,9 +58,11 @@ def follow_ranks(hvd: Any, process_set: ProcessSet | None, telemetry: Telemetry 
         if not collective_failed(error):
             return None                     # not a failed collective: the error as it is
         if os.environ.get("HOROVOD_ELASTIC") == "1":
-            if isinstance(error, HorovodInternalError):
-                return None                 # Horovod's own: hvd.elastic.run resets on it
-            return ElasticRankLostError(str(error))     # ours (a dead rank seen first, a timeout): the same reset
+            # Horovod's own error: hvd.elastic.run resets on it. A timeout of ours: as it is (it may be a
+            # collective of the user's between rounds, which a reset would only repeat, endlessly)
+            if isinstance(error, (HorovodInternalError, CollectiveTimeoutError)):
+                return None
+            return ElasticRankLostError(str(error))     # ours (a dead rank seen first): the same reset
         return controller.rank_lost(error)
 
     return Membership(rebuild, lambda: (hvd.rank(), hvd.size()), HorovodInternalError, lost)

@@ -163,7 +163,8 @@ class _HeteroMethods:
 
     def _hh_copy_counts(self, hh, root):
         """Integer buffers (BatchNorm's ``num_batches_tracked``) are not averaged: every rank takes those of
-        ``root`` (default: the process set's first rank), so the whole ``state_dict()`` is identical."""
+        ``root`` (default: the process set's first rank; under ``Synchronous`` the rank that joined last,
+        whose model is broadcast), so the whole ``state_dict()`` is identical."""
         collectives = hh.collectives
         if not self._hh_counts or collectives is None:
             return
@@ -381,8 +382,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
         process_set: Horovod process set to synchronise over (default: all ranks).
         named_buffers: ``model.named_buffers()``: floating-point buffers (BatchNorm's running
             statistics) are averaged with the parameters and the others (``num_batches_tracked``)
-            copied from the process set's first rank in ``sync_model()``, so the whole
-            ``state_dict()`` is then identical on every rank; without it buffers stay each rank's own.
+            copied from one rank in ``sync_model()`` (the process set's first; under ``Synchronous``
+            the one whose model it broadcasts), so the whole ``state_dict()`` is then identical on
+            every rank; without it buffers stay each rank's own.
         telemetry: directory for per-rank JSON-lines step records (default
             ``$HOROVOD_HETERO_TELEMETRY``; unset: kept in memory).
         slowdown: per-rank slowdown factors, e.g. ``"1,1,1,4"`` (default
@@ -429,7 +431,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
     if not strategy.averages_gradients:
         given = [name for name, changed in (("compression", compression is not Compression.none),
                                             ("gradient_predivide_factor", gradient_predivide_factor != 1.0),
-                                            ("groups", groups is not None), ("sparse_as_dense", sparse_as_dense))
+                                            ("groups" if num_groups == 0 else "num_groups", groups is not None),
+                                            ("sparse_as_dense", sparse_as_dense))
                  if changed]
         if given:
             raise ValueError(f"{', '.join(given)}: Horovod's options for the gradient allreduce, which "

@@ -39,6 +39,7 @@ def test_use_before_hvd_init_names_the_fix():
      r"^compression: Horovod's options for the gradient allreduce, which ESync does not run"),
     ({"strategy": hh.LocalSGD(2), "gradient_predivide_factor": 2.0, "groups": 2, "sparse_as_dense": True}, ValueError,
      r"^gradient_predivide_factor, groups, sparse_as_dense: .* strategy=hh.Synchronous\(\)"),
+    ({"strategy": hh.LocalSGD(2), "num_groups": 2}, ValueError, r"^num_groups: Horovod's options"),  # the name given
 ])
 def test_bad_arguments_are_refused_before_init(kwargs, error, match):
     with pytest.raises(error, match=match):

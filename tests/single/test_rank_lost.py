@@ -238,10 +238,10 @@ def test_a_rank_of_this_host_still_exiting_is_named_once_it_is_a_zombie(monkeypa
 
 
 def test_under_hvd_elastic_a_rank_lost_error_of_ours_takes_horovods_reset(monkeypatch):
-    """Under ``hvd.elastic.run`` a failure this library saw first (a dead rank, a timeout of ours) is raised
-    as ``ElasticRankLostError``, a ``HorovodInternalError`` too, which elastic's ``run`` resets on, and the
-    next call builds a new controller; Horovod's own error passes as it is; outside elastic a lost rank
-    stays a plain ``RankLostError``."""
+    """Under ``hvd.elastic.run`` a failure this library saw first (a dead rank) is raised as
+    ``ElasticRankLostError``, a ``HorovodInternalError`` too, which elastic's ``run`` resets on, and the
+    next call builds a new controller; Horovod's own error and a timeout of ours pass as they are; outside
+    elastic a lost rank stays a plain ``RankLostError``."""
     import types
 
     from horovod.common.exceptions import HorovodInternalError
@@ -268,6 +268,10 @@ def test_under_hvd_elastic_a_rank_lost_error_of_ours_takes_horovods_reset(monkey
         with membership.guard():
             raise HorovodInternalError("Horovod has been shut down")
     assert type(e.value) is HorovodInternalError
+    with pytest.raises(CollectiveTimeoutError, match="^the user's allreduce between rounds$") as e:
+        with membership.guard():                                     # a timeout stays one: a reset would repeat it
+            raise CollectiveTimeoutError("the user's allreduce between rounds")
+    assert not isinstance(e.value, HorovodInternalError)
     monkeypatch.delenv("HOROVOD_ELASTIC")
     with pytest.raises(RankLostError, match="^named: a timeout$") as e:
         with membership.guard():
