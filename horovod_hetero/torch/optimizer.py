@@ -96,6 +96,7 @@ class _HeteroMethods:
         self._hh_counts = counts
         self._hh_synced_at = time.monotonic()
         self._hh_idle_warned = False
+        self._hh_split_by_speed = False         # set when an hh.DistributedSampler binds to it
         self._hh_comm = 0.0
         self._hh_counters = _Counters(self)
         self.param_groups[0][_STATE_KEY] = self._hh_counters
@@ -492,7 +493,6 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
     if sampler is not None and sampler.batch_size is not None and strategy.weighs_gradients:
         strategy.use_batch(sampler.batch_size, collectives.size)     # the global batch: ranks x the user's batch
     opt._hh_sampler = sampler
-    opt._hh_split_by_speed = False              # set when an hh.DistributedSampler binds to it
     opt._hh_setup(follow_ranks(hvd, process_set, telemetry, build), [b for _, b in counts])
     if sampler is not None:
         sampler.optimizer = opt
