@@ -60,8 +60,8 @@ test-gpu: $(READY)
 
 #: the parallel files, one horovodrun job (one pytest session, one hvd.init: tests/parallel/job.py) per
 #: group: the torch files; each file of PARALLEL_SOLO alone (the bit-for-bit file: Horovod's tensor fusion
-#: off from its hvd.init; torch's averager: a torch.distributed Gloo group beside Horovod's, which stalled
-#: a Horovod collective for Gloo's 30 s once in 4 runs of a shared job); the Keras files on each Keras
+#: off from its hvd.init; torch's averager: a torch.distributed Gloo group beside Horovod's, destroyed at
+#: the end of the file); the Keras files on each Keras
 #: stack (first Keras 3 with the TensorFlow backend, then KERAS_STACKS)
 PARALLEL_SOLO := tests/parallel/test_torch_bitwise.py tests/parallel/test_torch_averager.py
 #: $(call first,FILES,ALL): ALL with FILES first. First in a job: the files whose tests need a process that no

@@ -13,7 +13,9 @@ before ``fit`` re-raises it. What this package needs of them is here, and nowher
 - Horovod's Keras 2 optimizer, recognised by its ``_allreduce_grads``, to name its failures;
 - an optimizer's ``__class__``, assigned (Keras 3): the Keras ``hh.DistributedOptimizer`` keeps the
   user's instance;
-- ``model.train_function``, replaced (Keras): a failed gradient average raises ``RankLostError``.
+- ``model.train_function``, replaced (Keras): a failed gradient average raises ``RankLostError``;
+- ``horovod.torch.mpi_ops.mpi_lib.horovod_torch_join`` and ``_handle_map``: ``hvd.join`` as a handle to
+  poll (``torch_join_async``), as Horovod's own ``join`` makes it before its busy wait.
 
 Importing this module checks Horovod's version (``check_horovod_version``): the adapters
 (``horovod_hetero.torch``, ``horovod_hetero.keras``) import it, so another Horovod fails at import
@@ -88,6 +90,28 @@ def registered_process_set(ranks: Iterable[int], set_id: int) -> ProcessSet:
     process_set = ProcessSet(list(ranks))
     process_set.process_set_id = set_id
     return process_set
+
+
+def torch_join_async(device: int = -1) -> int:
+    """``hvd.join(device)`` of ``horovod.torch`` as a handle for ``hvd.poll``/``hvd.synchronize`` (which
+    returns the last rank to join, a one-element int tensor), made as Horovod's ``join`` makes it.
+
+    Horovod's ``join`` then waits in ``synchronize``, a loop of ``sched_yield`` calls that takes the
+    GIL back each turn: a rank waiting there for long (the first to join) keeps its core busy."""
+    import torch
+    from horovod.common.exceptions import HorovodInternalError
+    try:
+        from horovod.torch.mpi_ops import _handle_map, mpi_lib
+        enqueue = mpi_lib.horovod_torch_join
+    except (ImportError, AttributeError) as error:
+        raise _missing("horovod.torch.mpi_ops.mpi_lib.horovod_torch_join", error) from None
+    output = torch.tensor(-1, dtype=torch.int)
+    try:
+        handle: int = enqueue(output, device)
+    except RuntimeError as error:
+        raise HorovodInternalError(error) from error
+    _handle_map[handle] = (None, output)
+    return handle
 
 
 def torch_optimizer_bases() -> tuple[type, type]:

@@ -13,10 +13,10 @@ import torch
 import horovod.torch as hvd
 from horovod.torch.compression import Compression
 
-from horovod_hetero.common.compat import torch_optimizer_bases
+from horovod_hetero.common.compat import torch_join_async, torch_optimizer_bases
 from horovod_hetero.common.options import check_run_options
 from horovod_hetero.common.ranks import follow_ranks
-from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, call_with_timeout
+from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S
 from horovod_hetero.runtime.controller import HeteroController, OutsideController, ring_bytes
 from horovod_hetero.strategies.registry import check_strategy
 from horovod_hetero.torch.collectives import TorchCollectives, TorchModel, wait, wait_done
@@ -289,16 +289,15 @@ class _SynchronousOptimizer(_HeteroMethods):
         with self._hh_membership.guard() as hh:
             self._hh_adopt()
             t0 = time.perf_counter()
-            last = call_with_timeout(hvd.join, collectives.timeout, "hvd.join in sync_model")
+            last = int(collectives.polled(torch_join_async, "hvd.join in sync_model").item())
             handles = [hvd.broadcast_async_(t, root_rank=last, name=f"horovod_hetero.sync.{i}")
                        for i, t in enumerate(hh.model.tensors())]
             for h in handles:
                 wait(h, collectives.timeout, "sync_model broadcast")
             self._hh_copy_counts(hh, last)
             if hh.strategy.weighs_gradients:
-                counters = call_with_timeout(lambda: hvd.broadcast_object(
-                    hh.state_dict(), root_rank=last, name="horovod_hetero.sync.counters"),
-                    collectives.timeout, "sync_model broadcast of the counters")
+                counters = collectives.broadcast_object(hh.state_dict(), root=last, name="horovod_hetero.sync.counters",
+                                                        what="sync_model broadcast of the counters")
                 hh.load_state_dict(counters)
             hh.add_comm(time.perf_counter() - t0)
             hh.close()

@@ -59,6 +59,7 @@ from torch.distributed.algorithms.model_averaging import utils as averaging_util
 
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
+from horovod_hetero.torch.collectives import wait
 import job
 
 job.init(hvd, hh)
@@ -141,7 +142,9 @@ def run_pair(dtype, period, warmup, optimizer, step_fn, named=None):
         ref_opt.step()
         ref_avg.after_step(theirs.parameters())
         a, b = flat(ours), flat(theirs)
-        gathered = hvd.allgather(torch.stack([a, b]).unsqueeze(0), name="test_torch_averager.gather")
+        # polled, as the library waits: hvd.allgather's busy wait stalled Gloo past its timeout here
+        gathered = wait(hvd.allgather_async(torch.stack([a, b]).unsqueeze(0), name="test_torch_averager.gather"),
+                        60.0, "the test's gather")
         agree = [bool((gathered[:, i] == gathered[0, i]).all()) for i in (0, 1)]
         history.append((step, a, b, agree))
     return history

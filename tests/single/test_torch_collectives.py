@@ -6,6 +6,8 @@ as GPU memory. A recording stand-in for Horovod's async ops notes the device and
 tensor of every group. CPU-only machines cannot tell "made on the model's device" from "made on
 the CPU" with real tensors, so the meta device (shapes without data) stands in for a GPU there.
 """
+import itertools
+
 import pytest
 import torch
 
@@ -18,15 +20,36 @@ from horovod_hetero.torch.collectives import TorchCollectives, TorchModel
 class RecordingHorovod:
     """One rank: a sum is the tensors themselves. Records (name, [(device, dtype), ...]) per group."""
 
-    def __init__(self, monkeypatch):
-        self.groups, self._out = [], {}
+    def __init__(self, monkeypatch, polls_per_op=1):
+        self.groups, self._out, self._handles = [], {}, itertools.count(1000)
+        self.polls_left, self.polls_per_op, self.objects = {}, polls_per_op, []
         monkeypatch.setattr(hvd, "grouped_allreduce_async_", lambda t, **kw: self._enqueue(t, kw, inplace=True))
         monkeypatch.setattr(hvd, "grouped_allreduce_async", lambda t, **kw: self._enqueue(t, kw, inplace=False))
-        monkeypatch.setattr(hvd, "poll", lambda handle: True)
-        monkeypatch.setattr(hvd, "synchronize", lambda handle: self._out.pop(handle))
-        monkeypatch.setattr(hvd, "broadcast_object", lambda obj, **kw: obj)     # the first start's counters
-        monkeypatch.setattr(hvd, "allgather_object", lambda obj, **kw: [obj])    # ... and its ranks' pids
+        monkeypatch.setattr(hvd, "poll", self._poll)
+        monkeypatch.setattr(hvd, "synchronize", self._synchronize)
+        monkeypatch.setattr(hvd, "rank", lambda: 0)
+        # the first start's counters and its ranks' pids: object collectives over byte tensors
+        monkeypatch.setattr(hvd, "broadcast_async_", lambda t, root, **kw: self._object_op(t, kw))
+        monkeypatch.setattr(hvd, "allgather_async", lambda t, **kw: self._object_op(t, kw))
         monkeypatch.setattr(hvd.mpi_ops._basics, "_get_process_set_ids_and_ranks", lambda: {0: [0]})  # no sets
+
+    def _object_op(self, tensor, kwargs):
+        self.objects.append(kwargs["name"])
+        return self._handle(tensor)
+
+    def _handle(self, out):
+        handle = next(self._handles)
+        self._out[handle], self.polls_left[handle] = out, self.polls_per_op
+        return handle
+
+    def _poll(self, handle):
+        self.polls_left[handle] -= 1
+        return self.polls_left[handle] <= 0
+
+    def _synchronize(self, handle):
+        """Horovod's busy wait: only ever reached once the collective is done."""
+        assert self.polls_left[handle] <= 0, "synchronize before poll said done"
+        return self._out.pop(handle)
 
     def _enqueue(self, tensors, kwargs, inplace):
         self.groups.append((kwargs["name"], [(t.device, t.dtype) for t in tensors]))
@@ -34,8 +57,7 @@ class RecordingHorovod:
             out = list(tensors[:-1]) + [torch.zeros(tensors[-1].shape, dtype=torch.float64)]
         else:
             out = tensors if inplace else [t.clone() for t in tensors]
-        self._out[len(self.groups)] = out
-        return len(self.groups)
+        return self._handle(out)
 
 
 def collectives(sets=None):
@@ -58,6 +80,19 @@ def test_every_tensor_of_every_round_is_on_the_models_device_control_in_float64(
     for _, group in fake.groups:
         assert {d for d, _ in group} == {tensors[0].device}
         assert [t for _, t in group] == [torch.float32, torch.float64]      # one flat tensor, the control
+
+
+def test_object_collectives_poll_before_horovods_busy_wait(monkeypatch):
+    """Objects go as a size then pickled bytes; every wait polls until done, and only then
+    calls Horovod's ``synchronize`` (a loop of ``sched_yield`` that starves shared cores)."""
+    fake = RecordingHorovod(monkeypatch, polls_per_op=3)
+    c = collectives()
+    state = {"round": 7, "steps": [1, 2]}
+    assert c.broadcast_object(state, what="a broadcast") == state
+    assert c.allgather_object(("host", 12), what="a gather") == [("host", 12)]
+    assert fake.objects == ["horovod_hetero.broadcast.sz", "horovod_hetero.broadcast.t",
+                            "horovod_hetero.allgather.sz", "horovod_hetero.allgather.t"]
+    assert all(left == 0 for left in fake.polls_left.values())
 
 
 def test_the_control_vector_follows_the_model_to_another_device_rounds_and_groups(monkeypatch):
