@@ -138,6 +138,10 @@ class HeteroSyncCallbackImpl(CheckpointState):
         self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
         self.epoch_sync = check_bool("epoch_sync", epoch_sync)
         self.share_epochs = check_bool("share_epochs", share_epochs)
+        if self.share_epochs and not self.epoch_sync:
+            raise ValueError("share_epochs=True shares each epoch's batches among ranks that meet at its end: "
+                             "it needs epoch_sync=True (with epoch_sync=False no epoch ends together; "
+                             "drop share_epochs)")
         check_run_options(telemetry, slowdown)                   # built at fit (they need the rank)
         self._telemetry, self._slowdown = telemetry, slowdown
         self._membership = None                # built at fit: it needs hvd.init() and the model

@@ -49,8 +49,9 @@ def _named(named, what, fallback):
 
 
 def _named_tensors(optimizer, named_parameters, named_buffers):
-    """The optimizer's parameters, the model's floating-point buffers and its other buffers (BatchNorm's
-    ``num_batches_tracked``), each as sorted (name, tensor)."""
+    """The optimizer's parameters, the model's floating-point buffers and its other buffers (integer or
+    bool, BatchNorm's ``num_batches_tracked``: broadcast, not averaged), each as sorted (name, tensor);
+    a complex buffer is refused by name."""
     unnamed = [(f"param.{i}.{j}", p) for i, g in enumerate(optimizer.param_groups)
                for j, p in enumerate(g["params"])]
     params = _named(named_parameters, "named_parameters", unnamed)
@@ -59,6 +60,10 @@ def _named_tensors(optimizer, named_parameters, named_buffers):
         raise ValueError("named_parameters was given, but one or more optimizer parameters are "
                          "not in it; pass model.named_parameters() of the optimized model")
     buffers = _named(named_buffers, "named_buffers", [])
+    complex_ = [n for n, b in buffers if b.is_complex()]
+    if complex_:
+        raise ValueError(f"named_buffers: complex buffers ({', '.join(complex_)}) cannot be averaged or broadcast by "
+                         f"Horovod; pass named_buffers without them")
     return params, [(n, b) for n, b in buffers if b.is_floating_point()], [(n, b) for n, b in buffers
                                                                           if not b.is_floating_point()]
 

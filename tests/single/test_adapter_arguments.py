@@ -26,6 +26,8 @@ def test_use_before_hvd_init_names_the_fix():
     # as Horovod: argument problems are ValueError/TypeError even before hvd.init()
     ({"named_parameters": 5}, ValueError, "named_parameters must be a sequence of"),
     ({"named_buffers": [("b", 5)]}, ValueError, "named_buffers must be a sequence of"),
+    ({"named_buffers": [("phase", torch.zeros(2, dtype=torch.complex64))]}, ValueError,
+     r"^named_buffers: complex buffers \(phase\) cannot be averaged"),
     ({"op": "sum"}, ValueError, "op must be hvd.Average, hvd.Sum or hvd.Adasum"),
     ({"sparse_as_dense": "no"}, TypeError, "sparse_as_dense"),
     ({"gradient_predivide_factor": float("inf")}, ValueError, "gradient_predivide_factor"),
@@ -61,6 +63,9 @@ def test_keras_callbacks_check_their_arguments():
         keras_hh.callbacks.ESyncCallback(mode="fast")
     with pytest.raises(TypeError, match="batch_size"):
         keras_hh.callbacks.LocalSGDCallback(period=2, batch_size=1.5)
+    with pytest.raises(ValueError, match="share_epochs=True .* needs epoch_sync=True"):
+        keras_hh.callbacks.ESyncCallback(epoch_sync=False, share_epochs=True)
+    assert keras_hh.callbacks.ESyncCallback(share_epochs=True).share_epochs
 
 
 def test_which_keras_runs_follows_tensorflows_rule(monkeypatch):
