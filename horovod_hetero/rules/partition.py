@@ -69,17 +69,23 @@ def step_times_of(step_times: Sequence[float] | npt.NDArray[np.float64] | None,
 
 
 def epoch_indices(n: int, step_s: npt.ArrayLike, rank: int, epoch: int = 0, seed: int = 0,
-                  shuffle: bool = True) -> list[int]:
+                  shuffle: bool = True, multiple: int = 1) -> list[int]:
     """This rank's sample indices for ``epoch``: a contiguous share, proportional to its speed, of
-    the epoch's permutation (the same permutation on every rank: ``seed`` and ``epoch``).
+    the epoch's permutation (the same permutation on every rank: ``seed`` and ``epoch``). With
+    ``multiple``, every share is a whole number of ``multiple`` samples but the last rank's, which
+    also takes the ``n % multiple`` left over (whole batches: only one rank's last batch is short).
 
     Example:
         >>> shares = [epoch_indices(10, [0.1, 0.4], r, epoch=3) for r in (0, 1)]
         >>> [len(s) for s in shares], sorted(shares[0] + shares[1]) == list(range(10))
         ([8, 2], True)
+        >>> [len(epoch_indices(67, [0.1, 0.1, 0.1, 0.4], r, multiple=8)) for r in range(4)]
+        [24, 16, 16, 11]
     """
     order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
-    bounds = np.concatenate([[0], np.cumsum(proportional_counts(n, step_s))])
+    counts = proportional_counts(n // multiple, step_s) * multiple
+    counts[-1] += n - counts.sum()
+    bounds = np.concatenate([[0], np.cumsum(counts)])
     return order[bounds[rank]:bounds[rank + 1]].tolist()
 
 

@@ -68,10 +68,15 @@ class DistributedSampler(torch.utils.data.Sampler):
             when an epoch is first split (several in the process: ``ValueError``, name it).
         batch_size: ``None`` (a sampler of indices), or the samples per step of one rank (an int >= 1): a
             batch sampler, whose batches the bound strategy may size per rank (``Balanced``).
+        loader_batch_size: the ``batch_size`` of the ``DataLoader`` that draws from this sampler (an
+            int >= 1, optional): every rank's share is then a whole number of batches but the last
+            rank's, so no other rank ends its epoch on a short batch (shares follow the speeds and
+            change every epoch: without it any rank's last batch may hold a single sample, which
+            ``BatchNorm`` refuses in training).
 
     Example::
 
-        sampler = hh.DistributedSampler(train_set, num_replicas=hvd.size(), rank=hvd.rank())
+        sampler = hh.DistributedSampler(train_set, num_replicas=hvd.size(), rank=hvd.rank(), loader_batch_size=32)
         loader = torch.utils.data.DataLoader(train_set, batch_size=32, sampler=sampler)
         opt = hh.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                       strategy=hh.ESync())       # the process's one: the sampler binds to it
@@ -82,7 +87,8 @@ class DistributedSampler(torch.utils.data.Sampler):
             opt.sync_model()                 # every rank at the same round: the next split agrees
     """
 
-    def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0, optimizer=None, batch_size=None):
+    def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0, optimizer=None, batch_size=None,
+                 loader_batch_size=None):
         if not hasattr(dataset, "__len__"):
             raise TypeError(f"dataset must have a length (a map-style dataset), got {type(dataset).__name__}")
         self.dataset = dataset
@@ -95,6 +101,8 @@ class DistributedSampler(torch.utils.data.Sampler):
         if optimizer is not None:
             self.optimizer = optimizer
         self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
+        self.loader_batch_size = (1 if loader_batch_size is None
+                                  else check_int("loader_batch_size", loader_batch_size, 1))
         self.drawn = 0                  # batches handed out (a loader that never draws them is named)
         self._share = None
 
@@ -168,7 +176,7 @@ class DistributedSampler(torch.utils.data.Sampler):
     def _current(self):
         if self._share is None:
             self._share = epoch_indices(len(self.dataset), self.step_times(), self.rank, self.epoch, self.seed,
-                                        self.shuffle)
+                                        self.shuffle, multiple=self.loader_batch_size)
         return self._share
 
     def __iter__(self):

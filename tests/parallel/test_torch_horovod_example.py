@@ -40,7 +40,8 @@ def script(strategy, path):
     torch.manual_seed(42)
     x, y, x_test, y_test = (torch.from_numpy(a) for a in digits())
     train_dataset = torch.utils.data.TensorDataset(x, y, torch.arange(len(x)))       # + each sample's index
-    train_sampler = hh.DistributedSampler(train_dataset, num_replicas=hvd.size(), rank=hvd.rank())
+    train_sampler = hh.DistributedSampler(train_dataset, num_replicas=hvd.size(), rank=hvd.rank(),
+                                          loader_batch_size=BATCH)
     train_loader = torch.utils.data.DataLoader(train_dataset, batch_size=BATCH, sampler=train_sampler)
     test_dataset = torch.utils.data.TensorDataset(x_test, y_test)
     test_sampler = torch.utils.data.distributed.DistributedSampler(test_dataset, num_replicas=hvd.size(),

@@ -86,3 +86,19 @@ def test_a_rank_idle_in_sync_model_with_an_even_split_is_told_the_fix_once():
     assert idle_check(waited=6.0, since=10.0, _hh_split_by_speed=True) == []
     assert idle_check(waited=6.0, since=10.0, _hh=types.SimpleNamespace(
         strategy=types.SimpleNamespace(averages_gradients=True))) == []   # Synchronous: it waits every step
+
+
+def test_loader_batch_size_keeps_every_share_but_the_last_whole_batches():
+    """Shares follow the speeds; with the DataLoader's batch size only the last rank's ends short, so
+    no rank meets a one-sample batch BatchNorm refuses (1438 samples, batches of 32: the last rank's
+    share ends on 30)."""
+    speeds = [0.1, 0.13, 0.1, 0.37]
+    shares = []
+    for r in range(4):
+        s = DistributedSampler(range(1438), num_replicas=4, rank=r, loader_batch_size=32)
+        s.step_times = lambda: speeds
+        shares.append(list(s))
+    assert [len(s) % 32 for s in shares] == [0, 0, 0, 1438 % 32]
+    assert sorted(i for s in shares for i in s) == list(range(1438))
+    with pytest.raises(ValueError, match="loader_batch_size"):
+        DistributedSampler(range(10), num_replicas=2, rank=0, loader_batch_size=0)
