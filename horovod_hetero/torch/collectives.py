@@ -5,6 +5,7 @@ Every wait here polls (``wait_done``) before ``hvd.synchronize``: Horovod's own 
 waiting so keeps a core from the ranks and Horovod background threads that would end its wait
 (measured: Horovod's Gloo exchanges then stalled past their 30 s timeout, in about one job in two
 of the torch averager test on 2 cores and 4 ranks; none in 5 with polling)."""
+import itertools
 import pickle
 import time
 
@@ -50,13 +51,10 @@ class TorchCollectives(HorovodCollectives):
 
     @torch.no_grad()
     def allreduce_sum(self, tensors, control, *, ranks=None, name, what, inplace=False, like=None):
-        self.check_enqueue(what)                # never enqueue into a failed Horovod: it would block
         device = tensors[0].device if len(tensors) else like.device if like is not None else torch.device("cpu")
         group = list(tensors) + [torch.tensor(control, dtype=torch.float64, device=device)]
         enqueue = hvd.grouped_allreduce_async_ if inplace else hvd.grouped_allreduce_async
-        with gil_guarded():
-            handle = enqueue(group, op=hvd.Sum, name=name, process_set=self.process_set_of(ranks))
-        out = wait(handle, self.timeout, what)
+        out = self.polled(lambda: enqueue(group, op=hvd.Sum, name=name, process_set=self.process_set_of(ranks)), what)
         return out[:-1], out[-1].tolist()
 
     def broadcast_object(self, obj, *, what, root=None, name="horovod_hetero.broadcast"):
@@ -78,11 +76,12 @@ class TorchCollectives(HorovodCollectives):
         sizes = self.polled(lambda: hvd.allgather_async(torch.tensor([data.numel()], dtype=torch.int64),
                                                          name="horovod_hetero.allgather.sz"), what).tolist()
         gathered = self.polled(lambda: hvd.allgather_async(data, name="horovod_hetero.allgather.t"), what)
-        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        starts = itertools.accumulate(sizes, initial=0)
         return [pickle.loads(gathered[start:start + n].numpy().tobytes()) for start, n in zip(starts, sizes)]
 
     def polled(self, enqueue, what):
-        """Enqueue one collective (``enqueue()``: its handle) and return its result, polled (``wait``)."""
+        """Enqueue one collective (``enqueue()``: its handle) and return its result, polled (``wait``);
+        never into a failed Horovod, where the enqueue would block (``check_enqueue``)."""
         self.check_enqueue(what)
         with gil_guarded():
             handle = enqueue()
@@ -100,11 +99,8 @@ class TorchCollectives(HorovodCollectives):
         return [wait(h, self.timeout, what) for h in handles]
 
     def mean(self, tensors, *, name):
-        self.check_enqueue("the gradient average")
-        with gil_guarded():
-            handle = hvd.grouped_allreduce_async(list(tensors), op=hvd.Average, name=name,
-                                                 process_set=self.process_set)
-        return wait(handle, self.timeout, "the gradient average")
+        return self.polled(lambda: hvd.grouped_allreduce_async(list(tensors), op=hvd.Average, name=name,
+                                                               process_set=self.process_set), "the gradient average")
 
     def timed_mean(self, tensors, *, name):
         """``mean`` and the seconds it took (eager: the wall clock around it)."""
