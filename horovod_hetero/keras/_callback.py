@@ -116,7 +116,7 @@ class HeteroSyncCallbackImpl(CheckpointState):
     batches; then what the strategy opened is closed. Under ``hvd.elastic.run`` the next ``fit``
     after a reset goes on with the new ranks (``runtime.membership``).
 
-    With ``share_epochs`` (and ``epoch_sync``), ranks share each epoch by speed: Keras gives every rank
+    With ``share_epochs`` (the default with ``epoch_sync``), ranks share each epoch by speed: Keras gives every rank
     the same batches per epoch (``steps_per_epoch``, or the batches of its arrays), so the fastest rank
     takes them all and every other rank as many as it takes in the same time, from the speeds the rounds
     measured (``rules.partition.epoch_steps``; identical on every rank after the previous epoch's sync),
@@ -125,7 +125,7 @@ class HeteroSyncCallbackImpl(CheckpointState):
     """
 
     def __init__(self, strategy, process_set=None, telemetry=None, slowdown=None, batch_size=None,
-                 timeout=DEFAULT_TIMEOUT_S, epoch_sync=True, share_epochs=False):
+                 timeout=DEFAULT_TIMEOUT_S, epoch_sync=True, share_epochs=None):
         super().__init__()
         self.strategy = check_strategy(strategy)
         if self.strategy.averages_gradients:
@@ -137,7 +137,7 @@ class HeteroSyncCallbackImpl(CheckpointState):
         self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
         self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
         self.epoch_sync = check_bool("epoch_sync", epoch_sync)
-        self.share_epochs = check_bool("share_epochs", share_epochs)
+        self.share_epochs = self.epoch_sync if share_epochs is None else check_bool("share_epochs", share_epochs)
         if self.share_epochs and not self.epoch_sync:
             raise ValueError("share_epochs=True shares each epoch's batches among ranks that meet at its end: "
                              "it needs epoch_sync=True (with epoch_sync=False no epoch ends together; "

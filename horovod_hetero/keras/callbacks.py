@@ -54,13 +54,14 @@ class HeteroSyncCallback(HeteroSyncCallbackImpl, Callback):
             gone when the others' next epoch averages, which ends in ``CollectiveTimeoutError``.
             ``False``: rounds run on across epochs and ranks may stop at any batch (average the
             metrics after ``fit``).
-        share_epochs: ``True`` or ``False`` (the default; ``True`` needs ``epoch_sync=True``, else a
-            ``ValueError``): ranks share each epoch by speed, so the fast ranks do not wait for the
-            slow one at its end: the fastest rank takes the epoch's batches (``steps_per_epoch``, or
-            its arrays'), every other rank as many as it takes in the same time
-            (``callback.epoch_shares``); the first epoch, before any speed is measured, every rank
-            takes Keras' count. A time-driven schedule then decides how many batches an epoch holds
-            (a deterministic one, like ``LocalSGD``, is no longer bit-for-bit repeatable).
+        share_epochs: ``True``, ``False`` or ``None`` (the default: ``True`` with ``epoch_sync``,
+            ``False`` without; ``True`` with ``epoch_sync=False`` is a ``ValueError``): ranks share each
+            epoch by speed, so the fast ranks do not wait for the slow one at its end: the fastest rank
+            takes the epoch's batches (``steps_per_epoch``, or its arrays'), every other rank as many as
+            it takes in the same time (``callback.epoch_shares``); the first epoch, before any speed is
+            measured, every rank takes Keras' count. How many batches a slower rank's epoch holds then
+            depends on measured speeds: pass ``False`` for a bit-for-bit repeatable schedule (every
+            rank Keras' count, the fast ones waiting at each epoch's end).
 
     Example::
 

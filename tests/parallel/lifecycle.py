@@ -1,4 +1,5 @@
 """What a process has open: listening sockets, Python threads, OS threads (lifecycle tests)."""
+import gc
 import threading
 import time
 
@@ -23,10 +24,14 @@ def opened():
 
 
 def settled(before, timeout=5.0):
-    """What is open once it matches ``before`` (closing threads take a moment), or after ``timeout`` s."""
+    """What is open once it matches ``before`` (closing threads take a moment), or after ``timeout`` s.
+    Garbage is collected first: a tf.data iterator left in the middle of an epoch (a rank that ended
+    its share of it) holds native threads until the reference cycle it sits in is collected."""
     deadline = time.monotonic() + timeout
+    gc.collect()
     now = opened()
     while now != before and time.monotonic() < deadline:
         time.sleep(0.05)
+        gc.collect()
         now = opened()
     return now

@@ -88,13 +88,13 @@ def test_a_resume_from_the_callbacks_state_continues_bit_identically_with_outer_
 
     x, y = rank_data(RANK, 8 * (24 if RANK < SIZE - 1 else 6))
     first, second = slice(0, len(x) // 2), slice(len(x) // 2, None)      # three rounds each
-    model, sync = model_of(), hh.callbacks.HeteroSyncCallback(strategy(), batch_size=8)
+    model, sync = model_of(), hh.callbacks.HeteroSyncCallback(strategy(), batch_size=8, share_epochs=False)
     model.fit(x[first], y[first], batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[sync])
     state, weights = sync.state_dict(), model.get_weights()            # fit ended with sync_model()
     model.fit(x[second], y[second], batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[sync])
     after = [w.tolist() for w in model.get_weights()]
 
-    resumed, again = model_of(seed=1), hh.callbacks.HeteroSyncCallback(strategy(), batch_size=8)
+    resumed, again = model_of(seed=1), hh.callbacks.HeteroSyncCallback(strategy(), batch_size=8, share_epochs=False)
     resumed.set_weights(weights)
     again.load_state_dict(state)
     resumed.fit(x[second], y[second], batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[again])
@@ -116,7 +116,7 @@ def test_a_resume_from_a_keras_checkpoint_continues_bit_identically_with_outer_m
     path = os.path.join(directory, "checkpoint.weights.h5")
     x, y = rank_data(RANK, 8 * (24 if RANK < SIZE - 1 else 6))
     first, second = slice(0, len(x) // 2), slice(len(x) // 2, None)      # three rounds each
-    model, sync = model_of(), hh.callbacks.HeteroSyncCallback(strategy(), batch_size=8)
+    model, sync = model_of(), hh.callbacks.HeteroSyncCallback(strategy(), batch_size=8, share_epochs=False)
     saved = Counters(sync)
     callbacks = [sync] + ([keras.callbacks.ModelCheckpoint(path, save_weights_only=True), saved] if RANK == 0 else [])
     model.fit(x[first], y[first], batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
@@ -125,7 +125,7 @@ def test_a_resume_from_a_keras_checkpoint_continues_bit_identically_with_outer_m
     model.fit(x[second], y[second], batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[sync])
     after = [w.tolist() for w in model.get_weights()]
 
-    resumed, again = model_of(seed=1), hh.callbacks.HeteroSyncCallback(strategy(), batch_size=8)
+    resumed, again = model_of(seed=1), hh.callbacks.HeteroSyncCallback(strategy(), batch_size=8, share_epochs=False)
     resumed.load_weights(path)
     loaded = again.load_checkpoint_state(path)
     pending = again.state_dict()

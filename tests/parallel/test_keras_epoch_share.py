@@ -75,7 +75,7 @@ class StopAt(keras_helpers.keras.callbacks.Callback):
 
 @pytest.mark.parametrize("steps_per_epoch", [None, 12])
 def test_fit_shares_each_epoch_by_speed_and_every_rank_ends_it_together(steps_per_epoch):
-    """Horovod's pattern with ``share_epochs=True``: ``fit(x, y, batch_size)`` on arrays (Keras counts the
+    """Horovod's pattern with the callback's default (``share_epochs``): ``fit(x, y, batch_size)`` on arrays (Keras counts the
     epoch's batches) and ``fit(..., steps_per_epoch=N)``. The first epoch every rank takes Keras' count;
     then the fast ranks take it and the slow one what it takes in the same time, every rank computing
     the same shares; weights identical at every epoch's end; a stop set by another callback still ends
@@ -83,7 +83,7 @@ def test_fit_shares_each_epoch_by_speed_and_every_rank_ends_it_together(steps_pe
     steps = steps_per_epoch or 12
     x, y = rank_data(RANK, 8 * steps)
     model = make_model(RANK)
-    callback = hh.callbacks.ESyncCallback(slowdown=Slowdown(RANK, "1,1,1,4", base_step_s=0.05), share_epochs=True)
+    callback = hh.callbacks.ESyncCallback(slowdown=Slowdown(RANK, "1,1,1,4", base_step_s=0.05))   # shares by default
     recorder = Recorder(callback)
     if steps_per_epoch:                               # an endless stream, as dataset.repeat() (any backend)
         data = dict(x=forever(x, y, 8), steps_per_epoch=steps_per_epoch, shuffle=False)

@@ -62,7 +62,7 @@ def test_a_second_fit_on_the_same_callback_goes_on_from_the_shared_step(uneven, 
     batches = 3 + RANK if uneven else 4
     model, before, after = make_model(RANK), Recorder(), Recorder()
     x, y = rank_data(RANK, 8 * batches)
-    callback = hh.callbacks.WAGMACallback(group_size=2, sync_period=4, timeout=120,
+    callback = hh.callbacks.WAGMACallback(group_size=2, sync_period=4, timeout=120, share_epochs=False,
                                           wagma_options={"patience": patience})
     shared = SharedStep(callback.strategy)
     finals, ts_end = [], []

@@ -65,7 +65,9 @@ def test_keras_callbacks_check_their_arguments():
         keras_hh.callbacks.LocalSGDCallback(period=2, batch_size=1.5)
     with pytest.raises(ValueError, match="share_epochs=True .* needs epoch_sync=True"):
         keras_hh.callbacks.ESyncCallback(epoch_sync=False, share_epochs=True)
-    assert keras_hh.callbacks.ESyncCallback(share_epochs=True).share_epochs
+    assert keras_hh.callbacks.ESyncCallback().share_epochs is True                  # the default, with epoch_sync
+    assert keras_hh.callbacks.ESyncCallback(epoch_sync=False).share_epochs is False
+    assert keras_hh.callbacks.ESyncCallback(share_epochs=False).share_epochs is False
 
 
 def test_which_keras_runs_follows_tensorflows_rule(monkeypatch):
