@@ -14,7 +14,7 @@ from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S
 from horovod_hetero.strategies import (  # noqa: F401
     ADSP, Balanced, DSSP, ESync, ElasticBSP, LocalSGD, OuterSGD, Steps, Strategy, Synchronous, WAGMA)
 from horovod_hetero.strategies.registry import REGISTRY
-from horovod_hetero.validation import check_float
+from horovod_hetero.validation import check_bool, check_float, check_int
 
 __all__ = ["DistributedOptimizer", "callbacks", "wagma_process_sets", "keras_module", "keras_major",
            "Strategy", *(entry.cls.__name__ for entry in REGISTRY.values()), "Steps", "OuterSGD",
@@ -42,7 +42,9 @@ def DistributedOptimizer(optimizer, process_set=None, timeout=DEFAULT_TIMEOUT_S,
         timeout: seconds (finite, > 0) a gradient average may take with the PyTorch backend. TensorFlow's compiled
             step cannot be interrupted from Python: Gloo's own timeout bounds it
             (``HOROVOD_GLOO_TIMEOUT_SECONDS``, 30 s by default).
-        horovod_options: Keras 2 only: passed to ``hvd.DistributedOptimizer`` (``compression``, ...).
+        horovod_options: Keras 2: passed to ``hvd.DistributedOptimizer`` (``compression``, ...). Keras 3:
+            only ``backward_passes_per_step=1`` and ``average_aggregated_gradients`` (no effect with one
+            pass), as Horovod's example passes them; anything else a ``TypeError``.
 
     Example::
 
@@ -56,7 +58,15 @@ def DistributedOptimizer(optimizer, process_set=None, timeout=DEFAULT_TIMEOUT_S,
         import horovod.tensorflow.keras as hvd_keras
         return hvd_keras.DistributedOptimizer(optimizer, process_set=process_set or hvd_keras.global_process_set,
                                               **horovod_options)
+    passes = horovod_options.pop("backward_passes_per_step", 1)           # as Horovod's example passes them
+    check_bool("average_aggregated_gradients", horovod_options.pop("average_aggregated_gradients", False))
+    if check_int("backward_passes_per_step", passes, 1) != 1:
+        raise ValueError(f"backward_passes_per_step={passes}: on Keras 3 hh.DistributedOptimizer averages the "
+                         f"gradients of every step (1, the default); accumulate gradients with Keras' own "
+                         f"gradient_accumulation_steps= of the optimizer instead")
     if horovod_options:
         raise TypeError(f"{', '.join(sorted(horovod_options))}: options of Horovod's Keras 2 optimizer; on Keras 3 "
-                        f"hh.DistributedOptimizer takes optimizer, process_set and timeout")
+                        f"hh.DistributedOptimizer takes optimizer, process_set, timeout, and "
+                        f"backward_passes_per_step=1 and average_aggregated_gradients as Horovod's example "
+                        f"passes them")
     return averaging_optimizer(optimizer, collectives_class()(process_set, timeout, owner="hh.DistributedOptimizer"))

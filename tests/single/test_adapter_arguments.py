@@ -97,6 +97,10 @@ def test_keras_3_optimizer_refuses_keras_2_options_before_any_collective():
         pytest.skip("Keras 2: hh.DistributedOptimizer is hvd.DistributedOptimizer")
     with pytest.raises(TypeError, match="compression: options of Horovod's Keras 2 optimizer"):
         keras_hh.DistributedOptimizer(keras_hh.keras_module().optimizers.SGD(0.1), compression=None)
+    with pytest.raises(ValueError, match="backward_passes_per_step=2: on Keras 3 .* gradient_accumulation_steps"):
+        keras_hh.DistributedOptimizer(keras_hh.keras_module().optimizers.SGD(0.1), backward_passes_per_step=2)
+    with pytest.raises(TypeError, match="average_aggregated_gradients must be True or False"):
+        keras_hh.DistributedOptimizer(keras_hh.keras_module().optimizers.SGD(0.1), average_aggregated_gradients=1)
 
 
 @pytest.mark.parametrize("make,match", [
