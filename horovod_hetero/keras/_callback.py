@@ -120,8 +120,10 @@ class HeteroSyncCallbackImpl(CheckpointState):
     the same batches per epoch (``steps_per_epoch``, or the batches of its arrays), so the fastest rank
     takes them all and every other rank as many as it takes in the same time, from the speeds the rounds
     measured (``rules.partition.epoch_steps``; identical on every rank after the previous epoch's sync),
-    and ends its epoch there: no rank waits at the epoch's end for a slower one. The first epoch, before
-    any speed is measured, every rank takes Keras' count.
+    and ends its epoch there: no rank waits at the epoch's end for a slower one. An epoch that begins
+    before every speed is known (the first) takes its shares from the second round that measures them
+    (the first holds start-up: tracing, the first batch). Ranks whose ``fit`` holds different numbers of
+    batches (shards sized by hand) keep Keras' count.
     """
 
     def __init__(self, strategy, process_set=None, telemetry=None, slowdown=None, batch_size=None,
@@ -149,6 +151,8 @@ class HeteroSyncCallbackImpl(CheckpointState):
         self._loss_mean = None                 # (batches, Keras' running mean of the loss) this epoch
         self._synced_epoch = None              # the epoch whose end sync_model() ran (epoch_sync)
         self.epoch_shares = None               # every rank's batches this epoch (None: Keras' own count)
+        self._start_up = None                  # (controller, the step times of its first measuring round)
+        self._same_steps = False               # every rank's fit has the same batches per epoch (Keras' count)
 
     @property
     def _hh(self):
@@ -181,7 +185,11 @@ class HeteroSyncCallbackImpl(CheckpointState):
         begin_training(self.model, self.timeout)
         strategy_callbacks(self.model).add(self)
         carry_state(self.model, self)
-        self._hh_controller().start()
+        hh = self._hh_controller()
+        hh.start()
+        steps = (getattr(self, "params", None) or {}).get("steps")
+        self._same_steps = self.share_epochs and len(set(hh.collectives.allgather_object(
+            steps, what="every rank's batches per epoch (share_epochs)"))) == 1
 
     def on_epoch_begin(self, epoch, logs=None):
         self._loss_mean = None
@@ -190,13 +198,25 @@ class HeteroSyncCallbackImpl(CheckpointState):
 
     def _shares(self):
         """Every rank's batches this epoch by speed, or None (Keras' own count): without ``share_epochs``
-        and ``epoch_sync``, without a known number of batches, or before every rank's speed is measured."""
+        and ``epoch_sync``, without a known number of batches, when the ranks' fits hold different numbers
+        (shards sized by hand), or before every rank's speed is measured."""
         steps = (getattr(self, "params", None) or {}).get("steps")
         hh = self._hh
-        if not (self.share_epochs and self.epoch_sync) or not steps or hh is None or hh.step_times is None:
+        if not (self.share_epochs and self.epoch_sync and self._same_steps) or not steps or hh is None \
+                or hh.step_times is None:
             return None
         shares = epoch_steps(int(steps), hh.step_times).tolist()
         return None if min(shares) == steps else shares
+
+    def _measured_shares(self, hh):
+        """The shares of an epoch begun before every speed was known, once a round after the first
+        measuring one (start-up's) gave the step times: every rank sees the same rounds, so every rank
+        takes them at the same round."""
+        if hh.step_times is None:
+            return None
+        if self._start_up is None or self._start_up[0] is not hh:       # a new controller: hvd.elastic's reset
+            self._start_up = (hh, hh.step_times)
+        return None if hh.step_times is self._start_up[1] else self._shares()
 
     def on_train_batch_end(self, batch, logs=None):
         with self._follow().guard() as hh:
@@ -207,6 +227,8 @@ class HeteroSyncCallbackImpl(CheckpointState):
             if self.batch_size:
                 hh.telemetry.annotate(samples=self.batch_size)
             hh.after_step()
+            if self.epoch_shares is None:
+                self.epoch_shares = self._measured_shares(hh)
             if self.epoch_shares is not None and batch + 1 >= self.epoch_shares[hh.rank]:
                 self.model.stop_training = self.model.stop_training or EPOCH_SHARED    # this rank's share is done
 

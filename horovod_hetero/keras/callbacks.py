@@ -58,8 +58,9 @@ class HeteroSyncCallback(HeteroSyncCallbackImpl, Callback):
             ``False`` without; ``True`` with ``epoch_sync=False`` is a ``ValueError``): ranks share each
             epoch by speed, so the fast ranks do not wait for the slow one at its end: the fastest rank
             takes the epoch's batches (``steps_per_epoch``, or its arrays'), every other rank as many as
-            it takes in the same time (``callback.epoch_shares``); the first epoch, before any speed is
-            measured, every rank takes Keras' count. How many batches a slower rank's epoch holds then
+            it takes in the same time (``callback.epoch_shares``); an epoch that begins before every
+            speed is measured (the first) takes its shares from the second round that measures them;
+            ranks whose ``fit`` holds different numbers of batches (shards sized by hand) keep them. How many batches a slower rank's epoch holds then
             depends on measured speeds: pass ``False`` for a bit-for-bit repeatable schedule (every
             rank Keras' count, the fast ones waiting at each epoch's end).
 

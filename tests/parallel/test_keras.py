@@ -74,6 +74,7 @@ def test_esync_callback_slowest_runs_one_batch_per_round_all_identical_at_the_en
     final = gathered(keras_helpers.weights(model))
     rounds = keras_helpers.gathered(per_round, name="test.keras.rounds")
     assert all(np.array_equal(final[0][i], final[r][i]) for r in range(SIZE) for i in range(len(final[0])))
+    assert callback.epoch_shares is None              # each rank's own number of batches: not shared by speed
     # judge the rounds while the slowest still trains: round 1 is warm-up (the first batch
     # traces the tf.function, which distorts every rank's measured capability), and once the
     # slowest has left, the fast ranks are each other's slowest and rightly average every step

@@ -35,13 +35,13 @@ def test_fit_per_epoch_on_speed_proportional_shares_sees_every_sample_once():
 
 
 class Recorder(keras_helpers.keras.callbacks.Callback):
-    """After the strategy callback: each epoch's shares as it computed them, this rank's batches, and
-    the weights at the epoch's end."""
+    """After the strategy callback: each epoch's shares as it computed them (at the epoch's begin and
+    end), this rank's batches, and the weights at the epoch's end."""
 
     def __init__(self, strategy_callback):
         super().__init__()
         self.strategy_callback = strategy_callback
-        self.shares, self.batches, self.finals = [], [], []
+        self.shares, self.ends, self.batches, self.finals = [], [], [], []
 
     def on_epoch_begin(self, epoch, logs=None):
         self.shares.append(self.strategy_callback.epoch_shares)
@@ -51,6 +51,7 @@ class Recorder(keras_helpers.keras.callbacks.Callback):
         self.batches[-1] += 1
 
     def on_epoch_end(self, epoch, logs=None):
+        self.ends.append(self.strategy_callback.epoch_shares)
         self.finals.append([w.tolist() for w in keras_helpers.weights(self.model)])
 
 
@@ -75,11 +76,12 @@ class StopAt(keras_helpers.keras.callbacks.Callback):
 
 @pytest.mark.parametrize("steps_per_epoch", [None, 12])
 def test_fit_shares_each_epoch_by_speed_and_every_rank_ends_it_together(steps_per_epoch):
-    """Horovod's pattern with the callback's default (``share_epochs``): ``fit(x, y, batch_size)`` on arrays (Keras counts the
-    epoch's batches) and ``fit(..., steps_per_epoch=N)``. The first epoch every rank takes Keras' count;
-    then the fast ranks take it and the slow one what it takes in the same time, every rank computing
-    the same shares; weights identical at every epoch's end; a stop set by another callback still ends
-    ``fit``, the callback's own ends only the epoch."""
+    """Horovod's pattern with the callback's default (``share_epochs``): ``fit(x, y, batch_size)`` on
+    arrays (Keras counts the epoch's batches) and ``fit(..., steps_per_epoch=N)``. The fast ranks take
+    Keras' count and the slow one what it takes in the same time, every rank computing the same shares:
+    in the first epoch from its second measuring round on (the slow rank ends that epoch early too),
+    then from each epoch's begin; weights identical at every epoch's end; a stop set by another callback
+    still ends ``fit``, the callback's own ends only the epoch."""
     steps = steps_per_epoch or 12
     x, y = rank_data(RANK, 8 * steps)
     model = make_model(RANK)
@@ -91,10 +93,17 @@ def test_fit_shares_each_epoch_by_speed_and_every_rank_ends_it_together(steps_pe
         data = dict(x=x, y=y, batch_size=8, shuffle=False)
     history = model.fit(**data, epochs=5, verbose=0, callbacks=[StopAt(3), callback, recorder])
     assert len(history.history["loss"]) == 4                          # StopAt(3) ended fit, the shares did not
-    everyone = keras_helpers.gathered((recorder.shares, recorder.batches, recorder.finals), name=f"shared.{steps}")
-    shares, batches, finals = zip(*everyone)
-    assert all(s == shares[0] for s in shares)                        # every rank computed the same shares
-    assert shares[0][0] is None and [b[0] for b in batches] == [steps] * 4    # no speed yet: Keras' count
+    everyone = keras_helpers.gathered((recorder.shares, recorder.ends, recorder.batches, recorder.finals),
+                                      name=f"shared.{steps}")
+    shares, ends, batches, finals = zip(*everyone)
+    assert all(s == shares[0] for s in shares) and all(e[1:] == ends[0][1:] for e in ends)   # the same everywhere
+    # no speed at the first epoch's begin: its shares come with its second measuring round, which a rank
+    # still in the epoch takes (every such rank the same: the slow one; the fast ones may be done by then)
+    first = [e[0] for e in ends]
+    assert shares[0][0] is None and first[3] is not None and all(f in (None, first[3]) for f in first), first
+    assert max(first[3]) == steps and first[3][3] < steps, first
+    assert [b[0] for b in batches][:3] == [steps] * 3 and first[3][3] <= batches[3][0] < steps, batches
+    assert ends[0][1:4] == shares[0][1:4]                             # later epochs: shares from their begin
     for epoch in range(1, 4):
         share = shares[0][epoch]
         assert share is not None and max(share) == steps and share[3] < steps, share
