@@ -180,8 +180,9 @@ bench-planned: $(READY)
 bench-epochs: $(READY)
 	PYTHONPATH=. $(PY) benchmarks/epochs.py
 
-#: Horovod's own examples/pytorch/pytorch_mnist.py changed as the README says, ESync and ElasticBSP against
-#: the same script with Synchronous (1,1,1,4; medians of 3 repeats; benchmarks/scripts.py)
+#: Horovod's own examples/pytorch/pytorch_mnist.py and tensorflow2_keras_mnist.py changed as the README says,
+#: ESync and ElasticBSP against the same scripts with Synchronous (1,1,1,4; medians of 3 repeats, Keras 3 on
+#: TensorFlow; Keras 3 on torch and Keras 2 one repeat beside; benchmarks/scripts.py): about 40 minutes
 bench-scripts: $(READY)
 	PYTHONPATH=. $(PY) benchmarks/scripts.py
 
