@@ -210,8 +210,8 @@ class HeteroSyncCallbackImpl(CheckpointState):
 
     def _measured_shares(self, hh):
         """The shares of an epoch begun before every speed was known, once a round after the first
-        measuring one (start-up's) gave the step times: every rank sees the same rounds, so every rank
-        takes them at the same round."""
+        measuring one (start-up's) gave the step times. Every rank sees the same rounds: a rank still in
+        the epoch takes them at the same round as the others (a fast rank may have ended it before)."""
         if hh.step_times is None:
             return None
         if self._start_up is None or self._start_up[0] is not hh:       # a new controller: hvd.elastic's reset
