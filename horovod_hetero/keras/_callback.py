@@ -152,7 +152,7 @@ class HeteroSyncCallbackImpl(CheckpointState):
         self._synced_epoch = None              # the epoch whose end sync_model() ran (epoch_sync)
         self.epoch_shares = None               # every rank's batches this epoch (None: Keras' own count)
         self._start_up = None                  # (controller, the step times of its first measuring round)
-        self._same_steps = False               # every rank's fit has the same batches per epoch (Keras' count)
+        self._same_steps = False               # share_epochs, and every rank's fit has the same batches per epoch
 
     @property
     def _hh(self):
@@ -202,8 +202,7 @@ class HeteroSyncCallbackImpl(CheckpointState):
         (shards sized by hand), or before every rank's speed is measured."""
         steps = (getattr(self, "params", None) or {}).get("steps")
         hh = self._hh
-        if not (self.share_epochs and self.epoch_sync and self._same_steps) or not steps or hh is None \
-                or hh.step_times is None:
+        if not self._same_steps or not steps or hh is None or hh.step_times is None:    # share_epochs in it
             return None
         shares = epoch_steps(int(steps), hh.step_times).tolist()
         return None if min(shares) == steps else shares
