@@ -139,7 +139,10 @@ class HeteroSyncCallbackImpl(CheckpointState):
         self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
         self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
         self.epoch_sync = check_bool("epoch_sync", epoch_sync)
-        self.share_epochs = self.epoch_sync if share_epochs is None else check_bool("share_epochs", share_epochs)
+        if share_epochs is not None and not isinstance(share_epochs, bool):
+            raise TypeError(f"share_epochs must be True, False or None (the default: True with epoch_sync), got "
+                            f"{share_epochs!r} ({type(share_epochs).__name__})")
+        self.share_epochs = self.epoch_sync if share_epochs is None else share_epochs
         if self.share_epochs and not self.epoch_sync:
             raise ValueError("share_epochs=True shares each epoch's batches among ranks that meet at its end: "
                              "it needs epoch_sync=True (with epoch_sync=False no epoch ends together; "

@@ -68,6 +68,9 @@ def test_keras_callbacks_check_their_arguments():
     assert keras_hh.callbacks.ESyncCallback().share_epochs is True                  # the default, with epoch_sync
     assert keras_hh.callbacks.ESyncCallback(epoch_sync=False).share_epochs is False
     assert keras_hh.callbacks.ESyncCallback(share_epochs=False).share_epochs is False
+    with pytest.raises(TypeError, match=r"share_epochs must be True, False or None \(the default: True with "
+                                        r"epoch_sync\), got 'yes' \(str\)"):
+        keras_hh.callbacks.ESyncCallback(share_epochs="yes")
 
 
 def test_which_keras_runs_follows_tensorflows_rule(monkeypatch):
