@@ -82,11 +82,57 @@ def epoch_indices(n: int, step_s: npt.ArrayLike, rank: int, epoch: int = 0, seed
         >>> [len(epoch_indices(67, [0.1, 0.1, 0.1, 0.4], r, multiple=8)) for r in range(4)]
         [24, 16, 16, 11]
     """
+    order, counts = epoch_split(n, step_s, epoch, seed, shuffle, multiple)
+    start = int(counts[:rank].sum())
+    return order[start:start + counts[rank]].tolist()
+
+
+def epoch_split(n: int, step_s: npt.ArrayLike, epoch: int = 0, seed: int = 0, shuffle: bool = True,
+                multiple: int = 1) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The epoch's permutation and every rank's count of it (rank r takes the ``counts[r]`` after the
+    lower ranks'): ``epoch_indices`` for every rank at once.
+
+    Example:
+        >>> order, counts = epoch_split(10, [0.1, 0.4], shuffle=False)
+        >>> order.tolist(), counts.tolist()
+        ([0, 1, 2, 3, 4, 5, 6, 7, 8, 9], [8, 2])
+    """
     order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
+    return order, _counts(n, step_s, multiple)
+
+
+def _counts(n: int, step_s: npt.ArrayLike, multiple: int) -> npt.NDArray[np.int64]:
+    """``n`` split by speed into whole ``multiple``s, the last rank taking the ``n % multiple`` left."""
     counts = proportional_counts(n // multiple, step_s) * multiple
     counts[-1] += n - counts.sum()
+    return counts
+
+
+def resplit_rest(order: Sequence[int], counts: npt.ArrayLike, drawn: npt.ArrayLike, step_s: npt.ArrayLike,
+                 rank: int, multiple: int = 1) -> list[int]:
+    """This rank's rest of an epoch that began split by ``counts`` (ranks' contiguous parts of
+    ``order``, e.g. evenly before any speed was measured) once every rank has drawn at least
+    ``drawn[r]`` of its part: what is left, split again by speed (``step_s``), so that every rank
+    ends the epoch at about the same time.
+
+    Each rank keeps the head of what it has left, up to its new count: a rank may have drawn more
+    than ``drawn`` says (a loader prefetches), and those samples stay its own. What a rank has
+    left beyond its new count goes, in rank order, to the ranks whose count exceeds what they have
+    left. Every sample is still drawn once, as long as no rank drew more than its new count.
+
+    Example:
+        >>> drawn = [2, 1]                    # two parts of 4; rank 1 three times slower
+        >>> [resplit_rest(list(range(8)), [4, 4], drawn, [0.1, 0.3], r) for r in (0, 1)]
+        [[2, 3, 6, 7], [5]]
+    """
+    counts, drawn = np.asarray(counts, dtype=np.int64), np.asarray(drawn, dtype=np.int64)
     bounds = np.concatenate([[0], np.cumsum(counts)])
-    return order[bounds[rank]:bounds[rank + 1]].tolist()
+    rest = [np.asarray(order)[bounds[r] + drawn[r]:bounds[r + 1]].tolist() for r in range(len(counts))]
+    quota = _counts(sum(len(r) for r in rest), step_s, multiple)
+    keep = [min(int(q), len(r)) for q, r in zip(quota, rest)]
+    spare = [i for r, k in zip(rest, keep) for i in r[k:]]
+    start = int(sum(q - k for q, k in zip(quota[:rank], keep[:rank])))
+    return rest[rank][:keep[rank]] + spare[start:start + int(quota[rank]) - keep[rank]]
 
 
 def epoch_steps(steps: int, step_s: npt.ArrayLike) -> npt.NDArray[np.int64]:

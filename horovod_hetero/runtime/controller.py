@@ -116,6 +116,12 @@ class HeteroController:
         self._plan_s = 0.0             # the strategy's bookkeeping after the latest round (telemetry)
         # every rank's latest seconds per step, from the rounds (samplers)
         self.step_times: npt.NDArray[np.float64] | None = None
+        # every rank's local steps over the rounds; they and the step times at the second round that
+        # measured every rank (the first holds the start-up: a rank's first step counts from the
+        # optimizer's construction); a sampler that began an epoch before then splits what is left
+        self.steps_seen: npt.NDArray[np.int64] = np.zeros(self.size, dtype=np.int64)
+        self.speeds_measured: tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]] | None = None
+        self._measured_rounds = 0
         self._t_last = clock()
         self._started = False          # the first start() takes the set's first rank's counters
         self._activity: str | None = None  # the collective this rank is in (names it if a rank is lost)
@@ -266,6 +272,11 @@ class HeteroController:
     def _after_round(self, result: RoundResult) -> None:
         if result.stats is not None:
             self.step_times = latest_step_times(self.step_times, result.stats.step_s)
+            self.steps_seen = self.steps_seen + result.stats.local_steps
+            if self.speeds_measured is None and np.isfinite(result.stats.step_s).all():
+                self._measured_rounds += 1
+                if self._measured_rounds == 2:
+                    self.speeds_measured = (self.steps_seen, self.step_times)
         t0 = self._clock()
         self.strategy.after_round(result)
         self._plan_s = self._clock() - t0

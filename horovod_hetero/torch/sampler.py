@@ -8,7 +8,8 @@ import torch
 
 import horovod.torch as hvd
 
-from horovod_hetero.rules.partition import epoch_indices, step_batch, step_times_of, steps_per_epoch
+from horovod_hetero.rules.partition import (epoch_indices, epoch_split, resplit_rest, step_batch, step_times_of,
+                                            steps_per_epoch)
 from horovod_hetero.strategies.balanced import even_split
 from horovod_hetero.validation import check_bool, check_int
 
@@ -42,7 +43,9 @@ class DistributedSampler(torch.utils.data.Sampler):
     ``sync_model()``. This sampler reads every rank's speed from the rounds of the optimizer it is
     bound to (each round carries every rank's mean step time, identical on every rank: no extra
     message) and splits the epoch's permutation into contiguous shares proportional to 1 / step
-    time (``rules.partition``). The first epoch, before any round, is split evenly. Call
+    time (``rules.partition``). The first epoch begins split evenly; once the rounds have measured
+    every rank's speed (at the second round that measures them all: the first holds the start-up),
+    what is left of it is split by speed (every rank keeps what it drew). Call
     ``opt.sync_model()`` at the end of every epoch (before ``set_epoch``): then every rank has seen
     the same rounds and computes the same partition. With ``Synchronous`` (no rounds) the split stays
     even, as ``DistributedSampler``'s.
@@ -72,7 +75,8 @@ class DistributedSampler(torch.utils.data.Sampler):
             int >= 1, optional): every rank's share is then a whole number of batches but the last
             rank's, so no other rank ends its epoch on a short batch (shares follow the speeds and
             change every epoch: without it any rank's last batch may hold a single sample, which
-            ``BatchNorm`` refuses in training).
+            ``BatchNorm`` refuses in training). The first epoch's split by speed counts it as the
+            samples each rank drew per step (without it, one: every rank keeps more of its even part).
 
     Example::
 
@@ -182,8 +186,34 @@ class DistributedSampler(torch.utils.data.Sampler):
     def __iter__(self):
         if self.batch_size is not None:
             return self._batches()
-        share, self._share = self._current(), None      # the next iteration splits with newer speeds
-        return iter(share)
+        controller = getattr(self.optimizer, "_hh", None)
+        if controller is None or controller.speeds_measured is not None:
+            share, self._share = self._current(), None      # the next iteration splits with newer speeds
+            return iter(share)
+        self._share = None
+        return self._resplit_when_measured(controller)
+
+    def _resplit_when_measured(self, controller):
+        """This rank's share of the epoch, split with the speeds known now (none, in a first epoch), until
+        the controller has measured every rank (``speeds_measured``); from then on what every rank has
+        left, split by speed (``rules.partition.resplit_rest``). Every rank has drawn at least
+        ``loader_batch_size`` samples a step by then (counted from the rounds: no message). With less
+        than half of any rank's part left the split stays (a rank may have drawn it all)."""
+        multiple = self.loader_batch_size
+        order, counts = epoch_split(len(self.dataset), self.step_times(), self.epoch, self.seed, self.shuffle,
+                                    multiple)
+        rank, start = self.rank, controller.steps_seen
+        share = order[counts[:rank].sum():][:counts[rank]].tolist()
+        i = 0
+        while i < len(share):
+            if start is not None and controller.speeds_measured is not None:
+                steps, step_s = controller.speeds_measured
+                drawn = (steps - start) * multiple
+                if len(drawn) == len(counts) and (counts - drawn >= counts // 2).all():
+                    share = share[:drawn[rank]] + resplit_rest(order, counts, drawn, step_s, rank, multiple)
+                start = None
+            yield share[i]
+            i += 1
 
     def __len__(self):
         if self.batch_size is not None:

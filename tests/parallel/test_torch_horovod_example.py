@@ -20,7 +20,7 @@ RANK, SIZE = hvd.rank(), hvd.size()
 pytestmark = pytest.mark.skipif(SIZE != 4, reason="written for 4 ranks")
 EPOCHS, BATCH = 2, 32
 STRATEGIES = {"sync": hh.Synchronous, "esync": hh.ESync, "localsgd": lambda: hh.LocalSGD(period=4),
-              "elasticbsp": hh.ElasticBSP}
+              "elasticbsp": hh.ElasticBSP, "localsgd2": lambda: hh.LocalSGD(period=2)}
 
 
 class Net(torch.nn.Module):
@@ -123,3 +123,16 @@ def test_horovods_example_changed_as_the_readme_says(strategy, path):
     counted = ranks[0]["states"][-1]["bn.num_batches_tracked"]
     assert counted >= len(ranks[0]["indices"][0]) // BATCH           # rank 0's count after two epochs' steps
     assert ranks[0]["metrics"][-1][1] > 0.5                           # it learned something
+
+
+def test_a_first_epoch_is_split_again_by_speed_once_every_rank_is_measured(monkeypatch):
+    """The first epoch begins split evenly (no speed known); LocalSGD(period=2) has measured every rank by
+    its second round (the first holds the start-up), at the 4th step, when each has drawn 4 of its 11 or
+    more batches, and what is left is split by speed: rank 3, its steps padded to 3x the others', ends the
+    epoch with the fewest samples, the others with whole batches, every sample once."""
+    monkeypatch.setenv("HOROVOD_HETERO_BASE_STEP_S", "0.1")       # padded steps: the speeds are the factors
+    mine, n = script("localsgd2", "plain")
+    ranks = hvd.allgather_object(mine, name="example.first_epoch")
+    first = [len(r["indices"][0]) for r in ranks]
+    assert sorted(i for r in ranks for i in r["indices"][0]) == list(range(n))
+    assert first[3] < min(first[:3]) and all(count % BATCH == 0 for count in first[:3]), first

@@ -1,9 +1,12 @@
 """``hh.DistributedSampler`` binds to the process's one ``hh.DistributedOptimizer`` (the README's line is
 enough); with several it refuses by name; one it is given stays bound. Fakes stand for the optimizers:
-the sampler reads only their rounds' step times (``_hh.step_times``)."""
+the sampler reads only their rounds' step times and step counts (``_hh.step_times``, ...); a first epoch
+begun before any speed was known is split again, by speed, once the rounds have measured every rank."""
 import types
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import horovod_hetero.torch.sampler as sampler_mod
 from horovod_hetero.torch.sampler import DistributedSampler, register_optimizer
@@ -15,7 +18,8 @@ class FakeOptimizer:
     strategy = None
 
     def __init__(self, step_times):
-        self._hh = types.SimpleNamespace(step_times=step_times)
+        steps = [1] * len(step_times)                                 # one round has measured every rank
+        self._hh = types.SimpleNamespace(step_times=step_times, steps_seen=steps, speeds_measured=(steps, step_times))
 
 
 @pytest.fixture(autouse=True)
@@ -102,3 +106,47 @@ def test_loader_batch_size_keeps_every_share_but_the_last_whole_batches():
     assert sorted(i for s in shares for i in s) == list(range(1438))
     with pytest.raises(ValueError, match="loader_batch_size"):
         DistributedSampler(range(10), num_replicas=2, rank=0, loader_batch_size=0)
+
+
+def test_a_first_epoch_is_split_again_by_speed_once_every_rank_is_measured():
+    """100 samples, batches of 5, two ranks split evenly (no speed yet); rank 0 has drawn 12 (its loader
+    prefetches) and rank 1 10 when the rounds at 2 steps each have measured rank 1 4x slower: the 80 left go
+    65 to rank 0 (its 40 first, then rank 1's last 25) and 15 to rank 1, every sample once."""
+    import numpy as np
+    controllers = [types.SimpleNamespace(step_times=None, steps_seen=np.zeros(2, dtype=np.int64),
+                                         speeds_measured=None) for _ in range(2)]
+    iters = []
+    for rank, c in enumerate(controllers):
+        opt = FakeOptimizer([0.1, 0.4])
+        opt._hh = c
+        iters.append(iter(DistributedSampler(range(100), num_replicas=2, rank=rank, shuffle=False, optimizer=opt,
+                                             loader_batch_size=5)))
+    drawn = [[next(iters[0]) for _ in range(12)], [next(iters[1]) for _ in range(10)]]
+    for c in controllers:                   # the round: both ranks read the same steps and times from it
+        c.speeds_measured = (np.array([2, 2]), np.array([0.1, 0.4]))
+        c.step_times, c.steps_seen = c.speeds_measured[1], c.speeds_measured[0]
+    shares = [d + list(it) for d, it in zip(drawn, iters)]
+    assert shares[0] == list(range(50)) + list(range(75, 100)) and shares[1] == list(range(50, 75))
+    assert [len(s) for s in shares] == [75, 25]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(2, 6).flatmap(lambda size: st.tuples(
+    st.lists(st.integers(0, 40), min_size=size, max_size=size),
+    st.lists(st.integers(0, 40), min_size=size, max_size=size),
+    st.lists(st.floats(0.01, 1.0), min_size=size, max_size=size),
+    st.integers(1, 4))))
+def test_a_resplit_rest_draws_every_sample_once_and_keeps_what_each_rank_drew(case):
+    """Whatever each rank drew of its part (up to all of it) and whatever the speeds: the parts drawn
+    and the new rests hold every sample once, and each rank's rest begins where its part left off."""
+    from horovod_hetero.rules.partition import resplit_rest
+    counts, drawn, step_s, multiple = case
+    drawn = [min(d, c) for d, c in zip(drawn, counts)]
+    order = list(range(sum(counts)))
+    starts = [sum(counts[:r]) for r in range(len(counts))]
+    rests = [resplit_rest(order, counts, drawn, step_s, r, multiple) for r in range(len(counts))]
+    taken = [order[s:s + d] + rest for s, d, rest in zip(starts, drawn, rests)]
+    assert sorted(i for t in taken for i in t) == order
+    for s, d, c, rest in zip(starts, drawn, counts, rests):
+        head = order[s + d:s + c]
+        assert rest[:len(head)] == head[:len(rest)]
