@@ -43,9 +43,10 @@ class DistributedSampler(torch.utils.data.Sampler):
     ``sync_model()``. This sampler reads every rank's speed from the rounds of the optimizer it is
     bound to (each round carries every rank's mean step time, identical on every rank: no extra
     message) and splits the epoch's permutation into contiguous shares proportional to 1 / step
-    time (``rules.partition``). The first epoch begins split evenly; once the rounds have measured
-    every rank's speed (at the second round that measures them all: the first holds the start-up),
-    what is left of it is split by speed (every rank keeps what it drew). Call
+    time (``rules.partition``). The first epoch begins split evenly; with ``loader_batch_size``,
+    once the rounds have measured every rank's speed (at the second round that measures them all:
+    the first holds the start-up), what is left of it is split by speed (every rank keeps what it
+    drew). Call
     ``opt.sync_model()`` at the end of every epoch (before ``set_epoch``): then every rank has seen
     the same rounds and computes the same partition. With ``Synchronous`` (no rounds) the split stays
     even, as ``DistributedSampler``'s.
@@ -75,8 +76,9 @@ class DistributedSampler(torch.utils.data.Sampler):
             int >= 1, optional): every rank's share is then a whole number of batches but the last
             rank's, so no other rank ends its epoch on a short batch (shares follow the speeds and
             change every epoch: without it any rank's last batch may hold a single sample, which
-            ``BatchNorm`` refuses in training). The first epoch's split by speed counts it as the
-            samples each rank drew per step (without it, one: every rank keeps more of its even part).
+            ``BatchNorm`` refuses in training). With it, the first epoch's rest is split by speed
+            once the rounds have measured every rank (each rank counted as having drawn this many
+            samples a step); without it the first epoch stays split evenly.
 
     Example::
 
@@ -107,6 +109,7 @@ class DistributedSampler(torch.utils.data.Sampler):
         self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
         self.loader_batch_size = (1 if loader_batch_size is None
                                   else check_int("loader_batch_size", loader_batch_size, 1))
+        self._per_step = loader_batch_size is not None      # samples a step: the first epoch's rest may split
         self.drawn = 0                  # batches handed out (a loader that never draws them is named)
         self._share = None
 
@@ -187,7 +190,7 @@ class DistributedSampler(torch.utils.data.Sampler):
         if self.batch_size is not None:
             return self._batches()
         controller = getattr(self.optimizer, "_hh", None)
-        if controller is None or controller.speeds_measured is not None:
+        if controller is None or controller.speeds_measured is not None or not self._per_step:
             share, self._share = self._current(), None      # the next iteration splits with newer speeds
             return iter(share)
         self._share = None
@@ -210,7 +213,8 @@ class DistributedSampler(torch.utils.data.Sampler):
                 steps, step_s = controller.speeds_measured
                 drawn = (steps - start) * multiple
                 if len(drawn) == len(counts) and (counts - drawn >= counts // 2).all():
-                    share = share[:drawn[rank]] + resplit_rest(order, counts, drawn, step_s, rank, multiple)
+                    rest = share[:drawn[rank]] + resplit_rest(order, counts, drawn, step_s, rank, multiple)
+                    share = rest if len(rest) >= i else share[:i]    # drew past its new count: it ends here
                 start = None
             yield share[i]
             i += 1

@@ -128,6 +128,12 @@ def test_a_first_epoch_is_split_again_by_speed_once_every_rank_is_measured():
     shares = [d + list(it) for d, it in zip(drawn, iters)]
     assert shares[0] == list(range(50)) + list(range(75, 100)) and shares[1] == list(range(50, 75))
     assert [len(s) for s in shares] == [75, 25]
+    opt = FakeOptimizer([0.1, 0.4])
+    opt._hh = types.SimpleNamespace(step_times=None, steps_seen=np.zeros(2, dtype=np.int64), speeds_measured=None)
+    unsized = iter(DistributedSampler(range(100), num_replicas=2, rank=1, shuffle=False, optimizer=opt))
+    head = [next(unsized) for _ in range(10)]
+    opt._hh.speeds_measured = (np.array([2, 2]), np.array([0.1, 0.4]))
+    assert head + list(unsized) == list(range(50, 100))     # no loader_batch_size: samples a step unknown, even
 
 
 @settings(max_examples=200, deadline=None)
