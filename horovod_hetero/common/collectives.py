@@ -19,7 +19,8 @@ from horovod_hetero.common.failures import catch_background_abort, guard_gil
 from horovod_hetero.common.process_sets import check_process_set, registered_ids
 from horovod_hetero.common.ranks import process_state
 from horovod_hetero.errors import RankLostError
-from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, Collectives, call_with_timeout, check_background
+from horovod_hetero.runtime.collectives import (DEFAULT_TIMEOUT_S, Collectives, call_with_timeout, check_background,
+                                                library_down)
 from horovod_hetero.transports.addresses import server_host
 from horovod_hetero.validation import check_float
 
@@ -29,6 +30,14 @@ if TYPE_CHECKING:
 
 #: Seconds ``lost_ranks`` waits, after a failed collective, for a rank of this host to show as dead.
 LOST_SETTLE_S = 1.0
+
+
+def _stopped(hvd: Any) -> str | None:
+    """Why Horovod completes no collective any more (``library_down``), or None."""
+    if compat.horovod_stopped(hvd):
+        return ("Horovod shut down after a collective failed (a rank died or its connection broke) and "
+                "did not complete this one")
+    return None
 
 
 class HorovodCollectives(Collectives):
@@ -57,6 +66,7 @@ class HorovodCollectives(Collectives):
         #: Horovod's controller is MPI (asked once; the adapters read it here)
         self.mpi = bool(hvd.mpi_enabled())
         catch_background_abort(mpi=self.mpi)
+        library_down[:] = [functools.partial(_stopped, hvd)]     # every wait of ours asks it (check_background)
         self.process_set = ps = process_set or hvd.global_process_set
         if ps.process_set_id is None:        # Horovod's own calls would fail later on its size (None)
             raise ValueError(f"{owner}: process_set {ps.ranks} is not registered with Horovod: register it at "

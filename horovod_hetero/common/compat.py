@@ -23,6 +23,7 @@ with a message that says what to do, rather than later inside a step.
 """
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -81,6 +82,24 @@ def registered_process_sets(hvd: Any) -> dict[int, list[int]]:
     except AttributeError as error:
         raise _missing("mpi_ops._basics._get_process_set_ids_and_ranks", error) from None
     return table()
+
+
+def horovod_stopped(hvd: Any) -> bool:
+    """True once Horovod's background loop has ended (a collective failed: Horovod shut itself down)
+    while ``hvd.shutdown()`` has not run yet: the global process set is finalized, so Horovod reports
+    it uninitialised though ``hvd.is_initialized()`` holds. A collective enqueued just as the loop
+    ended is then never completed (Horovod 0.28 checks ``shut_down`` before it takes the tensor queue,
+    which the loop has already emptied)."""
+    try:
+        lib = hvd.mpi_ops._basics.MPI_LIB_CTYPES
+        error = hvd.mpi_ops._basics.HOROVOD_PROCESS_SET_ERROR_INIT
+        ranks = lib.horovod_process_set_ranks
+    except AttributeError as e:
+        raise _missing("mpi_ops._basics.MPI_LIB_CTYPES.horovod_process_set_ranks", e) from None
+    if not hvd.is_initialized():
+        return False
+    buffer = (ctypes.c_int * max(1, hvd.size()))()
+    return int(ranks(ctypes.c_int(0), buffer)) == error
 
 
 def registered_process_set(ranks: Iterable[int], set_id: int) -> ProcessSet:

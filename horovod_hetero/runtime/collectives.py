@@ -37,12 +37,22 @@ class Collectives(ABC):
         rank, size: this rank within the set, the set's size.
         host: the address other ranks reach this process at (servers bind and advertise it).
         timeout: seconds any collective may take before ``CollectiveTimeoutError``.
+        session: appended to the name of every collective of the set after the controller's first
+            start, the same on every rank (``named``): a collective that Horovod took just as its loop
+            ended after a failure stays queued under its name for ever (Horovod 0.28), and the next
+            collective of that name after ``hvd.elastic``'s reset would be refused. Torch's collectives
+            name theirs so; TensorFlow's keep the names their functions were traced with.
     """
 
     rank = 0
     size = 1
     host = "127.0.0.1"
     timeout = DEFAULT_TIMEOUT_S
+    session = ""
+
+    def named(self, name: str) -> str:
+        """``name`` in this session (``session``)."""
+        return name + self.session
 
     @abstractmethod
     def allreduce_sum(self, tensors: Sequence[Tensor], control: Sequence[float], *,
@@ -147,10 +157,11 @@ def call_with_timeout(fn: Callable[[], _T], timeout_s: float, what: str) -> _T:
 
     thread = threading.Thread(target=target, name="horovod_hetero-collective", daemon=True)
     thread.start()
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline = started + timeout_s
     while thread.is_alive() and time.monotonic() < deadline:
         thread.join(min(0.05, max(0.0, deadline - time.monotonic())))
-        check_background(what)
+        check_background(what, time.monotonic() - started)
     if thread.is_alive():
         raise timeout_error(what, timeout_s)
     if "error" in box:
@@ -181,11 +192,31 @@ def forget_failure() -> None:
     faulthandler.cancel_dump_traceback_later()
 
 
-def check_background(what: str) -> None:
-    """Raise ``RankLostError`` naming ``what`` if the collectives' background thread failed."""
+#: Seconds a wait lasts before it asks ``library_down`` whether the collectives' library stopped, and
+#: between two asks (a collective usually ends sooner; the ask is cheap but reads the library's state
+#: without its lock)
+PROBE_AFTER_S = 1.0
+#: ``() -> str | None``: why the collectives' library can complete no collective any more (Horovod's
+#: background loop ended after a failed collective), or None; an adapter sets it (``common.collectives``)
+library_down: list[Callable[[], str | None]] = []
+_probed = {"at": 0.0}
+
+
+def check_background(what: str, waited_s: float = 0.0) -> None:
+    """Raise ``RankLostError`` naming ``what`` if the collectives' background thread failed or, in a
+    wait that has lasted ``waited_s`` >= ``PROBE_AFTER_S`` seconds, their library stopped
+    (``library_down``): a collective it took after its last one failed is never completed, and the
+    wait would last until its timeout."""
     if background_failure.is_set():
         failure_seen.set()
         raise RankLostError(f"{what} cannot complete: {background_failure.reason}")
+    now = time.monotonic()
+    if library_down and waited_s >= PROBE_AFTER_S and now - _probed["at"] >= PROBE_AFTER_S:
+        _probed["at"] = now
+        reason = library_down[0]()
+        if reason is not None:
+            failure_seen.set()
+            raise RankLostError(f"{what} cannot complete: {reason}")
 
 
 def timeout_error(what: str, timeout_s: float) -> CollectiveTimeoutError:

@@ -8,6 +8,7 @@ records telemetry. It imports no framework and knows no particular strategy.
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -141,8 +142,10 @@ class HeteroController:
         self._activity = "the start of the strategy (object broadcasts)"
         if not self._started:
             self.collectives.know_peers()
-            counters = self.collectives.broadcast_object(self.state_dict(), what="the broadcast of the strategy's counters")
+            counters, session = self.collectives.broadcast_object(
+                (self.state_dict(), secrets.token_hex(4)), what="the broadcast of the strategy's counters")
             self.load_state_dict(counters)
+            self.collectives.session = f".{session}"       # this controller's collectives' names (Collectives)
             self._started = True
         transports = Transports(self.rank, self.size, self.collectives)
         try:

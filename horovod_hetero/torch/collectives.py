@@ -29,12 +29,14 @@ def wait_done(handle, timeout_s, what):
     ``CollectiveTimeoutError`` after ``timeout_s`` seconds."""
     # Back off to 1 ms between polls: polling harder measurably slows training when ranks and
     # Horovod's background threads share cores (LocalSGD(1) step time +20% at a 0.1 ms cap).
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline = started + timeout_s
     pause = 0.0
     while not hvd.poll(handle):
-        if time.monotonic() > deadline:
+        now = time.monotonic()
+        if now > deadline:
             raise timeout_error(what, timeout_s)
-        check_background(what)
+        check_background(what, now - started)
         time.sleep(pause)
         pause = min(2 * pause or 1e-5, 1e-3)
 
@@ -54,7 +56,7 @@ class TorchCollectives(HorovodCollectives):
         device = tensors[0].device if len(tensors) else like.device if like is not None else torch.device("cpu")
         group = list(tensors) + [torch.tensor(control, dtype=torch.float64, device=device)]
         enqueue = hvd.grouped_allreduce_async_ if inplace else hvd.grouped_allreduce_async
-        out = self.polled(lambda: enqueue(group, op=hvd.Sum, name=name, process_set=self.process_set_of(ranks)), what)
+        out = self.polled(lambda: enqueue(group, op=hvd.Sum, name=self.named(name), process_set=self.process_set_of(ranks)), what)
         return out[:-1], out[-1].tolist()
 
     def broadcast_object(self, obj, *, what, root=None, name="horovod_hetero.broadcast"):
@@ -64,18 +66,18 @@ class TorchCollectives(HorovodCollectives):
         sender = hvd.rank() == root
         data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8) if sender else None
         size = torch.tensor([0 if data is None else data.numel()], dtype=torch.int64)
-        self.polled(lambda: hvd.broadcast_async_(size, root, name=f"{name}.sz", process_set=self.process_set), what)
+        self.polled(lambda: hvd.broadcast_async_(size, root, name=self.named(f"{name}.sz"), process_set=self.process_set), what)
         if data is None:
             data = torch.empty(int(size.item()), dtype=torch.uint8)
-        self.polled(lambda: hvd.broadcast_async_(data, root, name=f"{name}.t", process_set=self.process_set), what)
+        self.polled(lambda: hvd.broadcast_async_(data, root, name=self.named(f"{name}.t"), process_set=self.process_set), what)
         return obj if sender else pickle.loads(data.numpy().tobytes())
 
     def allgather_object(self, obj, *, what):
         """Every rank's ``obj``, in rank order, as ``hvd.allgather_object`` (over all ranks), with polled waits."""
         data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
         sizes = self.polled(lambda: hvd.allgather_async(torch.tensor([data.numel()], dtype=torch.int64),
-                                                         name="horovod_hetero.allgather.sz"), what).tolist()
-        gathered = self.polled(lambda: hvd.allgather_async(data, name="horovod_hetero.allgather.t"), what)
+                                                         name=self.named("horovod_hetero.allgather.sz")), what).tolist()
+        gathered = self.polled(lambda: hvd.allgather_async(data, name=self.named("horovod_hetero.allgather.t")), what)
         starts = itertools.accumulate(sizes, initial=0)
         return [pickle.loads(gathered[start:start + n].numpy().tobytes()) for start, n in zip(starts, sizes)]
 
@@ -94,12 +96,12 @@ class TorchCollectives(HorovodCollectives):
     def broadcast(self, tensors, root_rank, *, name, what):
         self.check_enqueue(what)
         with gil_guarded():
-            handles = [hvd.broadcast_async(t.detach(), root_rank, name=f"{name}.{i}", process_set=self.process_set)
+            handles = [hvd.broadcast_async(t.detach(), root_rank, name=self.named(f"{name}.{i}"), process_set=self.process_set)
                        for i, t in enumerate(tensors)]
         return [wait(h, self.timeout, what) for h in handles]
 
     def mean(self, tensors, *, name):
-        return self.polled(lambda: hvd.grouped_allreduce_async(list(tensors), op=hvd.Average, name=name,
+        return self.polled(lambda: hvd.grouped_allreduce_async(list(tensors), op=hvd.Average, name=self.named(name),
                                                                process_set=self.process_set), "the gradient average")
 
     def timed_mean(self, tensors, *, name):

@@ -239,16 +239,33 @@ class _SynchronousOptimizer(_HeteroMethods):
     def _allreduce_grad_async(self, p):
         # Horovod's gradient hooks enqueue here during loss.backward(), outside step()'s guard: a
         # lost rank must fail there as it fails in step() (RankLostError, or elastic's reset)
+        self._hh_session_names()
         try:
             return self._hh_base._allreduce_grad_async(self, p)
         except Exception as e:
             self._hh_membership.reraise(e)
 
     def _grouped_allreduce_grad_async(self, ps):
+        self._hh_session_names()
         try:
             return self._hh_base._grouped_allreduce_grad_async(self, ps)
         except Exception as e:
             self._hh_membership.reraise(e)
+
+    def _hh_session_names(self):
+        """Horovod names each gradient allreduce by its parameter (``_parameter_names``): give those
+        names the controller's session (``Collectives.session``), as the rounds' names have it."""
+        controller = self._hh_membership.controller
+        session = getattr(getattr(controller, "collectives", None), "session", "")
+        if session != self._hh_names_session:
+            if self._hh_names is None:
+                self._hh_names = dict(self._parameter_names)
+            self._parameter_names = {p: name + session for p, name in self._hh_names.items()}
+            self._hh_names_session = session
+
+    #: Horovod's names of the parameters (None until a session renames them) and the session they carry
+    _hh_names = None
+    _hh_names_session = ""
 
     #: Horovod's controller is MPI (set when built)
     _hh_mpi = False
@@ -295,7 +312,7 @@ class _SynchronousOptimizer(_HeteroMethods):
             self._hh_adopt()
             t0 = time.perf_counter()
             last = int(collectives.polled(torch_join_async, "hvd.join in sync_model").item())
-            handles = [hvd.broadcast_async_(t, root_rank=last, name=f"horovod_hetero.sync.{i}")
+            handles = [hvd.broadcast_async_(t, root_rank=last, name=collectives.named(f"horovod_hetero.sync.{i}"))
                        for i, t in enumerate(hh.model.tensors())]
             for h in handles:
                 wait(h, collectives.timeout, "sync_model broadcast")

@@ -150,8 +150,10 @@ def test_one_fused_collective_per_averaging_step(monkeypatch):
                                   named_buffers=model.named_buffers(), strategy=hh.LocalSGD(period=2))
     train(model, opt, [(torch.randn(6, 4), torch.randint(0, 4, (6,))) for _ in range(4)])
     # one flat tensor (4 parameters + 2 float buffers, in name order) + the control vector, once per
-    # averaging step (2 and 4)
-    assert calls == [(2, "horovod_hetero.average")] * 2
+    # averaging step (2 and 4), named in the session the first step's broadcast gave every rank
+    session = opt._hh.collectives.session
+    assert len(session) == 9 and calls == [(2, f"horovod_hetero.average{session}")] * 2
+    assert hvd.allgather_object(session, name="test.session") == [session] * hvd.size()
     names = sorted(dict(model.named_parameters())) + ["1.running_mean", "1.running_var"]
     flat = opt._hh.model.tensors()[0]
     offset = 0

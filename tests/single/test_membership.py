@@ -17,14 +17,19 @@ def controller(strategy, size=1, broadcast=lambda obj: obj):
 def test_the_first_start_takes_the_first_ranks_counters_and_a_restart_does_not_broadcast():
     sent = []
 
-    def rank0(obj):                         # what the set's first rank holds: step 7, round 3
+    def rank0(obj):                         # what the set's first rank holds: step 7, round 3, its session
         sent.append(obj)
-        return {"strategy": dict(obj["strategy"], step=7), "rounds": {"round": 3, "steps_since_round": 1}}
+        state, _ = obj
+        return {"strategy": dict(state["strategy"], step=7), "rounds": {"round": 3, "steps_since_round": 1}}, "c0ffee"
 
     ctl = controller(LocalSGD(period=4), broadcast=rank0)
+    assert ctl.collectives.named("horovod_hetero.average") == "horovod_hetero.average"
     ctl.start()
     assert (ctl.strategy.step, ctl.protocol.round, ctl.protocol.steps_since_round) == (7, 3, 1)
-    assert sent == [{"strategy": LocalSGD(period=4).state_dict(), "rounds": {"round": 0, "steps_since_round": 0}}]
+    assert [state for state, _ in sent] == [{"strategy": LocalSGD(period=4).state_dict(),
+                                              "rounds": {"round": 0, "steps_since_round": 0}}]
+    assert len(sent[0][1]) == 8                                             # a session of 4 random bytes
+    assert ctl.collectives.named("horovod_hetero.average") == "horovod_hetero.average.c0ffee"   # rank 0's
     ctl.finish()
     ctl.start()                             # after sync_model: ranks may differ legitimately; no broadcast
     assert len(sent) == 1

@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -97,6 +98,23 @@ def test_every_wait_ends_at_once_when_the_background_thread_failed(monkeypatch):
     finally:
         runtime_collectives.background_failure.clear()
     assert call_with_timeout(lambda: 7, 1.0, "x") == 7
+
+
+def test_a_wait_ends_within_two_probes_once_the_library_stopped(monkeypatch):
+    """Horovod completes no collective enqueued as its loop ended: a wait asks ``library_down`` once it has
+    lasted PROBE_AFTER_S, then every PROBE_AFTER_S, and ends with a RankLostError naming the reason."""
+    asked = []
+    monkeypatch.setattr(runtime_collectives, "PROBE_AFTER_S", 0.2)
+    monkeypatch.setattr(runtime_collectives, "library_down",
+                        [lambda: asked.append(1) or ("Horovod shut down" if len(asked) >= 2 else None)])
+    monkeypatch.setitem(runtime_collectives._probed, "at", 0.0)
+    t0 = time.monotonic()
+    with pytest.raises(RankLostError, match="the test collective cannot complete: Horovod shut down"):
+        call_with_timeout(lambda: time.sleep(5), 10.0, "the test collective")
+    assert len(asked) == 2 and 0.4 <= time.monotonic() - t0 < 1.0
+    runtime_collectives.failure_seen.clear()
+    assert call_with_timeout(lambda: 7, 1.0, "x") == 7                   # a quick wait never asks
+    assert len(asked) == 2
 
 
 def test_failed_collectives_are_recognised_and_others_are_not():
