@@ -1,7 +1,7 @@
 """Horovod elastic with a worker that dies (SIGKILL, mid-epoch), every strategy (``elastic_kill_worker.py``):
 once rank 0, once rank 2 (the other host's first). The two workers of the other host go on from the
 last commit and finish the job's epochs with identical models; the seconds from the kill to their
-restart are printed."""
+restart are printed (Horovod's Gloo timeout, set to 10 s, and about 0.3 s more)."""
 from pathlib import Path
 
 import pytest
@@ -12,12 +12,15 @@ WORKER = Path(__file__).with_name("elastic_kill_worker.py")
 
 
 @pytest.mark.parametrize("victim", [0, 2])
-#: WAGMA with rank 0 dead: Horovod 0.28's removal of the dynamic process sets (a Gloo allgather outside its
-#: loop's error handling) ends every survivor; ADSP: a survivor hung once in four runs. ElasticBSP's survivor
-#: hung once too (2 hangs in about 30 cases): ``make test-elastic-kill``, not in ``make test`` until found.
-@pytest.mark.parametrize("strategy", ["sync", "localsgd", "esync", "elasticbsp", "dssp", "balanced"])
+#: WAGMA is not here: with rank 0 dead, Horovod 0.28's removal of the dynamic process sets (a Gloo allgather
+#: outside its loop's error handling) ends every survivor. With Synchronous a survivor crashed inside Horovod
+#: (SIGSEGV) after the reset once in about 10 runs: make test-elastic-kill, not in make test.
+@pytest.mark.parametrize("strategy", ["sync", "localsgd", "esync", "elasticbsp", "dssp", "adsp", "balanced"])
 def test_a_killed_worker_costs_a_reset_not_the_job(tmp_path, strategy, victim):
-    records = run(WORKER, strategy, tmp_path, hosts_text="localhost:2\n127.0.0.1:2\n", np=4, args=(str(victim),))
+    # a failure costs Horovod's Gloo timeout (rank 0's background thread waits that long for the dead
+    # peer, with Horovod's own optimizer as with every strategy): 10 s here instead of its default 30 s
+    records = run(WORKER, strategy, tmp_path, hosts_text="localhost:2\n127.0.0.1:2\n", np=4, args=(str(victim),),
+                  HOROVOD_GLOO_TIMEOUT_SECONDS="10")
     kill = next(r for r in records if r["event"] == "kill")
     ends = [r for r in records if r["event"] == "end"]
     assert sorted(r["rank"] for r in ends) == [0, 1] and {r["size"] for r in ends} == {2}
