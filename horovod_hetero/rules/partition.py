@@ -82,7 +82,16 @@ def epoch_indices(n: int, step_s: npt.ArrayLike, rank: int, epoch: int = 0, seed
         >>> [len(epoch_indices(67, [0.1, 0.1, 0.1, 0.4], r, multiple=8)) for r in range(4)]
         [24, 16, 16, 11]
     """
-    order, counts = epoch_split(n, step_s, epoch, seed, shuffle, multiple)
+    return rank_part(*epoch_split(n, step_s, epoch, seed, shuffle, multiple), rank)
+
+
+def rank_part(order: npt.NDArray[np.int64], counts: npt.NDArray[np.int64], rank: int) -> list[int]:
+    """Rank ``rank``'s part of ``order`` split by ``counts`` (the ``counts[rank]`` after the lower ranks').
+
+    Example:
+        >>> rank_part(np.arange(10), np.array([8, 2]), 1)
+        [8, 9]
+    """
     start = int(counts[:rank].sum())
     return order[start:start + counts[rank]].tolist()
 

@@ -56,7 +56,8 @@ class TorchCollectives(HorovodCollectives):
         device = tensors[0].device if len(tensors) else like.device if like is not None else torch.device("cpu")
         group = list(tensors) + [torch.tensor(control, dtype=torch.float64, device=device)]
         enqueue = hvd.grouped_allreduce_async_ if inplace else hvd.grouped_allreduce_async
-        out = self.polled(lambda: enqueue(group, op=hvd.Sum, name=self.named(name), process_set=self.process_set_of(ranks)), what)
+        out = self.polled(lambda: enqueue(group, op=hvd.Sum, name=self.named(name),
+                                          process_set=self.process_set_of(ranks)), what)
         return out[:-1], out[-1].tolist()
 
     def broadcast_object(self, obj, *, what, root=None, name="horovod_hetero.broadcast"):
@@ -66,10 +67,12 @@ class TorchCollectives(HorovodCollectives):
         sender = hvd.rank() == root
         data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8) if sender else None
         size = torch.tensor([0 if data is None else data.numel()], dtype=torch.int64)
-        self.polled(lambda: hvd.broadcast_async_(size, root, name=self.named(f"{name}.sz"), process_set=self.process_set), what)
+        self.polled(lambda: hvd.broadcast_async_(size, root, name=self.named(f"{name}.sz"),
+                                                 process_set=self.process_set), what)
         if data is None:
             data = torch.empty(int(size.item()), dtype=torch.uint8)
-        self.polled(lambda: hvd.broadcast_async_(data, root, name=self.named(f"{name}.t"), process_set=self.process_set), what)
+        self.polled(lambda: hvd.broadcast_async_(data, root, name=self.named(f"{name}.t"),
+                                                 process_set=self.process_set), what)
         return obj if sender else pickle.loads(data.numpy().tobytes())
 
     def allgather_object(self, obj, *, what):
@@ -96,8 +99,8 @@ class TorchCollectives(HorovodCollectives):
     def broadcast(self, tensors, root_rank, *, name, what):
         self.check_enqueue(what)
         with gil_guarded():
-            handles = [hvd.broadcast_async(t.detach(), root_rank, name=self.named(f"{name}.{i}"), process_set=self.process_set)
-                       for i, t in enumerate(tensors)]
+            handles = [hvd.broadcast_async(t.detach(), root_rank, name=self.named(f"{name}.{i}"),
+                                           process_set=self.process_set) for i, t in enumerate(tensors)]
         return [wait(h, self.timeout, what) for h in handles]
 
     def mean(self, tensors, *, name):

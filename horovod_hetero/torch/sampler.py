@@ -8,8 +8,8 @@ import torch
 
 import horovod.torch as hvd
 
-from horovod_hetero.rules.partition import (epoch_indices, epoch_split, resplit_rest, step_batch, step_times_of,
-                                            steps_per_epoch)
+from horovod_hetero.rules.partition import (epoch_indices, epoch_split, rank_part, resplit_rest, step_batch,
+                                            step_times_of, steps_per_epoch)
 from horovod_hetero.strategies.balanced import even_split
 from horovod_hetero.validation import check_bool, check_int
 
@@ -206,7 +206,7 @@ class DistributedSampler(torch.utils.data.Sampler):
         order, counts = epoch_split(len(self.dataset), self.step_times(), self.epoch, self.seed, self.shuffle,
                                     multiple)
         rank, start = self.rank, controller.steps_seen
-        share = order[counts[:rank].sum():][:counts[rank]].tolist()
+        share = rank_part(order, counts, rank)
         i = 0
         while i < len(share):
             if start is not None and controller.speeds_measured is not None:
