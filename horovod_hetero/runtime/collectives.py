@@ -189,31 +189,68 @@ def forget_failure() -> None:
     and end the GIL watchdog's countdown, which ``common.failures.guard_gil`` re-armed every second while
     the failure stood (left running, it would end a healthy process that then waits 45 s in Horovod)."""
     failure_seen.clear()
+    _probe["ask"] = None                    # its answer was about the library before the restart
     faulthandler.cancel_dump_traceback_later()
 
 
 #: Seconds a wait lasts before it asks ``library_down`` whether the collectives' library stopped, and
-#: between two asks (a collective usually ends sooner; the ask is cheap but reads the library's state
-#: without its lock)
+#: between two asks (a collective usually ends sooner)
 PROBE_AFTER_S = 1.0
+#: Seconds a wait gives a fresh ask to answer before it goes on waiting (an ask usually takes microseconds)
+PROBE_ANSWER_S = 0.05
 #: ``() -> str | None``: why the collectives' library can complete no collective any more (Horovod's
 #: background loop ended after a failed collective), or None; an adapter sets it (``common.collectives``)
 library_down: list[Callable[[], str | None]] = []
-_probed = {"at": 0.0}
+
+
+class _Ask(threading.Thread):
+    """One ask of ``library_down``, on a thread of its own: the library may hold the lock the ask takes
+    (Horovod's process-set table, held through a Gloo timeout by a background thread that failed while
+    it removed the job's process sets), and a wait must go on watching ``background_failure`` meanwhile."""
+
+    def __init__(self, ask: Callable[[], str | None], at: float) -> None:
+        super().__init__(name="horovod_hetero-probe", daemon=True)
+        self.ask, self.at = ask, at
+        self.reason: str | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.reason = self.ask()
+        except BaseException as e:  # re-raised in the wait that reads it
+            self.error = e
+
+
+#: the last ask (None before the first): a wait starts the next one PROBE_AFTER_S after it, once it answered
+_probe: dict[str, _Ask | None] = {"ask": None}
+
+
+def _library_stopped(now: float) -> str | None:
+    """Why the library stopped, from the last ask once it answered (a reason stands until
+    ``forget_failure``); a new ask when the last answered None PROBE_AFTER_S ago."""
+    ask = _probe["ask"]
+    answered_none = ask is not None and not ask.is_alive() and ask.reason is None and ask.error is None
+    if ask is None or (answered_none and now - ask.at >= PROBE_AFTER_S):
+        ask = _probe["ask"] = _Ask(library_down[0], now)
+        ask.start()
+        ask.join(PROBE_ANSWER_S)
+    if ask.is_alive():                      # no answer yet: the library holds its lock; the wait goes on
+        return None
+    if ask.error is not None:
+        raise ask.error
+    return ask.reason
 
 
 def check_background(what: str, waited_s: float = 0.0) -> None:
     """Raise ``RankLostError`` naming ``what`` if the collectives' background thread failed or, in a
     wait that has lasted ``waited_s`` >= ``PROBE_AFTER_S`` seconds, their library stopped
-    (``library_down``): a collective it took after its last one failed is never completed, and the
-    wait would last until its timeout."""
+    (``library_down``, asked on a thread of its own, never blocking the wait): a collective it took
+    after its last one failed is never completed, and the wait would last until its timeout."""
     if background_failure.is_set():
         failure_seen.set()
         raise RankLostError(f"{what} cannot complete: {background_failure.reason}")
-    now = time.monotonic()
-    if library_down and waited_s >= PROBE_AFTER_S and now - _probed["at"] >= PROBE_AFTER_S:
-        _probed["at"] = now
-        reason = library_down[0]()
+    if library_down and waited_s >= PROBE_AFTER_S:
+        reason = _library_stopped(time.monotonic())
         if reason is not None:
             failure_seen.set()
             raise RankLostError(f"{what} cannot complete: {reason}")
