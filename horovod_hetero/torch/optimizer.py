@@ -239,24 +239,36 @@ class _SynchronousOptimizer(_HeteroMethods):
     def _allreduce_grad_async(self, p):
         # Horovod's gradient hooks enqueue here during loss.backward(), outside step()'s guard: a
         # lost rank must fail there as it fails in step() (RankLostError, or elastic's reset)
-        self._hh_session_names()
         try:
+            self._hh_session_names()
+            self._hh_before_enqueue([p])
             return self._hh_base._allreduce_grad_async(self, p)
         except Exception as e:
             self._hh_membership.reraise(e)
 
     def _grouped_allreduce_grad_async(self, ps):
-        self._hh_session_names()
         try:
+            self._hh_session_names()
+            self._hh_before_enqueue(ps)
             return self._hh_base._grouped_allreduce_grad_async(self, ps)
         except Exception as e:
             self._hh_membership.reraise(e)
 
+    def _hh_before_enqueue(self, ps):
+        """What a variant does to the gradients of ``ps`` before Horovod enqueues them (nothing here)."""
+
     def _hh_session_names(self):
         """Horovod names each gradient allreduce by its parameter (``_parameter_names``): give those
-        names the controller's session (``Collectives.session``), as the rounds' names have it."""
-        controller = self._hh_membership.controller
-        session = getattr(getattr(controller, "collectives", None), "session", "")
+        names the session of the controller for Horovod's current ranks (``Collectives.session``), as
+        the rounds' names have it, opening it first (a new one after ``hvd.elastic``'s reset starts at
+        the first hook of ``loss.backward()``). Under the last session's names, an allreduce Horovod
+        took as its loop ended (never completed, and kept across the reset) would meet the new one of
+        the same name: Horovod refuses the name, or pairs the two across ranks and crashes."""
+        hh = self._hh
+        if hh.transports is None:
+            self._hh_adopt()
+            hh.start()
+        session = getattr(hh.collectives, "session", "")
         if session != self._hh_names_session:
             if self._hh_names is None:
                 self._hh_names = dict(self._parameter_names)
@@ -331,20 +343,12 @@ class _WeightedGradients:
     mean gradient of the union of the ranks' batches. The scale is one in-place pass over each gradient
     as its hook fires, before Horovod enqueues it."""
 
-    def _hh_scale(self, ps):
+    def _hh_before_enqueue(self, ps):
         hh = self._hh
         weight = hh.strategy.gradient_weight(hh.rank, hh.size)
         for p in ps:
             if p.grad is not None:
                 p.grad.mul_(weight)
-
-    def _allreduce_grad_async(self, p):
-        self._hh_scale([p])
-        return _SynchronousOptimizer._allreduce_grad_async(self, p)
-
-    def _grouped_allreduce_grad_async(self, ps):
-        self._hh_scale(ps)
-        return _SynchronousOptimizer._grouped_allreduce_grad_async(self, ps)
 
     def step(self, closure=None):
         sampler = self._hh_sampler

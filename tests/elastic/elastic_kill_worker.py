@@ -31,6 +31,7 @@ def main():
     def train(state):
         rank, size = hvd.rank(), hvd.size()
         log(event="start", rank=rank, size=size, epoch=state.epoch, t=time.time())
+        named = False
         while state.epoch < EPOCHS:
             batches = iter(sampler) if sampler is not None else None
             for i in range(8):
@@ -38,6 +39,9 @@ def main():
                     log(event="kill", rank=rank, t=time.time())
                     os.kill(os.getpid(), signal.SIGKILL)
                 train_step(model, opt, rank, batches)
+                if not named and args.strategy in ("sync", "balanced"):  # Horovod's names of this session's
+                    log(event="names", rank=rank, names=sorted(opt._parameter_names.values()))  # first allreduces
+                    named = True
             opt.sync_model()
             state.epoch += 1
             log(event="epoch", rank=rank, size=size, epoch=state.epoch)
