@@ -26,9 +26,9 @@ def set_hosts(text):
     os.replace(path + ".tmp", path)
 
 
-def run(worker, strategy, tmp_path, hosts_text="localhost:2\n", np=2, args=(), **env):
-    """Start ``worker strategy *args`` on ``np`` workers of ``hosts_text`` (at least 2, at most 4); the
-    records its processes logged."""
+def run(worker, strategy, tmp_path, hosts_text="localhost:2\n", np=2, args=(), launch=(), **env):
+    """Start ``worker strategy *args`` on ``np`` workers of ``hosts_text`` (at least 2, at most 4), with
+    ``launch``, more options of horovodrun; the records its processes logged."""
     hosts, log = tmp_path / "hosts", tmp_path / "log.jsonl"
     hosts.write_text(hosts_text)
     discover = tmp_path / "discover.sh"
@@ -38,7 +38,7 @@ def run(worker, strategy, tmp_path, hosts_text="localhost:2\n", np=2, args=(), *
                PYTHONPATH=os.pathsep.join([str(Path.cwd()), os.environ.get("PYTHONPATH", "")]))
     # --network-interface: without it Horovod's elastic Gloo launcher waits for two hosts to compare their NICs
     cmd = [str(HOROVODRUN), "-np", str(np), "--min-np", "2", "--max-np", "4", "--network-interface", "lo",
-           "--host-discovery-script", str(discover), "--gloo", sys.executable, str(worker), strategy, *args]
+           "--host-discovery-script", str(discover), *launch, "--gloo", sys.executable, str(worker), strategy, *args]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     return [json.loads(line) for line in log.read_text().splitlines()]

@@ -1,4 +1,5 @@
-"""Horovod elastic with a worker that dies (SIGKILL, mid-epoch), every strategy (``elastic_kill_worker.py``):
+"""Horovod elastic with a worker that dies (SIGKILL, mid-epoch), every strategy (``elastic_kill_worker.py``)
+and, with Horovod's elastic Keras recipe, Synchronous and three callbacks (``elastic_keras_kill_worker.py``):
 once rank 0, once rank 2 (the other host's first). The two workers of the other host go on from the
 last commit and finish the job's epochs with identical models; the seconds from the kill to their
 restart are printed (Horovod's Gloo timeout, set to 10 s, and about 0.3 s more)."""
@@ -9,6 +10,11 @@ import pytest
 from elastic_job import run
 
 WORKER = Path(__file__).with_name("elastic_kill_worker.py")
+KERAS_WORKER = Path(__file__).with_name("elastic_keras_kill_worker.py")
+HOSTS = "localhost:2\n127.0.0.1:2\n"
+#: a failure costs Horovod's Gloo timeout (rank 0's background thread waits that long for the dead peer,
+#: with Horovod's own optimizer as with every strategy): 10 s here instead of its default 30 s
+ENV = dict(HOROVOD_GLOO_TIMEOUT_SECONDS="10")
 
 
 @pytest.mark.parametrize("victim", [0, 2])
@@ -16,10 +22,29 @@ WORKER = Path(__file__).with_name("elastic_kill_worker.py")
 #: outside its loop's error handling) ends every survivor.
 @pytest.mark.parametrize("strategy", ["sync", "localsgd", "esync", "elasticbsp", "dssp", "adsp", "balanced"])
 def test_a_killed_worker_costs_a_reset_not_the_job(tmp_path, strategy, victim):
-    # a failure costs Horovod's Gloo timeout (rank 0's background thread waits that long for the dead
-    # peer, with Horovod's own optimizer as with every strategy): 10 s here instead of its default 30 s
-    records = run(WORKER, strategy, tmp_path, hosts_text="localhost:2\n127.0.0.1:2\n", np=4, args=(str(victim),),
-                  HOROVOD_GLOO_TIMEOUT_SECONDS="10")
+    records = run(WORKER, strategy, tmp_path, hosts_text=HOSTS, np=4, args=(str(victim),), **ENV)
+    survivors = check_killed(records, f"{strategy}, rank {victim} killed")
+    names = {}      # a survivor's gradient allreduces, each session's first: Horovod's names carry a new session
+    for r in records:
+        if r["event"] == "names" and r["pid"] in survivors:
+            names.setdefault(r["pid"], []).append(r["names"])
+    assert all(len(n) == 2 and not set(n[0]) & set(n[1]) for n in names.values()), names
+    assert strategy not in ("sync", "balanced") or len(names) == 2, names
+
+
+@pytest.mark.parametrize("victim", [0, 2])
+@pytest.mark.parametrize("strategy", ["sync", "localsgd", "esync", "elasticbsp"])
+def test_keras_a_killed_worker_costs_a_reset_not_the_job(tmp_path, strategy, victim):
+    """The same with Horovod's elastic Keras recipe (``KerasState``, Keras 2), Synchronous
+    (``hh.DistributedOptimizer``: Horovod's own there) and three strategy callbacks."""
+    records = run(KERAS_WORKER, strategy, tmp_path, hosts_text=HOSTS, np=4, args=(str(victim),),
+                  TF_USE_LEGACY_KERAS="1", **ENV)
+    check_killed(records, f"Keras {strategy}, rank {victim} killed")
+
+
+def check_killed(records, case):
+    """The two survivors restarted from the last commit (epoch 1) without the dead worker, finished the
+    job's 4 epochs with identical models; what they saw is printed. Their process ids."""
     kill = next(r for r in records if r["event"] == "kill")
     ends = [r for r in records if r["event"] == "end"]
     assert sorted(r["rank"] for r in ends) == [0, 1] and {r["size"] for r in ends} == {2}
@@ -29,15 +54,10 @@ def test_a_killed_worker_costs_a_reset_not_the_job(tmp_path, strategy, victim):
     assert {r["size"] for r in restarts} == {2} and {r["epoch"] for r in restarts} == {1}   # the last commit
     survivors = {r["pid"] for r in ends}
     assert survivors == {r["pid"] for r in restarts} and kill["pid"] not in survivors
-    names = {}      # a survivor's gradient allreduces, each session's first: Horovod's names carry a new session
-    for r in records:
-        if r["event"] == "names" and r["pid"] in survivors:
-            names.setdefault(r["pid"], []).append(r["names"])
-    assert all(len(n) == 2 and not set(n[0]) & set(n[1]) for n in names.values()), names
-    assert strategy not in ("sync", "balanced") or len(names) == 2, names
     failed = [r for r in records if r["event"] == "failed"]
     resets = [r for r in records if r["event"] == "reset"]
     since = lambda rs: f"{min(r['t'] for r in rs) - kill['t']:.1f} s" if rs else "-"    # noqa: E731
-    print(f"\n{strategy}, rank {victim} killed: a survivor failed after {since(failed)} "
+    print(f"\n{case}: a survivor failed after {since(failed)} "
           f"({failed[0]['error'][:120] if failed else '-'}), reset after {since(resets)}, started again after "
           f"{since(restarts)}")
+    return survivors

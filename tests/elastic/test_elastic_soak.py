@@ -1,0 +1,51 @@
+"""A soak under Horovod elastic (``make test-elastic-soak``, about 10 min): a worker killed with SIGKILL
+three times in one job, about every 20 s, its host listed again by the discovery script
+(``elastic_soak_worker.py``). Each time the two survivors go on from the last commit, Horovod takes the
+host back once its blacklist cooldown (2-4 s) ends, two new workers join, and the strategy plans for
+four ranks again; the job ends with four identical models. Printed: the goodput, the rank-steps of
+the committed epochs per second against the same job's steps per second without failures, run next,
+and the seconds each failure cost (the soak's time, less what its committed steps took at that rate,
+over the kills)."""
+from pathlib import Path
+
+import pytest
+
+from elastic_job import run
+
+WORKER = Path(__file__).with_name("elastic_soak_worker.py")
+KILLS = 3
+STEPS = 8
+#: Horovod's Gloo timeout (a failure costs one: 10 s instead of the default 30 s) and its blacklist cooldown
+ENV = dict(HOROVOD_GLOO_TIMEOUT_SECONDS="10")
+LAUNCH = ("--blacklist-cooldown-range", "2", "4")
+HOSTS = "localhost:2\n127.0.0.1:2\n"
+
+
+def _rate(records):
+    """Rank-steps of the committed epochs (each epoch's size x its steps, rank 0's count) per second."""
+    end = next(r for r in records if r["event"] == "end" and r["rank"] == 0)
+    steps = sum(r["size"] * STEPS for r in records if r["event"] == "epoch" and r["rank"] == 0)
+    return steps / (end["t"] - end["t0"])
+
+
+@pytest.mark.parametrize("strategy", ["sync", "localsgd", "esync", "elasticbsp", "dssp", "adsp", "balanced"])
+def test_a_host_that_keeps_failing_and_coming_back(tmp_path, strategy):
+    for d in ("soak", "clean"):
+        (tmp_path / d).mkdir()
+    records = run(WORKER, strategy, tmp_path / "soak", hosts_text=HOSTS, np=4, args=(str(KILLS), "0"),
+                  launch=LAUNCH, **ENV)
+    kills = [r for r in records if r["event"] == "kill"]
+    ends = [r for r in records if r["event"] == "end"]
+    starts = [r for r in records if r["event"] == "start"]
+    assert len(kills) == KILLS
+    assert sorted(r["rank"] for r in ends) == [0, 1, 2, 3] and {r["size"] for r in ends} == {4}
+    assert all(r["params"] == ends[0]["params"] for r in ends) and {r["kills"] for r in ends} == {KILLS}
+    sizes = [r["size"] for r in sorted(starts, key=lambda r: r["t"]) if r["rank"] == 0]
+    assert sizes.count(2) >= KILLS and sizes[-1] == 4, sizes                 # shrank after each kill, grew back
+    assert len({r["pid"] for r in records}) >= 4 + 2 * KILLS                 # two new workers for each kill
+    first = next(r for r in ends if r["rank"] == 0)
+    epochs = first["epoch"]
+    clean = run(WORKER, strategy, tmp_path / "clean", hosts_text=HOSTS, np=4, args=("0", str(epochs)), **ENV)
+    wall, goodput = first["t"] - first["t0"], _rate(records) / _rate(clean)
+    print(f"\n{strategy}: {KILLS} kills in {wall:.0f} s, {epochs} epochs; goodput {goodput:.2f} of the same job "
+          f"without failures; {wall * (1 - goodput) / KILLS:.1f} s lost per failure")
