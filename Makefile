@@ -107,7 +107,7 @@ test-elastic-kill: $(READY)
 	HH_TIMING_BY=test $(PY) -m pytest -q -s -p no:cacheprovider --timeout 300 tests/elastic/test_elastic_kill.py
 
 #: a host that keeps failing and coming back under hvd.elastic: three kills in one job, seven strategies,
-#: each job's goodput against the same job without failures (about 10 min)
+#: each job's goodput against the same job without failures (about 14 min)
 .PHONY: test-elastic-soak
 test-elastic-soak: $(READY)
 	HH_TIMING_BY=test $(PY) -m pytest -q -s -p no:cacheprovider --timeout 400 tests/elastic/test_elastic_soak.py

@@ -1,4 +1,4 @@
-"""A soak under Horovod elastic (``make test-elastic-soak``, about 10 min): a worker killed with SIGKILL
+"""A soak under Horovod elastic (``make test-elastic-soak``, about 14 min): a worker killed with SIGKILL
 three times in one job, about every 20 s, its host listed again by the discovery script
 (``elastic_soak_worker.py``). Each time the two survivors go on from the last commit, Horovod takes the
 host back once its blacklist cooldown (2-4 s) ends, two new workers join, and the strategy plans for
