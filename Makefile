@@ -98,11 +98,10 @@ test-mpi: $(READY)
 	HH_TIMING_BY=test $(PY) -m pytest -q -s -p no:cacheprovider --timeout 240 tests/mpi
 
 #: Horovod elastic (each case runs its own horovodrun with a host-discovery script), the torch kill cases
-#: among them; in test-elastic-kill only: the Keras kill cases (about 4 min: CI's 40-minute budget) and
-#: Balanced's (a survivor crashed inside Horovod, SIGSEGV, after the reset in 1 of 4 full runs)
+#: among them; the Keras kill cases in test-elastic-kill only (about 4 min: CI's 40-minute budget)
 test-elastic: $(READY)
 	HH_TIMING_BY=test $(PY) -m pytest -q -s -p no:cacheprovider --timeout 300 --ignore=tests/elastic/test_elastic_soak.py \
-	  -k "not test_keras_a_killed_worker and not (test_a_killed_worker and balanced)" tests/elastic
+	  -k "not test_keras_a_killed_worker" tests/elastic
 
 #: every case of a worker killed with SIGKILL mid-epoch under hvd.elastic: seven torch strategies, Keras's
 #: Synchronous and three callbacks (about 10 min)

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 from horovod_hetero.common import compat
 from horovod_hetero.common.failures import catch_background_abort, guard_gil
 from horovod_hetero.common.process_sets import check_process_set, registered_ids
-from horovod_hetero.common.ranks import process_state
+from horovod_hetero.common.ranks import StaleRequestsReset, process_state
 from horovod_hetero.errors import RankLostError
 from horovod_hetero.runtime.collectives import (DEFAULT_TIMEOUT_S, Collectives, call_with_timeout, check_background,
-                                                library_down)
+                                                library_down, requests_left)
 from horovod_hetero.transports.addresses import server_host
 from horovod_hetero.validation import check_float
 
@@ -103,10 +103,19 @@ class HorovodCollectives(Collectives):
 
     def know_peers(self) -> None:
         """Every rank's (host name, process id), gathered once (object gathers span all ranks: only
-        over the global set)."""
+        over the global set), with whether its last session ended in a failed collective
+        (``requests_left``): under ``hvd.elastic`` every rank then raises ``StaleRequestsReset``."""
         if self.process_set == self.hvd.global_process_set and self._peers is None:
-            self._peers = self.allgather_object((socket.gethostname(), os.getpid()),
-                                                what="the exchange of the ranks' process ids")
+            left = requests_left.is_set() and os.environ.get("HOROVOD_ELASTIC") == "1"
+            peers = self.allgather_object((socket.gethostname(), os.getpid(), left),
+                                          what="the exchange of the ranks' process ids")
+            requests_left.clear()
+            failed = [rank for rank, peer in enumerate(peers) if peer[2]]
+            if failed:
+                raise StaleRequestsReset(
+                    f"the last session of rank {', '.join(map(str, failed))} ended in a failed collective: one "
+                    f"more reset clears what it left in Horovod's queue")
+            self._peers = [(host, pid) for host, pid, _ in peers]
             if len(compat.registered_process_sets(self.hvd)) > 1:
                 self.watch_peers()
 

@@ -31,6 +31,21 @@ class ElasticRankLostError(RankLostError, HorovodInternalError):
     commit and resets, instead of ending this healthy worker."""
 
 
+class StaleRequestsReset(HorovodInternalError):
+    """Raised on every rank by the first collective of a session under ``hvd.elastic.run`` when a rank's
+    last session ended in a failed collective: ``hvd.elastic.run`` restores the last commit and resets
+    once more (about 0.1 s), and that reset clears what the failed one left in Horovod.
+
+    Horovod 0.28 keeps its request queue across a reset: a collective that a rank enqueued while its
+    background loop ended is never completed and stays there. In the new session it waits in the
+    coordinator's table, and the first ``hvd.join`` (``sync_model()``) completes it with one rank: the
+    others, which never enqueued it, crash in Horovod (a segmentation fault). A reset in which no
+    collective fails clears the queue (every rank's loop ends at the same shutdown)."""
+
+    #: the reset it asks for clears Horovod's queue: not a failure (``Membership.reraise``)
+    clears_requests = True
+
+
 def follow_ranks(hvd: Any, process_set: ProcessSet | None, telemetry: Telemetry | str | os.PathLike[str] | None,
                  build: Callable[[Telemetry | str | os.PathLike[str] | None], Controller]) -> Membership[Controller]:
     """The ``Membership`` an adapter reaches its controller through: rebuilt when Horovod's ranks

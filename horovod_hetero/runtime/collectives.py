@@ -182,6 +182,10 @@ background_failure.reason = None
 #: Set once this process has seen a collective fail (a ``RankLostError`` or a timeout of ours, or
 #: ``background_failure``): from then on ``common.failures.guard_gil`` watches that Python code still runs.
 failure_seen = threading.Event()
+#: Set when a collective of this process failed (``Membership.reraise``): Horovod may keep, across
+#: ``hvd.elastic``'s reset, requests this process enqueued as its background loop ended. The next
+#: session's first collective tells every rank (``HorovodCollectives.know_peers``), which clears it.
+requests_left = threading.Event()
 
 
 def forget_failure() -> None:

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Generic, NoReturn, Protocol, TypeVar
 
-from horovod_hetero.runtime.collectives import forget_failure
+from horovod_hetero.runtime.collectives import forget_failure, requests_left
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,8 @@ class Membership(Generic[_C]):
 
     def reraise(self, error: BaseException, controller: _C | None = None) -> NoReturn:
         """Raise what ``error`` (raised by a collective of ``controller``, default: the current one)
-        means: the same error after noting a failed collective, or ``lost``'s ``RankLostError``.
+        means: the same error after noting a failed collective (and ``requests_left``, unless the
+        error says ``clears_requests``: the reset that clears them), or ``lost``'s ``RankLostError``.
 
         For collectives Horovod enqueues outside a guarded call: the gradient hooks that
         ``loss.backward()`` runs (``hvd.DistributedOptimizer``'s), which must fail as a step does.
@@ -90,6 +91,8 @@ class Membership(Generic[_C]):
         replacement = self._lost(controller, error) if self._lost is not None and controller is not None else None
         if isinstance(error, self._failure) or isinstance(replacement, self._failure):
             self._failed = True             # the next call builds a new controller (after elastic's reset)
+            if not getattr(error, "clears_requests", False):
+                requests_left.set()         # a reset that clears them is not a failure (``know_peers``)
         if replacement is None:
             raise error
         raise replacement from error

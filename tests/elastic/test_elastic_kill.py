@@ -24,6 +24,13 @@ ENV = dict(HOROVOD_GLOO_TIMEOUT_SECONDS="10")
 def test_a_killed_worker_costs_a_reset_not_the_job(tmp_path, strategy, victim):
     records = run(WORKER, strategy, tmp_path, hosts_text=HOSTS, np=4, args=(str(victim),), **ENV)
     survivors = check_killed(records, f"{strategy}, rank {victim} killed")
+    kill = next(r["t"] for r in records if r["event"] == "kill")
+    starts = {pid: [r["t"] - kill for r in records if r["event"] == "start" and r["pid"] == pid and r["t"] > kill]
+              for pid in survivors}
+    # two starts each: after the failure's reset, and after the one more that clears Horovod's queue
+    # (StaleRequestsReset: what the failed session left there would crash the survivors' first hvd.join)
+    assert all(len(ts) == 2 for ts in starts.values()), starts
+    print(f"the reset that clears Horovod's queue took {max(ts[1] - ts[0] for ts in starts.values()):.2f} s")
     names = {}      # a survivor's gradient allreduces, each session's first: Horovod's names carry a new session
     for r in records:
         if r["event"] == "names" and r["pid"] in survivors:

@@ -332,3 +332,68 @@ def test_under_hvd_elastic_a_rank_lost_error_of_ours_takes_horovods_reset(monkey
         with membership.guard():
             raise CollectiveTimeoutError("a timeout")
     assert not isinstance(e.value, HorovodInternalError)
+
+
+def test_after_a_failed_collective_under_hvd_elastic_every_rank_resets_once_more(monkeypatch):
+    """A failed collective marks ``requests_left`` (Horovod may keep what the failed session enqueued as its
+    loop ended); the next session's first collective carries every rank's mark, and if any rank has one,
+    every rank raises ``StaleRequestsReset`` (a ``HorovodInternalError``: ``hvd.elastic.run`` resets once
+    more, which clears Horovod's queue). That reset marks nothing; outside elastic nothing is raised."""
+    import socket
+    import types
+
+    from horovod.common.exceptions import HorovodInternalError
+
+    from horovod_hetero.runtime.collectives import requests_left
+    from horovod_hetero.torch.collectives import TorchCollectives
+
+    class Controller:
+        closed, telemetry = False, None
+
+        def close(self):
+            self.closed = True
+
+    hvd = types.SimpleNamespace(rank=lambda: 0, size=lambda: 2, global_process_set=object())
+    membership = ranks.follow_ranks(hvd, None, None, lambda telemetry: Controller())
+    membership.current()
+    requests_left.clear()
+    monkeypatch.setenv("HOROVOD_ELASTIC", "1")
+    with pytest.raises(ValueError), membership.guard():
+        raise ValueError("not a failed collective")
+    assert not requests_left.is_set()
+    with pytest.raises(HorovodInternalError), membership.guard():
+        raise HorovodInternalError("Horovod has been shut down")
+    assert requests_left.is_set()
+
+    sent = []
+    monkeypatch.setattr(common_collectives.compat, "registered_process_sets", lambda hvd: [0])
+
+    def collectives(others_left):
+        c = object.__new__(TorchCollectives)
+        c.process_set, c._peers = c.hvd.global_process_set, None
+
+        def allgather_object(obj, *, what):
+            sent.append(obj)
+            return [obj, ("another-host", 7, others_left)]
+        c.allgather_object = allgather_object
+        return c
+
+    c = collectives(False)
+    with pytest.raises(ranks.StaleRequestsReset, match=r"^the last session of rank 0 ended in a failed collective"):
+        c.know_peers()
+    assert sent[-1] == (socket.gethostname(), os.getpid(), True) and c._peers is None
+    assert not requests_left.is_set()
+    requests_left.set()
+    with pytest.raises(ranks.StaleRequestsReset) as e, membership.guard():
+        c.know_peers()
+    assert isinstance(e.value, HorovodInternalError) and not requests_left.is_set()    # that reset is no failure
+    with pytest.raises(ranks.StaleRequestsReset, match=r"^the last session of rank 1 ended"):
+        collectives(True).know_peers()                        # another rank's mark: this one resets too
+    c = collectives(False)
+    c.know_peers()
+    assert c._peers == [(socket.gethostname(), os.getpid()), ("another-host", 7)]
+    requests_left.set()
+    monkeypatch.delenv("HOROVOD_ELASTIC")
+    c = collectives(False)
+    c.know_peers()                                            # outside elastic: no reset follows a failure
+    assert sent[-1][2] is False and c._peers is not None and not requests_left.is_set()
