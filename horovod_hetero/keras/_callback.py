@@ -315,14 +315,14 @@ class BalancedCallbackImpl(CheckpointState):
     """
 
     def __init__(self, global_batch=None, max_batch=None, batch_size=None, process_set=None, telemetry=None,
-                 slowdown=None, timeout=DEFAULT_TIMEOUT_S):
+                 slowdown=None, timeout=DEFAULT_TIMEOUT_S, min_batch=None):
         super().__init__()
         from horovod_hetero.strategies.balanced import Balanced
 
         if global_batch is None and batch_size is None:
             raise ValueError("give batch_size= (one rank's batch; the global batch is the number of ranks times it) "
                              "or global_batch=")
-        self.strategy = Balanced(global_batch, rebalance_every=1, max_batch=max_batch)
+        self.strategy = Balanced(global_batch, rebalance_every=1, max_batch=max_batch, min_batch=min_batch)
         self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
         self.process_set = check_process_set(process_set)
         self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)

@@ -170,6 +170,7 @@ class BalancedCallback(BalancedCallbackImpl, Callback):
         max_batch: the largest batch a rank may get (memory), or ``None``.
         batch_size: one rank's batch (the user's), an int >= 1; needed without ``global_batch``.
         process_set, telemetry, slowdown, timeout: as ``HeteroSyncCallback``'s.
+        min_batch: the smallest batch a rank may get, or ``None`` (2 where the split allows it).
 
     Example::
 

@@ -6,12 +6,18 @@ from typing import Any
 
 import numpy as np
 
-from horovod_hetero.rules.balance import fit_step_time, plan_batches
+from horovod_hetero.rules.balance import NOISE, StepModel, choose_split, fit_step_model
 from horovod_hetero.strategies.base import CONTINUE, MEASURE, Context, Decision, RoundResult, StepReport, Strategy
 from horovod_hetero.validation import check_int
 
-#: windows of measurements a fit looks back over (older ones are dropped, so a change of speed is followed)
-WINDOWS = 3
+#: windows of measurements a fit looks back over at most (older ones are dropped)
+WINDOWS = 12
+#: a window whose step time differs from what the windows before it predict by more than this share
+#: (for a model they tested with two batch sizes or more) is a change of speed: the windows before it
+#: are dropped, so the plan follows the new speeds
+CHANGE = 0.3
+#: the smallest batch a rank gets by default (BatchNorm needs two samples to normalise a batch)
+MIN_BATCH = 2
 
 
 def even_split(global_batch: int, size: int) -> tuple[int, ...]:
@@ -43,12 +49,20 @@ class Balanced(Strategy):
     steps (``rules.balance``; the median, so that one stall, a garbage collection or the OS, does not
     move the plan). Every ``rebalance_every`` steps a round carries every rank's measurements
     (the decision ``MEASURE``: the round's control vector alone, no model), so every rank fits the same
-    lines and computes the same integer sizes: the split of the global batch that equalises the predicted
-    step times, at most ``max_batch`` each. A split computed after window ``p`` is used from window
-    ``p + 2`` on, so a loader that prefetches fewer than ``rebalance_every`` batches draws every batch
-    with sizes already known. The first window holds the first step (start-up, tracing) and is not
-    measured; the first three windows use an even split; the first fit takes time as proportional to the
-    batch (one batch size measured), later ones fit both parts over the last three windows.
+    models and computes the same integer sizes: the split of the global batch that equalises the
+    predicted step times, ``min_batch`` to ``max_batch`` each. A split computed after window ``p`` is
+    used from window ``p + 2`` on, so a loader that prefetches fewer than ``rebalance_every`` batches draws
+    every batch with sizes already known. The first window holds the first step (start-up, tracing) and
+    is not measured; the first three windows use an even split.
+
+    Never behind Synchronous by design (``rules.balance``): a fit from one batch size takes time as
+    proportional to the batch, a hypothesis the next windows test; where the step time does not rise
+    with the batch by more than the noise (a padded step, a GPU below saturation) the rank is modelled
+    flat up to the largest batch it ran (proportional beyond), and a curve that is flat up to a knee and
+    linear after it is fitted as such; a new split replaces the one in use only if it promises a step
+    shorter by more than the noise (5 %), and where it does not, the even split stays or comes back.
+    The fits look back over the last 12 windows, and only as far as the latest change of speed (a
+    window 30 % off what the windows before it predict).
 
     The batches come from ``hh.DistributedSampler(dataset, batch_size=B)``, a batch sampler bound to the
     optimizer (``sampler=``): every step it hands each rank its current size, every rank takes the same
@@ -62,6 +76,9 @@ class Balanced(Strategy):
         rebalance_every: steps per window, an int >= 1 (a ``MEASURE`` round after each).
         max_batch: the largest batch a rank may get (memory), an int with ``max_batch * ranks >=
             global_batch``, or ``None``.
+        min_batch: the smallest batch a rank may get, an int >= 1, at most ``max_batch`` and
+            ``global_batch / ranks``, or ``None``: 2 (BatchNorm normalises a batch of two or more)
+            where ``max_batch`` and ``global_batch / ranks`` allow it.
 
     Example:
         >>> s = Balanced(global_batch=128, rebalance_every=2)
@@ -81,11 +98,14 @@ class Balanced(Strategy):
     median_step_time = True          # a window's step time is its median step: one stall does not move the plan
 
     def __init__(self, global_batch: int | None = None, rebalance_every: int = 20,
-                 max_batch: int | None = None) -> None:
+                 max_batch: int | None = None, min_batch: int | None = None) -> None:
         super().__init__()
         self.global_batch = None if global_batch is None else check_int("global_batch", global_batch, 1)
         self.rebalance_every = check_int("rebalance_every", rebalance_every, 1)
         self.max_batch = None if max_batch is None else check_int("max_batch", max_batch, 1)
+        self.min_batch = None if min_batch is None else check_int("min_batch", min_batch, 1)
+        if self.max_batch is not None and self.min_batch is not None and self.min_batch > self.max_batch:
+            raise ValueError(f"min_batch must be an int <= max_batch ({self.max_batch}), got {self.min_batch}")
         if self.global_batch is not None and self.max_batch is not None and self.max_batch > self.global_batch:
             self.max_batch = self.global_batch
         self.plans: dict[int, tuple[int, ...]] = {}      # window -> the batch sizes of every rank in it
@@ -98,6 +118,9 @@ class Balanced(Strategy):
         if self.global_batch is not None and self.max_batch is not None and self.max_batch * size < self.global_batch:
             raise ValueError(f"max_batch must be >= global_batch / ranks = {self.global_batch} / {size} "
                              f"(= {-(-self.global_batch // size)}), got {self.max_batch}")
+        if self.global_batch is not None and self.min_batch is not None and self.min_batch * size > self.global_batch:
+            raise ValueError(f"min_batch must be <= global_batch / ranks = {self.global_batch} / {size} "
+                             f"(= {self.global_batch // size}), got {self.min_batch}")
 
     def use_batch(self, batch_size: int, size: int) -> None:
         """Take ``size * batch_size`` as the global batch where none was given (the bound sampler's)."""
@@ -168,13 +191,37 @@ class Balanced(Strategy):
                     f"batch_sampler=sampler), and bind it with hh.DistributedOptimizer(..., sampler=sampler)")
         if not measured.all() or window == 0:      # window 0 holds the first step (start-up, tracing): no speed
             return
-        self.history = (self.history + [(tuple(sizes), tuple(float(t) for t in stats.step_s))])[-WINDOWS:]
-        lines = [fit_step_time([h[0][r] for h in self.history], [h[1][r] for h in self.history])
-                 for r in range(self.size)]
-        alpha, beta = zip(*lines)
+        latest = (tuple(sizes), tuple(float(t) for t in stats.step_s))
+        if self._changed(latest):
+            self.history = []
+        self.history = (self.history + [latest])[-WINDOWS:]
         assert self.global_batch is not None        # on_start refuses to start without it
-        self.plans[window + 2] = tuple(int(b) for b in plan_batches(self.global_batch, alpha, beta, self.max_batch))
+        self.plans[window + 2] = choose_split(self.global_batch, self._models(self.history),
+                                              current=self.batch_sizes(self.step + 1),
+                                              even=even_split(self.global_batch, self.size),
+                                              min_batch=self.smallest_batch(), max_batch=self.max_batch)
         self.plans = {w: p for w, p in self.plans.items() if w >= window}
+
+    def smallest_batch(self) -> int:
+        """``min_batch``, or by default ``MIN_BATCH`` (2) where ``max_batch`` and the even share allow it."""
+        if self.min_batch is not None:
+            return self.min_batch
+        assert self.global_batch is not None        # on_start refuses to start without it
+        return max(1, min(MIN_BATCH, self.max_batch or MIN_BATCH, self.global_batch // self.size))
+
+    def _models(self, history: list[tuple[tuple[int, ...], tuple[float, ...]]]) -> list[StepModel]:
+        return [fit_step_model([h[0][r] for h in history], [h[1][r] for h in history], NOISE)
+                for r in range(self.size)]
+
+    def _changed(self, latest: tuple[tuple[int, ...], tuple[float, ...]]) -> bool:
+        """Whether a rank's step time in ``latest`` is ``CHANGE`` off what the windows before predict, for a
+        rank whose model they tested (two batch sizes or more: a one-size fit is a hypothesis)."""
+        tested = [r for r in range(self.size) if len({h[0][r] for h in self.history}) >= 2]
+        if not tested:
+            return False
+        models = self._models(self.history)
+        sizes, times = latest
+        return any(abs(times[r] - models[r](sizes[r])) > CHANGE * models[r](sizes[r]) for r in tested)
 
     def telemetry_fields(self) -> dict[str, Any]:
         return {"batch": self.batch_size(self.step)} if self.global_batch is not None and self.step else {}
@@ -197,4 +244,4 @@ class Balanced(Strategy):
 
     def __repr__(self) -> str:
         return (f"Balanced(global_batch={self.global_batch!r}, rebalance_every={self.rebalance_every}, "
-                f"max_batch={self.max_batch!r})")
+                f"max_batch={self.max_batch!r}, min_batch={self.min_batch!r})")

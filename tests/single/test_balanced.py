@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from fakes import round_result
-from horovod_hetero.rules.balance import fit_step_time, plan_batches, predicted_step
+from horovod_hetero.rules.balance import (StepModel, choose_split, fit_step_model, fit_step_time, plan_batches,
+                                          predicted_step)
 from horovod_hetero.rules.partition import step_batch, steps_per_epoch
 from horovod_hetero.simulate import Cluster, simulate
 from horovod_hetero.strategies import MEASURE, Balanced, RoundResult, RoundStats, Synchronous
@@ -13,8 +14,8 @@ from horovod_hetero.strategies.balanced import even_split
 
 @pytest.mark.parametrize("alpha, beta, cap, want", [
     ([0.0] * 4, [1.0] * 4, None, [32, 32, 32, 32]),
-    ([0.0] * 4, [1.0, 1.0, 1.0, 4.0], None, [40, 40, 39, 9]),
-    ([0.01, 0.01, 0.01, 0.04], [0.001, 0.001, 0.001, 0.004], None, [42, 42, 42, 2]),
+    ([0.0] * 4, [1.0, 1.0, 1.0, 4.0], None, [40, 39, 39, 10]),     # ties: the smaller batch
+    ([0.01, 0.01, 0.01, 0.04], [0.001, 0.001, 0.001, 0.004], None, [42, 42, 41, 3]),
     ([0.0] * 4, [1.0, 1.0, 1.0, 4.0], 34, [34, 34, 34, 26]),
     ([0.0, 0.0], [1.0, 1e-9], None, [1, 127]),
 ])
@@ -90,7 +91,7 @@ def test_windows_are_measured_and_the_sizes_follow_the_speeds_within_three_rebal
     s, transports = balanced()
     seen = run_windows(s, [1.0, 1.0, 1.0, 4.0], 8)
     assert seen[:3] == [(32, 32, 32, 32)] * 3                 # window 0 is start-up: not measured
-    assert seen[3] == (40, 40, 39, 9) and seen[-1] == (40, 40, 39, 9)
+    assert seen[3] == (40, 39, 39, 10) and seen[-1] == (40, 39, 39, 10)
     transports.close()
 
 
@@ -105,7 +106,7 @@ def test_the_sizes_follow_a_change_of_speed():
 def test_gradient_weights_are_the_shares_of_the_global_batch():
     s, transports = balanced()
     run_windows(s, [1.0, 1.0, 1.0, 4.0], 4)
-    assert [s.gradient_weight(r, 4) for r in range(4)] == [40 / 128, 40 / 128, 39 / 128, 9 / 128]
+    assert [s.gradient_weight(r, 4) for r in range(4)] == [40 / 128, 39 / 128, 39 / 128, 10 / 128]
     assert sum(s.gradient_weight(r, 4) for r in range(4)) == 1.0
     fresh = Balanced(global_batch=10)                           # before it starts: an even split over the size given
     assert [fresh.gradient_weight(r, 4) for r in range(4)] == [0.3, 0.3, 0.2, 0.2]
@@ -148,6 +149,11 @@ def test_the_plans_round_trip_through_state_dict():
     ({"global_batch": 128, "max_batch": 30}, 4, ValueError, r"max_batch must be >= global_batch / ranks = 128 / 4 "
                                                             r"\(= 32\), got 30"),
     ({"max_batch": 2.5}, 4, TypeError, "max_batch must be an int"),
+    ({"min_batch": 0}, 4, ValueError, "min_batch must be an int >= 1"),
+    ({"min_batch": 2.5}, 4, TypeError, "min_batch must be an int"),
+    ({"max_batch": 8, "min_batch": 9}, 4, ValueError, r"min_batch must be an int <= max_batch \(8\), got 9"),
+    ({"global_batch": 16, "min_batch": 5}, 4, ValueError, r"min_batch must be <= global_batch / ranks = 16 / 4 "
+                                                          r"\(= 4\), got 5"),
 ])
 def test_bad_input_is_named(kwargs, size, error, match):
     with pytest.raises(error, match=match):
@@ -170,3 +176,85 @@ def test_the_simulator_runs_balanced_at_the_fast_workers_pace():
     assert bal.steps.min() == bal.steps.max() and bal.samples.tolist()[3] < bal.samples.tolist()[0] / 3
     assert 2.9 < bal.samples_per_s / sync.samples_per_s < 3.25          # 3.2x once planned; the first windows even
     assert even_split(10, 4) == (3, 3, 2, 2)
+
+
+def run_curves(s, curves, windows, noise=0.03, seed=0):
+    """``windows`` windows; rank r's median step at batch b takes ``curves[r](b)`` s, times a factor drawn
+    from ``1 +- noise`` (the same draws in every run). Returns every window's sizes."""
+    draws = np.random.default_rng(seed).uniform(1 - noise, 1 + noise, size=(windows, len(curves)))
+    seen = []
+    for w in range(windows):
+        sizes = s.batch_sizes(s.step + 1)
+        seen.append(sizes)
+        for _ in range(s.rebalance_every):
+            s.after_step()
+        times = [curve(b) * d for curve, b, d in zip(curves, sizes, draws[w])]
+        s.after_round(RoundResult(w + 1, 1.0, 4.0, 0, stats(times, sizes)))
+    return seen
+
+
+def padded(seconds):
+    return lambda b: seconds
+
+
+def linear(alpha, beta):
+    return lambda b: alpha + beta * b
+
+
+def knee(floor, beta):
+    return lambda b: max(floor, beta * b)
+
+
+def test_a_step_time_that_does_not_rise_with_the_batch_keeps_the_even_split():
+    """A padded step (the slow rank's 4x as long whatever its batch), noise 3 %: the first fit (one batch
+    size) takes time as proportional and moves samples once; the next windows see that it did not pay
+    and the even split comes back for good."""
+    s, transports = balanced()
+    seen = run_curves(s, [padded(0.1)] * 3 + [padded(0.4)], 16)
+    even = (32, 32, 32, 32)
+    assert seen[:3] == [even] * 3 and seen[3] == seen[4] == (39, 39, 40, 10)    # the hypothesis, tried once
+    assert seen[5:] == [even] * 11
+    transports.close()
+
+
+def test_a_linear_step_time_with_noise_settles_within_three_rebalances_and_stays():
+    s, transports = balanced()
+    seen = run_curves(s, [linear(0.01, 0.001)] * 3 + [linear(0.04, 0.004)], 20, noise=0.05)
+    assert seen[:3] == [(32, 32, 32, 32)] * 3
+    assert [w for w in range(1, 20) if seen[w] != seen[w - 1]] == [3, 5, 7]       # three moves, then none
+    assert seen[-1] == (41, 43, 41, 3)                            # the best split for the true lines: (42, 42, 41, 3)
+    transports.close()
+
+
+def test_a_knee_is_fitted_as_such_and_the_plan_is_the_best_for_the_true_curve():
+    """Flat up to 25 samples, linear after (a GPU below saturation); the slow rank 4x as slow per sample."""
+    s, transports = balanced()
+    curves = [knee(0.1, 0.004)] * 3 + [knee(0.4, 0.016)]
+    seen = run_curves(s, curves, 16, noise=0.02)
+    assert [w for w in range(1, 16) if seen[w] != seen[w - 1]] == [3, 5, 7]       # three moves, then none
+    # the slow rank's floor is the shortest step any split allows: reached, and with the slow rank's batch
+    # as large as what it ran below its knee allows (10 samples: it never ran 11 to 25)
+    assert seen[-1] == (40, 39, 39, 10) and max(c(b) for c, b in zip(curves, seen[-1])) == 0.4
+    transports.close()
+
+
+def test_step_models_from_noisy_windows():
+    flat = fit_step_model([32, 32, 9, 9], [0.40, 0.42, 0.41, 0.39])             # padded: no rise over 9-32
+    assert flat == StepModel(0.0, round(0.405 / 32, 12), 0.405)
+    assert flat(9) == flat(32) == 0.405 and flat(64) == pytest.approx(0.81)    # proportional past what ran
+    line = fit_step_model([24, 32, 40], [0.058, 0.074, 0.089])                 # 0.01 + 0.002 b, +-1 %
+    assert (round(line.alpha, 4), round(line.beta, 5), line.floor) == (0.0117, 0.00194, 0.0)
+    bent = fit_step_model([16, 24, 32, 48], [0.101, 0.099, 0.128, 0.193])       # max(0.1, 0.004 b)
+    assert (round(bent.floor, 3), round(bent.beta, 4)) == (0.099, 0.0039) and bent(8) == bent.floor
+    assert fit_step_model([32, 32], [0.08, 0.1]) == StepModel(0.0, 0.0028125)  # one batch size: proportional
+
+
+def test_a_split_moves_only_for_a_gain_beyond_the_noise():
+    models = [StepModel(0.0, 0.001)] * 3 + [StepModel(0.0, 0.0011)]            # 10 % slower: 6 % to gain
+    assert choose_split(128, models, (32, 32, 32, 32), (32, 32, 32, 32)) == (33, 33, 32, 30)
+    models = [StepModel(0.0, 0.001)] * 3 + [StepModel(0.0, 0.00104)]           # 4 % slower: within the noise
+    assert choose_split(128, models, (32, 32, 32, 32), (32, 32, 32, 32)) == (32, 32, 32, 32)
+    assert choose_split(128, models, (33, 33, 32, 30), (32, 32, 32, 32)) == (32, 32, 32, 32)   # back to even
+    models = [StepModel(0.0, 0.001)] * 3 + [StepModel(0.0, 0.004)]
+    assert choose_split(128, models, (40, 39, 39, 10), (32, 32, 32, 32)) == (40, 39, 39, 10)   # no better one
+    assert choose_split(128, models, (40, 39, 39, 10), (32, 32, 32, 32), min_batch=12) == (39, 39, 38, 12)

@@ -277,7 +277,9 @@ CORE = {
     "Slowdown": Constructor(Slowdown, SLOWDOWN_ARGS, base={"rank": 0, "size": 4}),
     "Balanced": Constructor(Balanced, [Arg("global_batch", st.one_of(st.none(), ints(1)), bad_ints(1, optional=True)),
                                        Arg("rebalance_every", ints(1), bad_ints(1)),
-                                       Arg("max_batch", st.one_of(st.none(), ints(1)), bad_ints(1, optional=True))]),
+                                       Arg("max_batch", st.one_of(st.none(), ints(1)), bad_ints(1, optional=True)),
+                                       # valid: within any max_batch drawn (a larger one is refused beside it)
+                                       Arg("min_batch", st.one_of(st.none(), st.just(1)), bad_ints(1, optional=True))]),
     "OuterSGD": Constructor(OuterSGD, [Arg("lr", *TIMEOUT, expect="OuterSGD lr"),
                                        Arg("momentum", st.floats(0.0, 0.99), st.one_of(
                                            st.floats(1.0, 5.0), st.floats(max_value=-1e-9), NOT_FINITE, TEXT, st.none()),
@@ -331,7 +333,8 @@ def keras_constructors():
             options_arg("adsp_options", ADSP_MORE, ("check_period", "search_every"))] + options),
         "BalancedCallback": Constructor(cb.BalancedCallback, [
             Arg("batch_size", ints(1), bad_ints(1)), Arg("global_batch", st.one_of(st.none(), ints(1)), bad_ints(1, optional=True)),
-            Arg("max_batch", st.one_of(st.none(), ints(1)), bad_ints(1, optional=True))]
+            Arg("max_batch", st.one_of(st.none(), ints(1)), bad_ints(1, optional=True)),
+            Arg("min_batch", st.one_of(st.none(), st.just(1)), bad_ints(1, optional=True))]
             + [a for a in options if a.name not in ("batch_size", "epoch_sync")],
             base={"batch_size": 32}),
         "BroadcastGlobalVariablesCallback": Constructor(cb.BroadcastGlobalVariablesCallback, [
