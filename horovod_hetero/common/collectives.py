@@ -11,13 +11,14 @@ import functools
 import os
 import socket
 import time
+import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from horovod_hetero.common import compat
 from horovod_hetero.common.failures import catch_background_abort, guard_gil
 from horovod_hetero.common.process_sets import check_process_set, registered_ids
-from horovod_hetero.common.ranks import StaleRequestsReset, process_state
+from horovod_hetero.common.ranks import ELASTIC_WITH_PROCESS_SETS, StaleRequestsReset, process_state
 from horovod_hetero.errors import RankLostError
 from horovod_hetero.runtime.collectives import (DEFAULT_TIMEOUT_S, Collectives, call_with_timeout, check_background,
                                                 library_down, requests_left)
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 
 #: Seconds ``lost_ranks`` waits, after a failed collective, for a rank of this host to show as dead.
 LOST_SETTLE_S = 1.0
+#: whether this process warned that a dead worker ends an elastic job with process sets (once)
+_warned: list[bool] = []
 
 
 def _stopped(hvd: Any) -> str | None:
@@ -118,6 +121,9 @@ class HorovodCollectives(Collectives):
             self._peers = [(host, pid) for host, pid, _ in peers]
             if len(compat.registered_process_sets(self.hvd)) > 1:
                 self.watch_peers()
+                if os.environ.get("HOROVOD_ELASTIC") == "1" and self.rank == 0 and not _warned:
+                    _warned.append(True)
+                    warnings.warn(ELASTIC_WITH_PROCESS_SETS, stacklevel=2)
 
     def _local_peers(self) -> dict[int, int]:
         here = socket.gethostname()

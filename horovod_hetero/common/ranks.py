@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Union
 from horovod.common.exceptions import HorovodInternalError
 
 from horovod_hetero.errors import CollectiveTimeoutError, ElasticResetError, RankLostError
+from horovod_hetero.runtime.collectives import background_failure
 from horovod_hetero.runtime.membership import Membership
 
 if TYPE_CHECKING:
@@ -29,6 +30,17 @@ class ElasticRankLostError(RankLostError, HorovodInternalError):
     Both a ``RankLostError`` (it names the collective, the round and the rank) and Horovod's
     ``HorovodInternalError``, which ``hvd.elastic.run`` takes as a failed worker: it restores the last
     commit and resets, instead of ending this healthy worker."""
+
+
+#: What Horovod 0.28 allows under ``hvd.elastic`` with process sets (warned once when training starts)
+ELASTIC_WITH_PROCESS_SETS = (
+    "under hvd.elastic a worker that dies ends the job while process sets besides the global one are "
+    "registered (WAGMA's): Horovod 0.28 removes them over the broken connections, its background thread "
+    "fails, and Horovod cannot be initialised again in the process (horovod/horovod#3501, #4021); hosts "
+    "added or removed through the discovery script reset as usual")
+#: Why a worker under ``hvd.elastic`` ends instead of resetting once Horovod's background thread failed
+#: (``runtime.collectives.background_failure``: only while process sets besides the global one exist)
+NO_RESET_WITH_PROCESS_SETS = f"Every rank stops: hvd.elastic cannot start this worker again, {ELASTIC_WITH_PROCESS_SETS}"
 
 
 class StaleRequestsReset(HorovodInternalError):
@@ -72,6 +84,9 @@ def follow_ranks(hvd: Any, process_set: ProcessSet | None, telemetry: Telemetry 
     def lost(controller: Controller, error: BaseException) -> BaseException | None:
         if not collective_failed(error):
             return None                     # not a failed collective: the error as it is
+        if os.environ.get("HOROVOD_ELASTIC") == "1" and background_failure.is_set():
+            # Horovod cannot start again in this process: no reset
+            return controller.rank_lost(error, NO_RESET_WITH_PROCESS_SETS)
         if os.environ.get("HOROVOD_ELASTIC") == "1":
             # Horovod's own error: hvd.elastic.run resets on it. A timeout of ours: as it is (it may be a
             # collective of the user's between rounds, which a reset would only repeat, endlessly)

@@ -33,8 +33,12 @@ def ring_bytes(payload_bytes: int, size: int) -> int:
     return int(2 * (size - 1) * payload_bytes / size) if size > 1 else 0
 
 
+#: What a survivor is told to do about a lost rank (``rank_lost_error``'s ``advice``)
+RESTART = "Every rank stops; restart from a checkpoint, or train under hvd.elastic.run"
+
+
 def rank_lost_error(error: BaseException, doing: str, round_: int, step: int, rank: int,
-                    lost: Mapping[int, str]) -> RankLostError:
+                    lost: Mapping[int, str], advice: str = RESTART) -> RankLostError:
     """The ``RankLostError`` that replaces ``error`` (a failed or timed-out collective; a
     ``CollectiveTimeoutError`` keeps its class) on a surviving rank.
 
@@ -44,6 +48,7 @@ def rank_lost_error(error: BaseException, doing: str, round_: int, step: int, ra
         round_, step: the round and step it belonged to.
         rank: this rank.
         lost: ``{rank: "died" | "stopped"}`` as this host sees them (``Collectives.lost_ranks``).
+        advice: what every survivor does now (``RESTART``).
 
     Example:
         >>> str(rank_lost_error(OSError("peer gone"), "model averaging round", 3, 12, 0, {1: "died"}))[:88]
@@ -57,9 +62,8 @@ def rank_lost_error(error: BaseException, doing: str, round_: int, step: int, ra
         what = "a rank was lost (which rank is not known here)"
     failure_seen.set()
     kind = type(error) if isinstance(error, RankLostError) else RankLostError
-    return kind(f"{doing} (round {round_}, step {step}) failed on rank {rank}: {what}. Every rank "
-                f"stops; restart from a checkpoint, or train under hvd.elastic.run. Cause: {type(error).__name__}: "
-                f"{error_summary(error)}")
+    return kind(f"{doing} (round {round_}, step {step}) failed on rank {rank}: {what}. {advice}. Cause: "
+                f"{type(error).__name__}: {error_summary(error)}")
 
 
 def error_summary(error: BaseException) -> str:
@@ -164,14 +168,14 @@ class HeteroController:
         self._t_last += self._clock() - t0
         self._activity = None
 
-    def rank_lost(self, error: BaseException) -> RankLostError:
+    def rank_lost(self, error: BaseException, advice: str = RESTART) -> RankLostError:
         """The ``RankLostError`` a survivor raises when ``error`` (a failed or timed-out collective)
         interrupted this rank: it names the collective, the round, the step and the lost rank where
-        this host sees it (``Collectives.lost_ranks``)."""
+        this host sees it (``Collectives.lost_ranks``), and what to do (``advice``)."""
         doing = self._activity or (f"the gradient allreduce of step {self.strategy.step + 1}"
                                    if self.strategy.averages_gradients else f"step {self.strategy.step + 1}")
         return rank_lost_error(error, doing, self.protocol.round, self.strategy.step + 1, self.rank,
-                               self.collectives.lost_ranks())
+                               self.collectives.lost_ranks(), advice)
 
     def _initial_round(self) -> None:
         """With rounds on changes (``aggregator``), average the initial models once (w_0, the same on
@@ -391,7 +395,7 @@ class OutsideController:
     def add_comm(self, seconds: float) -> None:
         pass
 
-    def rank_lost(self, error: BaseException) -> None:
+    def rank_lost(self, error: BaseException, advice: str = RESTART) -> None:
         """None: ``error`` goes through as raised (this rank is in no collective of the strategy)."""
         return None
 

@@ -397,3 +397,54 @@ def test_after_a_failed_collective_under_hvd_elastic_every_rank_resets_once_more
     c = collectives(False)
     c.know_peers()                                            # outside elastic: no reset follows a failure
     assert sent[-1][2] is False and c._peers is not None and not requests_left.is_set()
+
+
+def test_under_hvd_elastic_a_held_background_thread_ends_the_worker_with_why(monkeypatch):
+    """Once Horovod's background thread failed for good (process sets besides the global one: the
+    terminate handler holds it), Horovod cannot start again in the process: under ``hvd.elastic`` the
+    failure is a plain ``RankLostError`` saying so (the worker ends at once), not the reset that would
+    wait for the held thread; training with process sets under elastic warns once, on rank 0."""
+    import types
+    import warnings
+
+    from horovod.common.exceptions import HorovodInternalError
+
+    from horovod_hetero.runtime.collectives import background_failure, requests_left
+    from horovod_hetero.torch.collectives import TorchCollectives
+
+    class Controller:
+        closed, telemetry = False, None
+
+        def rank_lost(self, error, advice):
+            return RankLostError(f"the group average of step 3 failed on rank 1: {error}. {advice}.")
+
+        def close(self):
+            self.closed = True
+
+    hvd = types.SimpleNamespace(rank=lambda: 1, size=lambda: 4, global_process_set=object())
+    membership = ranks.follow_ranks(hvd, None, None, lambda telemetry: Controller())
+    membership.current()
+    monkeypatch.setenv("HOROVOD_ELASTIC", "1")
+    monkeypatch.setattr(background_failure, "is_set", lambda: True)
+    for error in (RankLostError("a rank was lost"), HorovodInternalError("Horovod has been shut down")):
+        with pytest.raises(RankLostError) as e, membership.guard():
+            raise error
+        assert not isinstance(e.value, HorovodInternalError)
+        assert str(e.value).startswith(f"the group average of step 3 failed on rank 1: {error}. Every rank stops: "
+                                       f"hvd.elastic cannot start this worker again, under hvd.elastic a worker "
+                                       f"that dies ends the job")
+
+    monkeypatch.setattr(common_collectives.compat, "registered_process_sets", lambda hvd: [0, 1])
+    monkeypatch.setattr(common_collectives, "_warned", [])
+    requests_left.clear()                       # the failures above marked it: no reset follows here
+    warned = []
+    for rank in (1, 0, 0):
+        c = object.__new__(TorchCollectives)
+        c.process_set, c._peers, c.rank = c.hvd.global_process_set, None, rank
+        c.allgather_object = lambda obj, *, what: [obj]
+        c.watch_peers = lambda: None
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            c.know_peers()
+        warned.append([str(w.message) for w in seen])
+    assert warned == [[], [ranks.ELASTIC_WITH_PROCESS_SETS], []]                  # rank 0 only, once
