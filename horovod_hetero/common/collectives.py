@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from horovod_hetero.common import compat
 from horovod_hetero.common.failures import catch_background_abort, guard_gil
 from horovod_hetero.common.process_sets import check_process_set, registered_ids
-from horovod_hetero.common.ranks import ELASTIC_WITH_PROCESS_SETS, StaleRequestsReset, process_state
+from horovod_hetero.common.ranks import ELASTIC_WITH_PROCESS_SETS, StaleRequestsReset, process_state, under_elastic
 from horovod_hetero.errors import RankLostError
 from horovod_hetero.runtime.collectives import (DEFAULT_TIMEOUT_S, Collectives, call_with_timeout, check_background,
                                                 library_down, requests_left)
@@ -109,7 +109,7 @@ class HorovodCollectives(Collectives):
         over the global set), with whether its last session ended in a failed collective
         (``requests_left``): under ``hvd.elastic`` every rank then raises ``StaleRequestsReset``."""
         if self.process_set == self.hvd.global_process_set and self._peers is None:
-            left = requests_left.is_set() and os.environ.get("HOROVOD_ELASTIC") == "1"
+            left = requests_left.is_set() and under_elastic()
             peers = self.allgather_object((socket.gethostname(), os.getpid(), left),
                                           what="the exchange of the ranks' process ids")
             requests_left.clear()
@@ -121,7 +121,7 @@ class HorovodCollectives(Collectives):
             self._peers = [(host, pid) for host, pid, _ in peers]
             if len(compat.registered_process_sets(self.hvd)) > 1:
                 self.watch_peers()
-                if os.environ.get("HOROVOD_ELASTIC") == "1" and self.rank == 0 and not _warned:
+                if under_elastic() and self.rank == 0 and not _warned:
                     _warned.append(True)
                     warnings.warn(ELASTIC_WITH_PROCESS_SETS, stacklevel=2)
 

@@ -84,18 +84,21 @@ def follow_ranks(hvd: Any, process_set: ProcessSet | None, telemetry: Telemetry 
     def lost(controller: Controller, error: BaseException) -> BaseException | None:
         if not collective_failed(error):
             return None                     # not a failed collective: the error as it is
-        if os.environ.get("HOROVOD_ELASTIC") == "1" and background_failure.is_set():
-            # Horovod cannot start again in this process: no reset
+        if not under_elastic():
+            return controller.rank_lost(error)
+        if background_failure.is_set():     # Horovod cannot start again in this process: no reset
             return controller.rank_lost(error, NO_RESET_WITH_PROCESS_SETS)
-        if os.environ.get("HOROVOD_ELASTIC") == "1":
-            # Horovod's own error: hvd.elastic.run resets on it. A timeout of ours: as it is (it may be a
-            # collective of the user's between rounds, which a reset would only repeat, endlessly)
-            if isinstance(error, (HorovodInternalError, CollectiveTimeoutError)):
-                return None
-            return ElasticRankLostError(str(error))     # ours (a dead rank seen first): the same reset
-        return controller.rank_lost(error)
+        # Horovod's own error: hvd.elastic.run resets on it. A timeout of ours: as it is (it may be a
+        # collective of the user's between rounds, which a reset would only repeat, endlessly)
+        if isinstance(error, (HorovodInternalError, CollectiveTimeoutError)):
+            return None
+        return ElasticRankLostError(str(error))     # ours (a dead rank seen first): the same reset
 
     return Membership(rebuild, lambda: (hvd.rank(), hvd.size()), HorovodInternalError, lost)
+
+def under_elastic() -> bool:
+    """Whether this process runs under ``hvd.elastic.run`` (``horovodrun`` sets ``HOROVOD_ELASTIC=1``)."""
+    return os.environ.get("HOROVOD_ELASTIC") == "1"
 
 def collective_failed(error: BaseException) -> bool:
     """True if ``error`` is Horovod's report of a failed collective: ``HorovodInternalError``

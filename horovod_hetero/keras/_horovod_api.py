@@ -7,14 +7,13 @@ Horovod 0.28.1 hooks Keras 2's optimizer methods and variable API: on Keras 3 it
 with the TensorFlow or PyTorch backend and on Keras 2, through the backend's ``Collectives``.
 """
 import logging
-import os
 
 import numpy as np
 
 from horovod_hetero.keras._backend import collectives_class, keras_major, keras_module, sync_epoch, value, weights
 from horovod_hetero.common import compat
 from horovod_hetero.common.process_sets import check_process_set
-from horovod_hetero.common.ranks import collective_failed
+from horovod_hetero.common.ranks import collective_failed, under_elastic
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S
 from horovod_hetero.runtime.controller import rank_lost_error
 from horovod_hetero.validation import check_bool, check_float, check_int
@@ -181,7 +180,7 @@ def guard_train_function(model, timeout=DEFAULT_TIMEOUT_S):
     if isinstance(function, GuardedTrainFunction):
         function.restart()
         return
-    if function is None or os.environ.get("HOROVOD_ELASTIC") == "1":
+    if function is None or under_elastic():
         return
     collectives = step_collectives(getattr(model, "optimizer", None), timeout)
     if collectives is not None:

@@ -124,6 +124,8 @@ def plan_split(global_batch: int, models: Sequence[StepModel], min_batch: int = 
     Example:
         >>> plan_split(128, [StepModel(0.0, 1.0)] * 3 + [StepModel(0.0, 4.0)]).tolist()
         [40, 39, 39, 10]
+        >>> plan_split(128, [StepModel(0.0, 1.0)] * 3 + [StepModel(0.0, 4.0)], max_batch=36).tolist()
+        [36, 36, 36, 20]
         >>> plan_split(128, [StepModel(0.0, 0.004, 0.1)] * 3 + [StepModel(0.0, 0.016, 0.4)]).tolist()
         [35, 34, 34, 25]
     """
@@ -177,31 +179,6 @@ def even_within(total: int, bounds: Sequence[int], low: int) -> npt.NDArray[np.i
     return sizes
 
 
-def plan_batches(global_batch: int, alpha: npt.ArrayLike, beta: npt.ArrayLike,
-                 max_batch: int | None = None) -> npt.NDArray[np.int64]:
-    """``plan_split`` for straight lines ``alpha_i + beta_i * b`` (each batch at least 1).
-
-    Example:
-        >>> plan_batches(128, [0.0] * 4, [1.0, 1.0, 1.0, 4.0]).tolist()
-        [40, 39, 39, 10]
-        >>> plan_batches(128, [0.0] * 4, [1.0, 1.0, 1.0, 4.0], max_batch=36).tolist()
-        [36, 36, 36, 20]
-    """
-    return plan_split(global_batch, [StepModel(float(a), float(b)) for a, b in zip(np.asarray(alpha, dtype=np.float64),
-                                                                                  np.asarray(beta, dtype=np.float64))],
-                      max_batch=max_batch)
-
-
-def predicted_step(alpha: npt.ArrayLike, beta: npt.ArrayLike, sizes: npt.ArrayLike) -> float:
-    """The longest predicted step of a split (seconds) under straight lines.
-
-    Example:
-        >>> predicted_step([0.0, 0.0], [1.0, 4.0], [8, 2])
-        8.0
-    """
-    return float(np.max(np.asarray(alpha) + np.asarray(beta) * np.asarray(sizes)))
-
-
 def longest_step(models: Sequence[StepModel], sizes: Sequence[int]) -> float:
     """The longest predicted step of a split (seconds).
 
@@ -229,15 +206,15 @@ def choose_split(global_batch: int, models: Sequence[StepModel], current: Sequen
     best = tuple(int(b) for b in plan_split(global_batch, models, min_batch, max_batch))
     if min(current) < min_batch or (max_batch is not None and max(current) > max_batch):
         return best
-    now = longest_step(models, current)
+    now, fastest = longest_step(models, current), longest_step(models, best)
     margin = noise * now
-    if now - longest_step(models, best) > margin:
+    if now - fastest > margin:
         return best
     if longest_step(models, even) <= now + margin:
         return tuple(even)
 
     def uneven(split: Sequence[int]) -> int:
         return sum(abs(b - e) for b, e in zip(split, even))
-    if longest_step(models, best) <= now + margin and uneven(best) < uneven(current):
+    if fastest <= now + margin and uneven(best) < uneven(current):
         return best
     return tuple(current)

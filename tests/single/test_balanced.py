@@ -4,8 +4,7 @@ import numpy as np
 import pytest
 
 from fakes import round_result
-from horovod_hetero.rules.balance import (StepModel, choose_split, fit_step_model, fit_step_time, plan_batches,
-                                          predicted_step)
+from horovod_hetero.rules.balance import StepModel, choose_split, fit_step_model, fit_step_time, longest_step, plan_split
 from horovod_hetero.rules.partition import step_batch, steps_per_epoch
 from horovod_hetero.simulate import Cluster, simulate
 from horovod_hetero.strategies import MEASURE, Balanced, RoundResult, RoundStats, Synchronous
@@ -14,28 +13,29 @@ from horovod_hetero.strategies.balanced import even_split
 
 @pytest.mark.parametrize("alpha, beta, cap, want", [
     ([0.0] * 4, [1.0] * 4, None, [32, 32, 32, 32]),
-    ([0.0] * 4, [1.0, 1.0, 1.0, 4.0], None, [40, 39, 39, 10]),     # ties: the smaller batch
+    ([0.0] * 4, [1.0, 1.0, 1.0, 4.0], None, [40, 39, 39, 10]),     # the most even within the shortest step
     ([0.01, 0.01, 0.01, 0.04], [0.001, 0.001, 0.001, 0.004], None, [42, 42, 41, 3]),
     ([0.0] * 4, [1.0, 1.0, 1.0, 4.0], 34, [34, 34, 34, 26]),
     ([0.0, 0.0], [1.0, 1e-9], None, [1, 127]),
 ])
 def test_the_plan_splits_the_global_batch_exactly_equalising_the_predicted_steps(alpha, beta, cap, want):
-    sizes = plan_batches(128, alpha, beta, cap)
+    lines = [StepModel(a, b) for a, b in zip(alpha, beta)]
+    sizes = plan_split(128, lines, max_batch=cap)
     assert sizes.tolist() == want and sizes.sum() == 128 and (sizes >= 1).all()
     assert cap is None or sizes.max() <= cap
-    best = predicted_step(alpha, beta, sizes)           # no single move of one sample shortens the longest step
+    best = longest_step(lines, sizes)                   # no single move of one sample shortens the longest step
     for a in range(len(sizes)):
         for b in range(len(sizes)):
             if a != b and sizes[a] > 1 and (cap is None or sizes[b] < cap):
                 moved = sizes.copy()
                 moved[a] -= 1
                 moved[b] += 1
-                assert predicted_step(alpha, beta, moved) >= best
+                assert longest_step(lines, moved) >= best
 
 
 def test_a_plan_that_cannot_exist_is_refused():
     with pytest.raises(ValueError, match="cannot be split into 4 batches of 1 to 20"):
-        plan_batches(128, [0.0] * 4, [1.0] * 4, 20)
+        plan_split(128, [StepModel(0.0, 1.0)] * 4, max_batch=20)
 
 
 def test_step_time_lines():
