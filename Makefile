@@ -5,7 +5,7 @@ READY := $(VENV)/.horovod-hetero-ready
 NP ?= 4
 comma := ,
 
-.PHONY: demo docs test test-single test-parallel test-elastic test-faults test-multihost test-mpi test-bench test-elastic-kill bench-publish $(addprefix bench-publish-,$(PUBLISH_RUNS)) bench bench-peers bench-wagma bench-planned bench-epochs bench-scripts bench-state-server env clean
+.PHONY: demo docs test test-single test-parallel test-elastic test-faults test-multihost test-mpi test-bench test-elastic-kill bench-publish $(addprefix bench-publish-,$(PUBLISH_RUNS)) bench-publish-planner bench bench-peers bench-wagma bench-planned bench-epochs bench-scripts bench-state-server env clean
 
 $(READY): tools/bootstrap.sh tools/fetch_data.py tools/requirements.txt pyproject.toml
 	VENV=$(VENV) bash tools/bootstrap.sh
@@ -166,6 +166,19 @@ bench-publish-balanced: $(READY)
 	rm -rf $(PUBLISH)/balanced
 	$(PY) -m horovod_hetero.cli bench $(PUBLISH_COMMON) --slowdown proportional --task fashion-cnn --split iid,skew \
 	  --strategies sync,balanced,esync,elasticbsp --aggregate mean,normalized --out $(PUBLISH)/balanced
+#: Balanced's planner (about 18 min): every step padded in proportion to its batch (--slowdown padded-linear);
+#: 1,1,1,4 with 0.8 s factor-1 steps (a step's allreduce, about 50 ms here, a few % of it: the figure against
+#: the 3.25x bound) and a slowdown that starts 10 s in (the plans that follow it); then every plan and the
+#: samples/s once settled, against Synchronous in the same run (benchmarks/balanced_plans.py)
+PLANNER_COMMON = --np 4 --repeat 3 --slowdown padded-linear --task fashion-cnn --split iid --strategies sync,balanced
+bench-publish-planner: $(READY)
+	rm -rf $(PUBLISH)/planner $(PUBLISH)/planner-change
+	$(PY) -m horovod_hetero.cli bench $(PLANNER_COMMON) --base-step 0.8 --budget 100 --eval-interval 10 \
+	  --profile 1,1,1,4 --out $(PUBLISH)/planner
+	$(PY) -m horovod_hetero.cli bench $(PLANNER_COMMON) --base-step 0.1 --budget 30 --eval-interval 5 \
+	  --profile '1,1,1,1;10:1,1,1,4' --out $(PUBLISH)/planner-change
+	PYTHONPATH=. $(PY) benchmarks/balanced_plans.py $(PUBLISH)/planner
+	PYTHONPATH=. $(PY) benchmarks/balanced_plans.py $(PUBLISH)/planner-change
 
 #: a step's cost, hh against Horovod's own optimizer, under Gloo and then MPI (Open MPI 5 takes only the
 #: double-dash binding options; horovodrun finds mpirun on PATH)

@@ -236,8 +236,13 @@ def job_command(job, settings, job_dir):
                PYTHONPATH=os.pathsep.join(filter(None, [str(PACKAGE_PARENT), os.environ.get("PYTHONPATH")])),
                HOROVOD_HETERO_TELEMETRY=str(job_dir / "telemetry"))
     env.update(dict(profile.env))        # a variable of the other kind set in the environment adds to it
-    if settings.get("slowdown", "padded") == "padded":
+    env.pop("HOROVOD_HETERO_SAMPLE_S", None)
+    mode = settings.get("slowdown", "padded")
+    if mode == "padded":
         env["HOROVOD_HETERO_BASE_STEP_S"] = str(settings["base_step"])
+    elif mode == "padded-linear":        # a factor-f step of b samples: f x base_step x b / batch_size
+        env["HOROVOD_HETERO_BASE_STEP_S"] = "0"
+        env["HOROVOD_HETERO_SAMPLE_S"] = repr(settings["base_step"] / settings["batch_size"])
     else:                                # proportional: a factor-f step sleeps (f - 1) x its measured compute
         env.pop("HOROVOD_HETERO_BASE_STEP_S", None)
     aggregation = [] if averages_gradients(job.strategy) else aggregate_options(job.aggregate, settings.get("outer", OUTER))
@@ -491,8 +496,10 @@ def summarize_job(job, job_dir, settings):
     return out
 
 
-#: how a profile's factors slow a worker down (``--slowdown``)
-SLOWDOWNS = ("padded", "proportional")
+#: how a profile's factors slow a worker down (``--slowdown``): padded to ``f x base_step``; padded to
+#: ``f x base_step x b / batch_size`` for a step of b samples (its time grows with its batch, whatever the
+#: machine's cores); or ``f - 1`` times the step's measured compute more
+SLOWDOWNS = ("padded", "padded-linear", "proportional")
 
 
 def settings_of(num_proc, base_step, budget, targets=None, eval_interval=0.5, batch_size=32, hosts=None,

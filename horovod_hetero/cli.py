@@ -90,6 +90,8 @@ def _interrupt(signum, frame):
 @click.option("--base-step", default=0.025, show_default=True, help="seconds of a factor-1 step (padded)")
 @click.option("--slowdown", "slowdown_mode", type=click.Choice(bench.SLOWDOWNS), default="padded", show_default=True,
               help="padded: a factor-f step is padded to f x --base-step (steady; time does not grow with the batch); "
+                   "padded-linear: a factor-f step of b samples is padded to f x --base-step x b / 32 "
+                   "(32: every worker's even batch; steady, and time grows with the batch); "
                    "proportional: it sleeps (f - 1) x its measured compute (a slow worker's time grows with its "
                    "batch, as Balanced needs)")
 @click.option("--target", "targets", multiple=True,
@@ -241,6 +243,8 @@ def parse_floats(text, name):
 @click.option("--bandwidth-gbps", default=10.0, show_default=True, help="link bandwidth, Gbit/s")
 @click.option("--latency-us", default=50.0, show_default=True, help="per-message latency, microseconds")
 @click.option("--batch", default=32, show_default=True, help="samples per step")
+@click.option("--batch-share", default=1.0, show_default=True,
+              help="Balanced: the share of a step's time that grows with its batch (0: none, as padded steps)")
 @click.option("--period", default=8, show_default=True, help="LocalSGD period")
 @click.option("-R", "lookahead", default=15, show_default=True, help="ElasticBSP lookahead R")
 @click.option("--s-lower", default=3, show_default=True, help="DSSP lower staleness bound")
@@ -255,7 +259,7 @@ def parse_floats(text, name):
 @click.option("--per-worker", is_flag=True, help="also print every worker's steps and compute ratio")
 @click.option("--png", type=click.Path(dir_okay=False), default=None, help="write a bar chart here")
 def simulate(speeds, strategies, duration, jitter, change_at, change_factors, model_mb, bandwidth_gbps,
-             latency_us, batch, period, lookahead, s_lower, s_upper, group_size, wagma_period, check_period,
+             latency_us, batch, batch_share, period, lookahead, s_lower, s_upper, group_size, wagma_period, check_period,
              rebalance_every, seed, per_worker, png):
     """Simulate the strategies on a cluster of workers with the given speeds.
 
@@ -271,7 +275,8 @@ def simulate(speeds, strategies, duration, jitter, change_at, change_factors, mo
         cluster = sim.Cluster(step_times, jitter=jitter, change_at=change_at,
                               change_factors=parse_floats(change_factors, "--change-factors") if change_factors else None,
                               model_bytes=model_mb * 1e6, latency_s=latency_us * 1e-6,
-                              bandwidth=bandwidth_gbps * 1.25e8, samples_per_step=batch, seed=seed)
+                              bandwidth=bandwidth_gbps * 1.25e8, samples_per_step=batch, seed=seed,
+                              batch_share=batch_share)
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"{cluster.n} workers, {duration:g} simulated s, model {model_mb:g} MB, "

@@ -14,8 +14,9 @@ allreduce (wait-avoiding, ideally: a group never waits for a slow member), and t
 handed to every worker carries every worker's step statistics, as a real round does; ``MEASURE``
 rounds carry them alone (a small allreduce). A strategy that averages gradients waits for every worker
 at every step (one gradient allreduce); one that plans batch sizes (``Balanced``) has each step's time
-scaled by its batch over the cluster's ``samples_per_step`` (time proportional to the batch). Nothing
-here re-implements a decision.
+scaled by its batch over the cluster's ``samples_per_step`` (time proportional to the batch; with
+``batch_share`` below 1 only that share of it grows with the batch, the rest is fixed). Nothing here
+re-implements a decision.
 
 The communication model: a ring allreduce over k workers of B bytes costs
 ``2(k-1) latency + 2(k-1)/k B / bandwidth``.
@@ -57,6 +58,10 @@ class Cluster:
         latency_s: per-message latency.
         bandwidth: bytes per second per link.
         samples_per_step: mini-batch size, for samples/s.
+        batch_share: the share of a step's time that grows with its batch, in [0, 1], for strategies
+            that plan batch sizes: a step of b samples takes ``step_time x (1 - batch_share +
+            batch_share x b / samples_per_step)`` (1: proportional to the batch; 0: the same whatever
+            the batch, as a GPU below saturation or ``bench --slowdown padded``).
         seed: random seed of the jitter.
         step_factors: per worker, measured step times over its typical step (``advise`` takes them
             from telemetry): each step's time is ``step_times[q]`` times a factor drawn from worker
@@ -81,6 +86,7 @@ class Cluster:
     seed: int = 0
     staleness: float = 16.0
     step_factors: Any = None
+    batch_share: float = 1.0
     replay: bool = False
     rng: np.random.Generator = field(init=False, repr=False)
 
@@ -99,6 +105,7 @@ class Cluster:
         check_float("latency_s", self.latency_s, 0.0)
         check_float("model_bytes", self.model_bytes, 0.0)
         check_float("staleness", self.staleness, 0.0, min_exclusive=True)
+        self.batch_share = check_float("batch_share", self.batch_share, 0.0, 1.0)
         if self.step_factors is not None:
             self.step_factors = [np.asarray(f, dtype=float) for f in self.step_factors]
             if len(self.step_factors) != self.n or not all(f.ndim == 1 and f.size and (f > 0).all()
@@ -113,6 +120,10 @@ class Cluster:
     @property
     def n(self) -> int:
         return self.step_times.size
+
+    def step_scale(self, batch: float) -> float:
+        """A step of ``batch`` samples' time over a step of ``samples_per_step`` samples."""
+        return 1.0 - self.batch_share + self.batch_share * batch / self.samples_per_step
 
     def mean_step_times(self, t: float) -> npt.NDArray[np.float64]:
         """Expected step time of every worker at simulated time t (what a worker would measure)."""
@@ -300,7 +311,7 @@ def simulate(cluster: Cluster, strategy: Strategy, duration: float) -> SimResult
     def begin(q: int, t: float) -> None:
         planned = workers[q].batch_size(workers[q].step + 1)
         batch[q] = cluster.samples_per_step if planned is None else planned
-        running[q] = cluster.draw_one(t, q) * batch[q] / cluster.samples_per_step
+        running[q] = cluster.draw_one(t, q) * cluster.step_scale(batch[q])
         heapq.heappush(events, (t + running[q], q))
 
     for q in range(n):

@@ -1,7 +1,8 @@
 """The check of an adapter's run options when the user builds it, before ``hvd.init()`` is needed."""
 from __future__ import annotations
 
-from horovod_hetero.runtime.straggler import Slowdown, check_base_step, check_random_delay, check_slowdown
+from horovod_hetero.runtime.straggler import (Slowdown, check_base_step, check_per_sample, check_random_delay,
+                                              check_slowdown)
 from horovod_hetero.runtime.telemetry import Telemetry, telemetry_directory
 from horovod_hetero.transports.addresses import server_host_setting
 
@@ -15,5 +16,6 @@ def check_run_options(telemetry: object, slowdown: object) -> None:
     if not isinstance(slowdown, Slowdown):
         check_slowdown(slowdown)
         check_base_step(None)
+        check_per_sample(None)
         check_random_delay(None)
     server_host_setting()

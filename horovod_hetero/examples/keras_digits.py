@@ -117,7 +117,7 @@ def main():
     sync = None
     if args.strategy == "sync":
         optimizer = hh.DistributedOptimizer(optimizer)
-        callbacks.append(hh.callbacks.SlowdownCallback())    # HOROVOD_HETERO_SLOWDOWN/_RANDOM_DELAY, as the strategies'
+        callbacks.append(hh.callbacks.SlowdownCallback(batch_size=args.batch_size))  # HOROVOD_HETERO_*, as the strategies
     else:
         # ranks stop on their own clock (--time-budget), at any batch: rounds run on across epochs
         sync = hh.callbacks.HeteroSyncCallback(build_strategy(args), batch_size=args.batch_size, epoch_sync=False)

@@ -412,11 +412,13 @@ class SlowdownCallbackImpl:
     """Simulated heterogeneity for Keras training without a horovod-hetero strategy (Synchronous with
     ``hh.DistributedOptimizer`` or Horovod's): each batch is padded as ``HOROVOD_HETERO_SLOWDOWN``
     says, so baselines run under the same simulated cluster as the strategies. The batch is timed
-    from its start to its end (the gradient average inside it included), the sleep follows it."""
+    from its start to its end (the gradient average inside it included), the sleep follows it.
+    ``batch_size``: this rank's batch, an int >= 1 (needed with ``HOROVOD_HETERO_SAMPLE_S``)."""
 
-    def __init__(self, slowdown=None):
+    def __init__(self, slowdown=None, batch_size=None):
         super().__init__()
         check_run_options(None, slowdown)
+        self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
         self._slowdown, self._pacer = slowdown, None
 
     def on_train_begin(self, logs=None):
@@ -428,4 +430,4 @@ class SlowdownCallbackImpl:
         self._pacer.start()
 
     def on_train_batch_end(self, batch, logs=None):
-        self._pacer.pad()
+        self._pacer.pad(samples=self.batch_size)

@@ -241,6 +241,8 @@ class SlowdownCallback(SlowdownCallbackImpl, Callback):
 
     Args:
         slowdown: per-rank factors such as ``"1,1,1,4"`` (default ``$HOROVOD_HETERO_SLOWDOWN``).
+        batch_size: this rank's batch, an int >= 1: with ``HOROVOD_HETERO_SAMPLE_S`` a batch is padded
+            by its samples, which this names.
 
     Example::
 

@@ -209,8 +209,8 @@ class HeteroController:
         self._initial_round()
         now = self._clock()
         compute = max(0.0, now - self._t_last - comm_s)
-        compute += self.slowdown.pad(compute, step=self.strategy.step + 1)
         pending = self.telemetry.pending
+        compute += self.slowdown.pad(compute, step=self.strategy.step + 1, samples=pending.get("samples"))
         report = StepReport(compute, pending.get("loss"), pending.get("samples"))
         local_steps = self.protocol.steps_since_round + 1
         self.protocol.local_step(compute, report.loss, report.samples)

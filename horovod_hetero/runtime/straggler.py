@@ -5,7 +5,9 @@ heterogeneous cluster can be reproduced on one machine. Speeds can change during
 ``"1,1,1,1;15:1,1,1,4;30:2,1,1,4"`` makes rank 3 four times slower from 15 s after the rank's
 first step and rank 0 twice as slow from 30 s (``SECONDS:FACTORS`` segments, times increasing). By default the extra time is a sleep
 of ``(factor - 1) * measured step time``; with ``HOROVOD_HETERO_BASE_STEP_S=0.02`` each step
-is instead padded to ``factor * 0.02`` seconds, which is steadier when processes share cores.
+is instead padded to ``factor * 0.02`` seconds, which is steadier when processes share cores. With
+``HOROVOD_HETERO_SAMPLE_S=0.001`` too, a step of b samples is padded to ``factor * (0.02 + 0.001 b)``
+seconds: its time grows with its batch, as a GPU's past saturation, whatever this machine's cores.
 
 ``HOROVOD_HETERO_RANDOM_DELAY="2:0.05"`` adds transient stragglers, as in the WAGMA paper's
 ResNet experiment: at each step index, 2 ranks drawn at random (the same draw on every rank)
@@ -27,6 +29,7 @@ from horovod_hetero.validation import check_float, check_int
 ENV_FACTORS = "HOROVOD_HETERO_SLOWDOWN"
 ENV_BASE = "HOROVOD_HETERO_BASE_STEP_S"
 ENV_RANDOM = "HOROVOD_HETERO_RANDOM_DELAY"
+ENV_SAMPLE = "HOROVOD_HETERO_SAMPLE_S"
 #: the largest slowdown factor, and the most seconds a padded step or a random delay may add: past them a
 #: simulated cluster is a typo (``"1e300"``), which would otherwise end in an ``OverflowError`` mid-training
 MAX_FACTOR = 1000.0
@@ -76,15 +79,33 @@ def check_base_step(value: object, name: str = "base_step_s") -> float | None:
         >>> check_base_step(0.02)
         0.02
     """
+    return _seconds(value, name, ENV_BASE, "seconds", "0.1")
+
+
+def check_per_sample(value: object, name: str = "per_sample_s") -> float | None:
+    """Finite seconds >= 0 a padded step takes per sample, or ``None``; ``None`` reads
+    ``HOROVOD_HETERO_SAMPLE_S``.
+
+    Example:
+        >>> check_per_sample(0.001)
+        0.001
+    """
+    return _seconds(value, name, ENV_SAMPLE, "seconds per sample", "0.001")
+
+
+def _seconds(value: object, name: str, variable: str, unit: str, example: str) -> float | None:
+    """``value`` as finite seconds from 0 to ``MAX_SECONDS`` (errors name ``name``), or if ``None`` the
+    variable's (errors name ``variable``; unset or empty: ``None``)."""
     if value is not None:
         return check_float(name, value, 0.0, MAX_SECONDS)
-    text = os.environ.get(ENV_BASE)
+    text = os.environ.get(variable)
     if not text:
         return None
     try:
-        return check_float(ENV_BASE, float(text), 0.0, MAX_SECONDS)
+        return check_float(variable, float(text), 0.0, MAX_SECONDS)
     except (TypeError, ValueError):
-        raise ValueError(f"{ENV_BASE} must be finite seconds from 0 to {MAX_SECONDS:g}, e.g. 0.1, got {text!r}") from None
+        raise ValueError(f"{variable} must be finite {unit} from 0 to {MAX_SECONDS:g}, e.g. {example}, "
+                         f"got {text!r}") from None
 
 
 def check_slowdown(factors: object = None, name: str = "slowdown") -> tuple[Schedule | None, str]:
@@ -193,6 +214,11 @@ class Slowdown:
             no slowdown). Factors are numbers > 0 and at most ``MAX_FACTOR`` (1000), at least one per rank.
         base_step_s: fixed base step time in seconds (finite, >= 0); ``None`` reads
             ``HOROVOD_HETERO_BASE_STEP_S`` (unset: proportional to the measured step time).
+        per_sample_s: seconds a padded step takes per sample (finite, >= 0): a step of ``b`` samples is
+            padded to ``factor * (base_step_s + per_sample_s * b)`` (``base_step_s`` unset: 0), so its
+            time grows with its batch; ``None`` reads ``HOROVOD_HETERO_SAMPLE_S``. Each step's samples
+            must then be known (``pad(..., samples=b)``; ``hh.DistributedOptimizer`` takes them from
+            ``opt.telemetry.annotate(samples=...)``, the Keras callbacks from their ``batch_size=``).
         size: number of ranks, an int > ``rank`` (needed with ``random_delay``).
         random_delay: ``(count, seconds)`` or ``"count:seconds"``: at each step ``count`` random
             ranks sleep ``seconds`` more; ``None`` reads ``HOROVOD_HETERO_RANDOM_DELAY``.
@@ -204,6 +230,9 @@ class Slowdown:
         >>> s = Slowdown(rank=1, factors="1,3", sleep=lambda s: None)
         >>> s.pad(2.5), s.pad(0.01)                   # the first step holds the start-up: not slowed
         (0.0, 0.02)
+        >>> linear = Slowdown(rank=1, factors="1,3", base_step_s=0.0, per_sample_s=0.001, sleep=lambda s: None)
+        >>> round(linear.pad(0.01, samples=10), 6)    # padded to 3 x 0.001 x 10 s
+        0.02
     """
 
     _t0: float | None
@@ -211,7 +240,7 @@ class Slowdown:
     def __init__(self, rank: int, factors: SlowdownFactors | None = None, base_step_s: float | None = None,
                  sleep: Callable[[float], object] = time.sleep, size: int | None = None,
                  random_delay: tuple[int, float] | str | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, per_sample_s: float | None = None) -> None:
         rank = check_int("rank", rank, 0)
         if size is not None and check_int("size", size, 1) <= rank:
             raise ValueError(f"size must be an int > rank ({rank}), got {size!r}")
@@ -228,6 +257,9 @@ class Slowdown:
             self.schedule = [(start, fs[rank]) for start, fs in schedule]
         self._clock, self._t0 = clock, None
         self.base_step_s = check_base_step(base_step_s)
+        self.per_sample_s = check_per_sample(per_sample_s)
+        if self.per_sample_s is not None and self.base_step_s is None:
+            self.base_step_s = 0.0
         random_delay = check_random_delay(random_delay)
         if random_delay is not None and size is None:
             raise ValueError("random_delay needs size= (the number of ranks)")
@@ -245,17 +277,25 @@ class Slowdown:
         return (any(f != 1.0 for _, f in self.schedule) or self.base_step_s is not None
                 or bool(self.random_delay))
 
-    def pad(self, measured_s: float, step: int = 0) -> float:
+    def pad(self, measured_s: float, step: int = 0, samples: int | None = None) -> float:
         """Sleep so that a step that took ``measured_s`` appears ``factor`` times slower (plus the
         random delay if this rank is drawn at ``step``); return the sleep. Without a base step (time
         proportional to the measured compute) the first step is not slowed: it holds the start-up
-        (imports, tracing, the first allocation), which a slower device does not multiply."""
+        (imports, tracing, the first allocation), which a slower device does not multiply.
+        ``samples``: the step's batch, needed with ``per_sample_s`` (a ``ValueError`` without it)."""
         first = self._t0 is None
         if first:
             self._t0 = self._clock()
         factor = self.factor
         if self.base_step_s is not None:
-            extra = factor * self.base_step_s - measured_s
+            target = self.base_step_s
+            if self.per_sample_s is not None:
+                if samples is None:
+                    raise ValueError(f"per_sample_s ({ENV_SAMPLE}) pads a step by its samples, but this step's "
+                                     "are not known: report them (opt.telemetry.annotate(samples=len(batch)) "
+                                     "with hh.DistributedOptimizer, pacer.pad(samples=...)) or unset it")
+                target += self.per_sample_s * samples
+            extra = factor * target - measured_s
         else:
             extra = 0.0 if first else (factor - 1.0) * measured_s
         extra = max(0.0, extra)
@@ -306,10 +346,11 @@ class Pacer:
         """The step's own work ends now (what follows is waiting for others)."""
         self._stop = self._clock()
 
-    def pad(self) -> float:
-        """After a step: sleep the simulated extra time; return it."""
+    def pad(self, samples: int | None = None) -> float:
+        """After a step (of ``samples``, needed with ``per_sample_s``): sleep the simulated extra time;
+        return it."""
         end = self._stop if self._stop is not None else self._clock()
         self.steps += 1
-        slept = self.slowdown.pad(max(0.0, end - self._start), step=self.steps)
+        slept = self.slowdown.pad(max(0.0, end - self._start), step=self.steps, samples=samples)
         self.start()
         return slept

@@ -62,7 +62,8 @@ class Balanced(Strategy):
     linear after it is fitted as such; a new split replaces the one in use only if it promises a step
     shorter by more than the noise (5 %), and where it does not, the even split stays or comes back.
     The fits look back over the last 12 windows, and only as far as the latest change of speed (a
-    window 30 % off what the windows before it predict).
+    window 30 % off what the windows before it predict, for a rank whose model they tested or whose batch
+    they ran).
 
     The batches come from ``hh.DistributedSampler(dataset, batch_size=B)``, a batch sampler bound to the
     optimizer (``sampler=``): every step it hands each rank its current size, every rank takes the same
@@ -215,13 +216,15 @@ class Balanced(Strategy):
 
     def _changed(self, latest: tuple[tuple[int, ...], tuple[float, ...]]) -> bool:
         """Whether a rank's step time in ``latest`` is ``CHANGE`` off what the windows before predict, for a
-        rank whose model they tested (two batch sizes or more: a one-size fit is a hypothesis)."""
-        tested = [r for r in range(self.size) if len({h[0][r] for h in self.history}) >= 2]
-        if not tested:
+        rank whose model they tested (two batch sizes or more: a one-size fit is a hypothesis) or that ran
+        ``latest``'s batch size before (the same batch taking another time is a change of speed)."""
+        sizes, times = latest
+        known = [r for r in range(self.size)
+                 if len({h[0][r] for h in self.history}) >= 2 or any(h[0][r] == sizes[r] for h in self.history)]
+        if not known:
             return False
         models = self._models(self.history)
-        sizes, times = latest
-        return any(abs(times[r] - models[r](sizes[r])) > CHANGE * models[r](sizes[r]) for r in tested)
+        return any(abs(times[r] - models[r](sizes[r])) > CHANGE * models[r](sizes[r]) for r in known)
 
     def telemetry_fields(self) -> dict[str, Any]:
         return {"batch": self.batch_size(self.step)} if self.global_batch is not None and self.step else {}

@@ -103,6 +103,21 @@ def test_the_sizes_follow_a_change_of_speed():
     transports.close()
 
 
+def test_a_change_of_speed_at_the_even_split_cuts_the_history_and_the_plan_moves_once():
+    """Equal ranks for 8 windows (the even split: one batch size, no model tested), then rank 3 four times
+    slower (``1,1,1,1;T:1,1,1,4``), noise 3 %: the same batch taking 4x the time is a change of speed, so
+    the fits forget the windows before it, and the first plan after it is the one that stays (before the
+    fix the fits mixed both speeds: two partial moves, the even split again, then this one)."""
+    s, transports = balanced()
+    even = (32, 32, 32, 32)
+    assert run_curves(s, [linear(0.0, 0.001)] * 4, 8) == [even] * 8
+    seen = run_curves(s, [linear(0.0, 0.001)] * 3 + [linear(0.0, 0.004)], 8, seed=1)
+    assert len(s.history) == 8                                    # cut at the change: the 8 windows after it
+    assert seen[:2] == [even] * 2                                 # a plan made after window p runs from p + 2
+    assert seen[2:] == [(40, 39, 40, 9)] * 6                      # the best split is (40, 39, 39, 10) +- the noise
+    transports.close()
+
+
 def test_gradient_weights_are_the_shares_of_the_global_batch():
     s, transports = balanced()
     run_windows(s, [1.0, 1.0, 1.0, 4.0], 4)

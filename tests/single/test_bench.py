@@ -399,3 +399,13 @@ def test_an_iid_split_gives_the_slowest_worker_no_classes_of_its_own_at_any_size
         assert bench.slow_classes(job, np_) == []
     job = bench.plan(["torch"], ["digits-noniid"], ["1,4"], ["sync"], 1)[0]
     assert bench.slow_classes(job, 2) == [1, 3, 5, 7, 9]
+
+
+@pytest.mark.parametrize("mode, base, per_sample", [
+    ("padded", "0.05", None), ("padded-linear", "0", repr(0.05 / 32)), ("proportional", None, None)])
+def test_each_slowdown_sets_its_variables_and_clears_the_others(monkeypatch, mode, base, per_sample):
+    monkeypatch.setenv("HOROVOD_HETERO_BASE_STEP_S", "9")
+    monkeypatch.setenv("HOROVOD_HETERO_SAMPLE_S", "9")
+    job = bench.plan(["torch"], ["digits"], ["1,4"], ["sync"], 1)[0]
+    _, env = bench.job_command(job, bench.settings_of(2, 0.05, 8.0, slowdown=mode), pathlib.Path("/tmp/j"))
+    assert (env.get("HOROVOD_HETERO_BASE_STEP_S"), env.get("HOROVOD_HETERO_SAMPLE_S")) == (base, per_sample)

@@ -30,7 +30,7 @@ from horovod_hetero.strategies import (
 VALID = settings(max_examples=25, deadline=None, derandomize=True, database=None)
 INVALID = settings(max_examples=60, deadline=None, derandomize=True, database=None)
 
-ENV_VARS = ("HOROVOD_HETERO_SLOWDOWN", "HOROVOD_HETERO_BASE_STEP_S", "HOROVOD_HETERO_RANDOM_DELAY",
+ENV_VARS = ("HOROVOD_HETERO_SLOWDOWN", "HOROVOD_HETERO_BASE_STEP_S", "HOROVOD_HETERO_SAMPLE_S", "HOROVOD_HETERO_RANDOM_DELAY",
             "HOROVOD_HETERO_TELEMETRY", "HOROVOD_HETERO_STATE_SERVER_HOST")
 
 # a scratch tree: directories telemetry may use, and a file it may not use as one
@@ -402,6 +402,10 @@ ENV = {
         st.one_of(st.floats(0.0, 10.0).map(repr), st.just("0"), st.just("")),
         st.one_of(st.floats(max_value=-1e-9).map(repr),
                   st.sampled_from(["inf", "-inf", "nan", "fast", "0.1s", "1,2"]))),
+    "HOROVOD_HETERO_SAMPLE_S": (
+        st.one_of(st.floats(0.0, 1.0).map(repr), st.just("0"), st.just("")),
+        st.one_of(st.floats(max_value=-1e-9).map(repr),
+                  st.sampled_from(["inf", "-inf", "nan", "slow", "1ms", "1e300"]))),
     "HOROVOD_HETERO_RANDOM_DELAY": (
         st.tuples(st.integers(0, 8), st.floats(0.0, 10.0)).map(lambda p: f"{p[0]}:{p[1]!r}"),
         st.sampled_from(["x", "2", "1:inf", "1:nan", "-1:0.1", "1:-0.1", "1.5:0.1", "1:2:3", ":", "a:b"])),

@@ -137,3 +137,21 @@ def test_replay_takes_each_workers_measured_steps_in_turn():
     assert cluster.draw(0.0, 2).tolist() == [[2.0, 3.0], [1.0, 1.0]]          # the vector path goes on in turn
     drawn = Cluster([1.0], step_factors=[[1.0, 2.0, 3.0]], seed=1)
     assert sorted({drawn.draw_one(0.0, 0) for _ in range(50)}) == [1.0, 2.0, 3.0]   # drawn, not in turn
+
+
+def test_balanced_gains_only_the_share_of_a_step_that_grows_with_its_batch():
+    """At 1,1,1,4 with time proportional to the batch Balanced's settled split is 40,39,39,10 (the 3.25x
+    bound); with steps whose time does not depend on the batch it keeps the even split: no gain, no loss."""
+    from horovod_hetero.strategies import Balanced, Synchronous
+    runs = {share: compare(Cluster(step_times=[1.0, 1.0, 1.0, 4.0], batch_share=share),
+                           [Synchronous(), Balanced(global_batch=128, rebalance_every=20)], 600.0)
+            for share in (1.0, 0.0)}
+    sync, balanced = runs[0.0]
+    assert sync.steps.tolist() == balanced.steps.tolist() == [150] * 4      # 4 s steps, 600 s
+    sync, balanced = runs[1.0]
+    # 3 windows even (60 steps of 4 s), then 40,39,39,10: steps of max(40 / 32, 4 x 10 / 32) = 1.25 s
+    assert sync.steps.tolist() == [150] * 4 and balanced.steps.tolist() == [60 + 287] * 4
+    assert balanced.samples.tolist() == [60 * 32 + 287 * 40, 60 * 32 + 287 * 39, 60 * 32 + 287 * 39, 60 * 32 + 287 * 10]
+    assert Cluster(step_times=[1.0], batch_share=0.25).step_scale(64) == 1.25
+    with pytest.raises(ValueError, match="batch_share"):
+        Cluster(step_times=[1.0], batch_share=1.5)

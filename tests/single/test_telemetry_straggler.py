@@ -28,6 +28,33 @@ def test_slowdown_proportional_and_fixed_base():
     assert not Slowdown(rank=0, factors=None).active
 
 
+def test_a_padded_linear_step_grows_with_its_batch(monkeypatch):
+    slept = []
+    slow = Slowdown(rank=1, factors=[1, 4], base_step_s=0.01, per_sample_s=0.001, sleep=slept.append)
+    assert slow.pad(0.02, samples=10) == pytest.approx(4 * (0.01 + 0.010) - 0.02)
+    assert slow.pad(0.02, samples=40) == pytest.approx(4 * (0.01 + 0.040) - 0.02)
+    assert slept == [pytest.approx(0.06), pytest.approx(0.18)]
+    # no base step: the step is the per-sample part alone; a step longer than its padding is not padded
+    assert Slowdown(rank=0, factors=[1, 4], per_sample_s=0.001, sleep=slept.append).pad(0.05, samples=30) == 0.0
+    monkeypatch.setenv("HOROVOD_HETERO_SAMPLE_S", "0.002")
+    assert Slowdown(rank=1, factors=[1, 4], sleep=slept.append).pad(0.0, samples=5) == pytest.approx(0.04)
+    with pytest.raises(ValueError, match=r"per_sample_s \(HOROVOD_HETERO_SAMPLE_S\) pads a step by its samples"):
+        Slowdown(rank=1, factors=[1, 4], sleep=slept.append).pad(0.0)
+
+
+@pytest.mark.parametrize("value", ["slow", "inf", "-0.001", "nan", "1e300"])
+def test_a_bad_per_sample_time_names_its_variable(monkeypatch, value):
+    monkeypatch.setenv("HOROVOD_HETERO_SAMPLE_S", value)
+    with pytest.raises(ValueError, match="HOROVOD_HETERO_SAMPLE_S must be finite seconds per sample from 0 to 3600"):
+        Slowdown(0)
+
+
+@pytest.mark.parametrize("value, error", [(-0.1, ValueError), (float("nan"), ValueError), ("1ms", TypeError)])
+def test_a_bad_per_sample_argument_is_named(value, error):
+    with pytest.raises(error, match="per_sample_s"):
+        Slowdown(0, per_sample_s=value)
+
+
 def test_slowdown_reads_the_environment(monkeypatch):
     monkeypatch.setenv("HOROVOD_HETERO_SLOWDOWN", "1,2.5")
     assert Slowdown(rank=1).factor == 2.5
