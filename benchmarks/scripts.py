@@ -126,6 +126,7 @@ def launch(script, args, d, extra_env, script_args=()):
     env = dict(os.environ, HOROVOD_HETERO_SLOWDOWN=args.slowdown, HOROVOD_HETERO_BASE_STEP_S=str(args.base_step),
                HH_EXAMPLE_TRAIN_SAMPLES=str(args.train_samples),
                PYTHONPATH=os.pathsep.join([SHIM, ROOT, os.environ.get("PYTHONPATH", "")]), **extra_env)
+    env.pop("HOROVOD_HETERO_SAMPLE_S", None)     # Horovod's scripts report no batch sizes: padded steps only
     cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", str(args.np), "-H",
            f"localhost:{args.np}", "--gloo", sys.executable, script, *script_args]
     lines = []

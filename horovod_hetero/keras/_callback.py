@@ -12,7 +12,7 @@ import numpy as np
 from horovod_hetero.keras._backend import collectives_class, strategy_callbacks, to_numpy, to_tensor, value, weights
 from horovod_hetero.keras._checkpoint import CheckpointState, carry_state
 from horovod_hetero.keras._horovod_api import begin_training
-from horovod_hetero.common.options import check_run_options
+from horovod_hetero.common.options import check_run_options, check_samples_known
 from horovod_hetero.common.process_sets import check_process_set
 from horovod_hetero.common.ranks import follow_ranks
 from horovod_hetero.rules.partition import epoch_indices, epoch_steps, step_batch, step_times_of, steps_per_epoch
@@ -148,6 +148,7 @@ class HeteroSyncCallbackImpl(CheckpointState):
                              "it needs epoch_sync=True (with epoch_sync=False no epoch ends together; "
                              "drop share_epochs)")
         check_run_options(telemetry, slowdown)                   # built at fit (they need the rank)
+        check_samples_known(slowdown, self.batch_size)
         self._telemetry, self._slowdown = telemetry, slowdown
         self._membership = None                # built at fit: it needs hvd.init() and the model
         self._pending_state = None
@@ -419,12 +420,14 @@ class SlowdownCallbackImpl:
         super().__init__()
         check_run_options(None, slowdown)
         self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
+        check_samples_known(slowdown, self.batch_size)
         self._slowdown, self._pacer = slowdown, None
 
     def on_train_begin(self, logs=None):
         begin_training(self.model)
         hvd = collectives_class().hvd
-        self._pacer = Pacer(Slowdown(hvd.rank(), self._slowdown, size=hvd.size()))
+        slowdown = self._slowdown
+        self._pacer = Pacer(slowdown if isinstance(slowdown, Slowdown) else Slowdown(hvd.rank(), slowdown, size=hvd.size()))
 
     def on_train_batch_begin(self, batch, logs=None):
         self._pacer.start()

@@ -44,7 +44,8 @@ class HeteroSyncCallback(HeteroSyncCallbackImpl, Callback):
             written to (default ``$HOROVOD_HETERO_TELEMETRY``), or a ``Telemetry``.
         slowdown: per-rank factors such as ``"1,1,1,4"`` or ``[1, 1, 1, 4]``, factors over time
             (see ``Slowdown``), or a ``Slowdown`` (default ``$HOROVOD_HETERO_SLOWDOWN``).
-        batch_size: samples per batch, an int >= 1, for the telemetry's samples/s (optional).
+        batch_size: samples per batch, an int >= 1, for the telemetry's samples/s (optional; needed
+            where a batch is padded by its samples, ``HOROVOD_HETERO_SAMPLE_S``).
         timeout: seconds (finite, > 0) any collective may take before ``CollectiveTimeoutError``
             (a ``TimeoutError``).
         epoch_sync: ``True`` or ``False``: ``sync_model()`` at every epoch's end, so the callbacks
@@ -241,8 +242,8 @@ class SlowdownCallback(SlowdownCallbackImpl, Callback):
 
     Args:
         slowdown: per-rank factors such as ``"1,1,1,4"`` (default ``$HOROVOD_HETERO_SLOWDOWN``).
-        batch_size: this rank's batch, an int >= 1: with ``HOROVOD_HETERO_SAMPLE_S`` a batch is padded
-            by its samples, which this names.
+        batch_size: this rank's batch, an int >= 1, needed (and only used) where a batch is padded by
+            its samples (``HOROVOD_HETERO_SAMPLE_S``); every batch counts as a full one.
 
     Example::
 

@@ -7,7 +7,8 @@ first step and rank 0 twice as slow from 30 s (``SECONDS:FACTORS`` segments, tim
 of ``(factor - 1) * measured step time``; with ``HOROVOD_HETERO_BASE_STEP_S=0.02`` each step
 is instead padded to ``factor * 0.02`` seconds, which is steadier when processes share cores. With
 ``HOROVOD_HETERO_SAMPLE_S=0.001`` too, a step of b samples is padded to ``factor * (0.02 + 0.001 b)``
-seconds: its time grows with its batch, as a GPU's past saturation, whatever this machine's cores.
+seconds (without a base step, ``factor * 0.001 b``): its time grows with its batch, as a GPU's past
+saturation, whatever this machine's cores.
 
 ``HOROVOD_HETERO_RANDOM_DELAY="2:0.05"`` adds transient stragglers, as in the WAGMA paper's
 ResNet experiment: at each step index, 2 ranks drawn at random (the same draw on every rank)
@@ -293,8 +294,9 @@ class Slowdown:
                 if samples is None:
                     raise ValueError(f"per_sample_s ({ENV_SAMPLE}) pads a step by its samples, but this step's "
                                      "are not known: report them (opt.telemetry.annotate(samples=len(batch)) "
-                                     "with hh.DistributedOptimizer, pacer.pad(samples=...)) or unset it")
-                target += self.per_sample_s * samples
+                                     "with hh.DistributedOptimizer, batch_size= of the Keras callbacks and of "
+                                     "hh.slow_down) or unset it")
+                target += self.per_sample_s * check_int("samples", samples, 0)
             extra = factor * target - measured_s
         else:
             extra = 0.0 if first else (factor - 1.0) * measured_s

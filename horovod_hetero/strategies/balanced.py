@@ -13,7 +13,8 @@ from horovod_hetero.validation import check_int
 #: windows of measurements a fit looks back over at most (older ones are dropped)
 WINDOWS = 12
 #: a window whose step time differs from what the windows before it predict by more than this share
-#: (for a model they tested with two batch sizes or more) is a change of speed: the windows before it
+#: (for a rank whose model they tested with two batch sizes or more, or, beyond three times their
+#: scatter, that ran this batch size in two windows or more) is a change of speed: the windows before it
 #: are dropped, so the plan follows the new speeds
 CHANGE = 0.3
 #: the smallest batch a rank gets by default (BatchNorm needs two samples to normalise a batch)
@@ -62,8 +63,8 @@ class Balanced(Strategy):
     linear after it is fitted as such; a new split replaces the one in use only if it promises a step
     shorter by more than the noise (5 %), and where it does not, the even split stays or comes back.
     The fits look back over the last 12 windows, and only as far as the latest change of speed (a
-    window 30 % off what the windows before it predict, for a rank whose model they tested or whose batch
-    they ran).
+    window 30 % off what the windows before it predict, for a rank whose model they tested, or whose
+    batch they ran at a steady time).
 
     The batches come from ``hh.DistributedSampler(dataset, batch_size=B)``, a batch sampler bound to the
     optimizer (``sampler=``): every step it hands each rank its current size, every rank takes the same
@@ -112,6 +113,7 @@ class Balanced(Strategy):
         self.plans: dict[int, tuple[int, ...]] = {}      # window -> the batch sizes of every rank in it
         # the last windows' (sizes, seconds per step) of every rank
         self.history: list[tuple[tuple[int, ...], tuple[float, ...]]] = []
+        self._cut = False              # the history was just cut at a change of speed: it holds that window alone
 
     def check_size(self, size: int) -> None:
         if self.global_batch is not None and self.global_batch < size:
@@ -194,7 +196,9 @@ class Balanced(Strategy):
             return
         latest = (tuple(sizes), tuple(float(t) for t in stats.step_s))
         if self._changed(latest):
-            self.history = []
+            self.history, self._cut = [], True
+        else:
+            self._cut = False
         self.history = (self.history + [latest])[-WINDOWS:]
         assert self.global_batch is not None        # on_start refuses to start without it
         self.plans[window + 2] = choose_split(self.global_batch, self._models(self.history),
@@ -216,15 +220,24 @@ class Balanced(Strategy):
 
     def _changed(self, latest: tuple[tuple[int, ...], tuple[float, ...]]) -> bool:
         """Whether a rank's step time in ``latest`` is ``CHANGE`` off what the windows before predict, for a
-        rank whose model they tested (two batch sizes or more: a one-size fit is a hypothesis) or that ran
-        ``latest``'s batch size before (the same batch taking another time is a change of speed)."""
+        rank whose model they tested (two batch sizes or more: a one-size fit is a hypothesis), or off
+        the windows that ran ``latest``'s batch on that rank by ``CHANGE`` and by three times their scatter
+        (two such windows or more: the same batch taking another time is a change of speed where its
+        time was steady, not where it is noise; or the one window a change left, which may have held
+        both speeds)."""
         sizes, times = latest
-        known = [r for r in range(self.size)
-                 if len({h[0][r] for h in self.history}) >= 2 or any(h[0][r] == sizes[r] for h in self.history)]
-        if not known:
-            return False
-        models = self._models(self.history)
-        return any(abs(times[r] - models[r](sizes[r])) > CHANGE * models[r](sizes[r]) for r in known)
+        tested = [r for r in range(self.size) if len({h[0][r] for h in self.history}) >= 2]
+        if tested:
+            models = self._models(self.history)
+            if any(abs(times[r] - models[r](sizes[r])) > CHANGE * models[r](sizes[r]) for r in tested):
+                return True
+        for r in set(range(self.size)) - set(tested):
+            same = np.array([h[1][r] for h in self.history if h[0][r] == sizes[r]])
+            if same.size >= 2 or (same.size == 1 and self._cut):
+                off = abs(times[r] - float(same.mean()))
+                if off > CHANGE * float(same.mean()) and (same.size == 1 or off > 3 * float(same.std(ddof=1))):
+                    return True
+        return False
 
     def telemetry_fields(self) -> dict[str, Any]:
         return {"batch": self.batch_size(self.step)} if self.global_batch is not None and self.step else {}

@@ -3,7 +3,7 @@ import torch
 
 import horovod.torch as hvd
 
-from horovod_hetero.common.options import check_run_options
+from horovod_hetero.common.options import check_run_options, check_samples_known
 from horovod_hetero.runtime.straggler import Pacer, Slowdown
 from horovod_hetero.validation import check_int
 
@@ -19,10 +19,10 @@ def slow_down(optimizer, slowdown=None, batch_size=None):
 
     Args:
         optimizer: a ``torch.optim.Optimizer`` (``hvd.DistributedOptimizer`` included).
-        slowdown: factors as for ``hh.DistributedOptimizer`` (``"1,1,1,4"``); ``None`` reads
+        slowdown: factors as for ``hh.DistributedOptimizer`` (``"1,1,1,4"``) or a ``Slowdown``; ``None`` reads
             ``HOROVOD_HETERO_SLOWDOWN`` (and ``HOROVOD_HETERO_BASE_STEP_S``, ``..._RANDOM_DELAY``).
-        batch_size: this rank's batch, an int >= 1: with ``HOROVOD_HETERO_SAMPLE_S`` a step is padded by
-            its samples, which this names.
+        batch_size: this rank's batch, an int >= 1, needed (and only used) where a step is padded by its
+            samples (``HOROVOD_HETERO_SAMPLE_S``); every step counts as a full batch.
 
     Returns:
         the ``Pacer``; ``pacer.hooks`` are the torch hook handles (``.remove()`` them to stop).
@@ -37,7 +37,8 @@ def slow_down(optimizer, slowdown=None, batch_size=None):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     check_run_options(None, slowdown)
     batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
-    pacer = Pacer(Slowdown(hvd.rank(), slowdown, size=hvd.size()))
+    check_samples_known(slowdown, batch_size)
+    pacer = Pacer(slowdown if isinstance(slowdown, Slowdown) else Slowdown(hvd.rank(), slowdown, size=hvd.size()))
     pacer.hooks = (optimizer.register_step_pre_hook(lambda *_: pacer.stop()),
                    optimizer.register_step_post_hook(lambda *_: pacer.pad(samples=batch_size)))
     return pacer

@@ -116,6 +116,14 @@ def test_a_change_of_speed_at_the_even_split_cuts_the_history_and_the_plan_moves
     assert seen[:2] == [even] * 2                                 # a plan made after window p runs from p + 2
     assert seen[2:] == [(40, 39, 40, 9)] * 6                      # the best split is (40, 39, 39, 10) +- the noise
     transports.close()
+    # the change inside a window (rank 3 2.5x as slow over it): that window starts the history alone, and the
+    # next one, 4x, is a change from it too: one partial move, then the split that stays
+    s, transports = balanced()
+    run_curves(s, [linear(0.0, 0.001)] * 4, 8)
+    seen = run_curves(s, [linear(0.0, 0.001)] * 3 + [linear(0.0, 0.0025)], 1, seed=1)
+    seen += run_curves(s, [linear(0.0, 0.001)] * 3 + [linear(0.0, 0.004)], 6, seed=2)
+    assert seen[:2] == [even] * 2 and seen[2] == (38, 37, 39, 14) and seen[3:] == [(40, 40, 38, 10)] * 4
+    transports.close()
 
 
 def test_gradient_weights_are_the_shares_of_the_global_batch():

@@ -432,7 +432,8 @@ def env_readers(variable):
         import horovod_hetero.tensorflow.keras as keras_hh
     except ImportError:                    # no Keras: the runtime's readers only
         return readers
-    return readers + [lambda: keras_hh.callbacks.LocalSGDCallback(2)]
+    # batch_size: where steps are padded by their samples (HOROVOD_HETERO_SAMPLE_S) a callback must know them
+    return readers + [lambda: keras_hh.callbacks.LocalSGDCallback(2, batch_size=32)]
 
 
 @pytest.mark.parametrize("variable", list(ENV))

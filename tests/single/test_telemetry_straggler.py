@@ -42,6 +42,22 @@ def test_a_padded_linear_step_grows_with_its_batch(monkeypatch):
         Slowdown(rank=1, factors=[1, 4], sleep=slept.append).pad(0.0)
 
 
+def test_an_adapter_that_cannot_count_samples_needs_a_batch_size_when_built(monkeypatch):
+    from horovod_hetero.common.options import check_samples_known
+    check_samples_known(None, None)                                    # no per-sample padding: nothing needed
+    check_samples_known(Slowdown(0, per_sample_s=0.001), 32)
+    with pytest.raises(ValueError, match=r"HOROVOD_HETERO_SAMPLE_S \(per_sample_s\) pads each batch by its "
+                                         r"samples: give batch_size="):
+        check_samples_known(Slowdown(0, per_sample_s=0.001), None)
+    monkeypatch.setenv("HOROVOD_HETERO_SAMPLE_S", "0.001")
+    with pytest.raises(ValueError, match="give batch_size="):
+        check_samples_known("1,4", None)
+    with pytest.raises(ValueError, match="give batch_size="):
+        check_samples_known(Slowdown(0), None)                         # an instance built here reads it too
+    with pytest.raises(ValueError, match="samples must be"):
+        Slowdown(0, per_sample_s=0.001).pad(0.0, samples=-1)
+
+
 @pytest.mark.parametrize("value", ["slow", "inf", "-0.001", "nan", "1e300"])
 def test_a_bad_per_sample_time_names_its_variable(monkeypatch, value):
     monkeypatch.setenv("HOROVOD_HETERO_SAMPLE_S", value)
