@@ -17,6 +17,8 @@ WINDOWS = 12
 #: scatter, that ran this batch size in two windows or more) is a change of speed: the windows before it
 #: are dropped, so the plan follows the new speeds
 CHANGE = 0.3
+#: the most the measured noise may raise the hysteresis to (a plan still moves for a gain beyond it)
+MAX_NOISE = 0.3
 #: the smallest batch a rank gets by default (BatchNorm needs two samples to normalise a batch)
 MIN_BATCH = 2
 
@@ -61,7 +63,8 @@ class Balanced(Strategy):
     with the batch by more than the noise (a padded step, a GPU below saturation) the rank is modelled
     flat up to the largest batch it ran (proportional beyond), and a curve that is flat up to a knee and
     linear after it is fitted as such; a new split replaces the one in use only if it promises a step
-    shorter by more than the noise (5 %), and where it does not, the even split stays or comes back.
+    shorter by more than the noise (5 %, or the windows' scatter about the fits where larger, at most
+    30 %), and where it does not, the even split stays or comes back.
     The fits look back over the last 12 windows, and only as far as the latest change of speed (a
     window 30 % off what the windows before it predict, for a rank whose model they tested, or whose
     batch they ran at a steady time).
@@ -201,10 +204,11 @@ class Balanced(Strategy):
             self._cut = False
         self.history = (self.history + [latest])[-WINDOWS:]
         assert self.global_batch is not None        # on_start refuses to start without it
-        self.plans[window + 2] = choose_split(self.global_batch, self._models(self.history),
+        noise = self.noise()
+        self.plans[window + 2] = choose_split(self.global_batch, self._models(self.history, noise),
                                               current=self.batch_sizes(self.step + 1),
                                               even=even_split(self.global_batch, self.size),
-                                              min_batch=self.smallest_batch(), max_batch=self.max_batch)
+                                              min_batch=self.smallest_batch(), max_batch=self.max_batch, noise=noise)
         self.plans = {w: p for w, p in self.plans.items() if w >= window}
 
     def smallest_batch(self) -> int:
@@ -214,8 +218,21 @@ class Balanced(Strategy):
         assert self.global_batch is not None        # on_start refuses to start without it
         return max(1, min(MIN_BATCH, self.max_batch or MIN_BATCH, self.global_batch // self.size))
 
-    def _models(self, history: list[tuple[tuple[int, ...], tuple[float, ...]]]) -> list[StepModel]:
-        return [fit_step_model([h[0][r] for h in history], [h[1][r] for h in history], NOISE)
+    def noise(self) -> float:
+        """The share of a step's time the windows vary by: ``NOISE`` (5 %), or more where a rank's windows
+        scatter more about its fit (their relative residuals' standard deviation, over three windows or
+        more; at most ``MAX_NOISE``). A rise in the step time smaller than it is no rise, and a new split
+        must promise a step shorter by more than it."""
+        spreads = [NOISE]
+        for r, model in enumerate(self._models(self.history)):
+            points = [(h[0][r], h[1][r]) for h in self.history]
+            if len(points) >= 3:
+                spreads.append(float(np.std([(t - model(b)) / model(b) for b, t in points], ddof=1)))
+        return min(max(spreads), MAX_NOISE)
+
+    def _models(self, history: list[tuple[tuple[int, ...], tuple[float, ...]]],
+                noise: float = NOISE) -> list[StepModel]:
+        return [fit_step_model([h[0][r] for h in history], [h[1][r] for h in history], noise)
                 for r in range(self.size)]
 
     def _changed(self, latest: tuple[tuple[int, ...], tuple[float, ...]]) -> bool:
@@ -229,8 +246,13 @@ class Balanced(Strategy):
         tested = [r for r in range(self.size) if len({h[0][r] for h in self.history}) >= 2]
         if tested:
             models = self._models(self.history)
-            if any(abs(times[r] - models[r](sizes[r])) > CHANGE * models[r](sizes[r]) for r in tested):
-                return True
+            for r in tested:
+                predicted = models[r](sizes[r])
+                residuals = np.array([h[1][r] - models[r](h[0][r]) for h in self.history])
+                scatter = float(residuals.std(ddof=1)) if residuals.size >= 3 else 0.0
+                off = abs(times[r] - predicted)
+                if off > CHANGE * predicted and off > 3 * scatter:
+                    return True
         for r in set(range(self.size)) - set(tested):
             same = np.array([h[1][r] for h in self.history if h[0][r] == sizes[r]])
             if same.size >= 2 or (same.size == 1 and self._cut):
