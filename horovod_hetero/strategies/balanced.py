@@ -1,6 +1,7 @@
 """Balanced: synchronous SGD at the fast workers' pace, each rank's batch sized to its speed."""
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,10 +13,10 @@ from horovod_hetero.validation import check_int
 
 #: windows of measurements a fit looks back over at most (older ones are dropped)
 WINDOWS = 12
-#: a window whose step time differs from what the windows before it predict by more than this share
-#: (for a rank whose model they tested with two batch sizes or more, or, beyond three times their
-#: scatter, that ran this batch size in two windows or more) is a change of speed: the windows before it
-#: are dropped, so the plan follows the new speeds
+#: a rank's window off what the windows before it predict (its model where they tested it with two batch
+#: sizes or more, else their mean time at this batch) by more than this share, and by more than its
+#: noise allows, is suspect; the next window off the same way confirms a change of speed: the windows
+#: before it are dropped, so the plan follows the new speeds (one window off is noise, and is kept)
 CHANGE = 0.3
 #: the most the measured noise may raise the hysteresis to (a plan still moves for a gain beyond it)
 MAX_NOISE = 0.3
@@ -60,14 +61,15 @@ class Balanced(Strategy):
 
     Never behind Synchronous by design (``rules.balance``): a fit from one batch size takes time as
     proportional to the batch, a hypothesis the next windows test; where the step time does not rise
-    with the batch by more than the noise (a padded step, a GPU below saturation) the rank is modelled
-    flat up to the largest batch it ran (proportional beyond), and a curve that is flat up to a knee and
-    linear after it is fitted as such; a new split replaces the one in use only if it promises a step
-    shorter by more than the noise (5 %, or the windows' scatter about the fits where larger, at most
-    30 %), and where it does not, the even split stays or comes back.
-    The fits look back over the last 12 windows, and only as far as the latest change of speed (a
-    window 30 % off what the windows before it predict, for a rank whose model they tested, or whose
-    batch they ran at a steady time).
+    with the batch by more than 5 % or its fit's scatter (a padded step, a GPU below saturation) the
+    rank is modelled flat up to the largest batch it ran (proportional beyond), and a curve that is flat
+    up to a knee and linear after it is fitted as such; a new split replaces the one in use only if it
+    promises a step shorter by more than the noise (5 %, or the windows' largest relative scatter about
+    a rank's fit, at most 30 %), and where it does not, the even split stays or comes back.
+    The fits look back over the last 12 windows, and only as far as the latest change of speed: a
+    rank's window off what the windows before predict (its model, or its mean time at that batch) by
+    30 % and beyond 3 times its noise (more with many ranks) is held out; the next one off the same way
+    confirms the change, and the history restarts from it.
 
     The batches come from ``hh.DistributedSampler(dataset, batch_size=B)``, a batch sampler bound to the
     optimizer (``sampler=``): every step it hands each rank its current size, every rank takes the same
@@ -116,7 +118,9 @@ class Balanced(Strategy):
         self.plans: dict[int, tuple[int, ...]] = {}      # window -> the batch sizes of every rank in it
         # the last windows' (sizes, seconds per step) of every rank
         self.history: list[tuple[tuple[int, ...], tuple[float, ...]]] = []
-        self._cut = False              # the history was just cut at a change of speed: it holds that window alone
+        # a window off what the history predicts (``_off``), held out of it until the next one confirms a
+        # change of speed or not: (sizes, times, every rank's direction off: -1, 0 or 1)
+        self.suspect: tuple[tuple[int, ...], tuple[float, ...], tuple[int, ...]] | None = None
 
     def check_size(self, size: int) -> None:
         if self.global_batch is not None and self.global_batch < size:
@@ -141,7 +145,7 @@ class Balanced(Strategy):
                              "global_batch=")
         self.check_size(ctx.size)
         if any(len(sizes) != ctx.size for sizes in self.plans.values()):
-            self.plans, self.history = {}, []          # planned for another number of ranks (an elastic resize)
+            self.plans, self.history, self.suspect = {}, [], None   # planned for another number of ranks (a resize)
 
     def window(self, step: int) -> int:
         """The window of local step ``step`` (1-based)."""
@@ -198,17 +202,13 @@ class Balanced(Strategy):
         if not measured.all() or window == 0:      # window 0 holds the first step (start-up, tracing): no speed
             return
         latest = (tuple(sizes), tuple(float(t) for t in stats.step_s))
-        if self._changed(latest):
-            self.history, self._cut = [], True
-        else:
-            self._cut = False
-        self.history = (self.history + [latest])[-WINDOWS:]
+        self._record(latest)
         assert self.global_batch is not None        # on_start refuses to start without it
-        noise = self.noise()
-        self.plans[window + 2] = choose_split(self.global_batch, self._models(self.history, noise),
+        self.plans[window + 2] = choose_split(self.global_batch, self._models(self.history),
                                               current=self.batch_sizes(self.step + 1),
                                               even=even_split(self.global_batch, self.size),
-                                              min_batch=self.smallest_batch(), max_batch=self.max_batch, noise=noise)
+                                              min_batch=self.smallest_batch(), max_batch=self.max_batch,
+                                              noise=self.noise())
         self.plans = {w: p for w, p in self.plans.items() if w >= window}
 
     def smallest_batch(self) -> int:
@@ -219,47 +219,65 @@ class Balanced(Strategy):
         return max(1, min(MIN_BATCH, self.max_batch or MIN_BATCH, self.global_batch // self.size))
 
     def noise(self) -> float:
-        """The share of a step's time the windows vary by: ``NOISE`` (5 %), or more where a rank's windows
-        scatter more about its fit (their relative residuals' standard deviation, over three windows or
-        more; at most ``MAX_NOISE``). A rise in the step time smaller than it is no rise, and a new split
-        must promise a step shorter by more than it."""
-        spreads = [NOISE]
+        """The share of a step's time the windows vary by, the most of any rank's (``rank_noise``): a new
+        split must promise a step shorter by more than it."""
+        return max(self.rank_noise())
+
+    def rank_noise(self) -> list[float]:
+        """Per rank, the share of a step's time its windows vary by: ``NOISE`` (5 %), or the relative
+        scatter of its windows about its fit where larger (three windows or more), at most ``MAX_NOISE``."""
+        spreads = []
         for r, model in enumerate(self._models(self.history)):
             points = [(h[0][r], h[1][r]) for h in self.history]
-            if len(points) >= 3:
-                spreads.append(float(np.std([(t - model(b)) / model(b) for b, t in points], ddof=1)))
-        return min(max(spreads), MAX_NOISE)
+            scatter = (float(np.std([(t - model(b)) / model(b) for b, t in points], ddof=1))
+                       if len(points) >= 3 else 0.0)
+            spreads.append(min(max(NOISE, scatter), MAX_NOISE))
+        return spreads
 
-    def _models(self, history: list[tuple[tuple[int, ...], tuple[float, ...]]],
-                noise: float = NOISE) -> list[StepModel]:
-        return [fit_step_model([h[0][r] for h in history], [h[1][r] for h in history], noise)
+    def _record(self, latest: tuple[tuple[int, ...], tuple[float, ...]]) -> None:
+        """Add a window to the history: a window off what it predicts is held out as suspect; the next one
+        off the same way on a rank confirms a change of speed (the history restarts from it: the suspect
+        may hold both speeds), otherwise the suspect was noise and joins the history."""
+        off = self._off(latest)
+        if self.suspect is not None:
+            if any(a == b != 0 for a, b in zip(self.suspect[2], off)):
+                self.history, self.suspect = [latest], None
+                return
+            self.history.append(self.suspect[:2])
+            self.suspect = None
+        if any(off):
+            self.suspect = (*latest, off)
+        else:
+            self.history.append(latest)
+        self.history = self.history[-WINDOWS:]
+
+    def _models(self, history: list[tuple[tuple[int, ...], tuple[float, ...]]]) -> list[StepModel]:
+        return [fit_step_model([h[0][r] for h in history], [h[1][r] for h in history], NOISE)
                 for r in range(self.size)]
 
-    def _changed(self, latest: tuple[tuple[int, ...], tuple[float, ...]]) -> bool:
-        """Whether a rank's step time in ``latest`` is ``CHANGE`` off what the windows before predict, for a
-        rank whose model they tested (two batch sizes or more: a one-size fit is a hypothesis), or off
-        the windows that ran ``latest``'s batch on that rank by ``CHANGE`` and by three times their scatter
-        (two such windows or more: the same batch taking another time is a change of speed where its
-        time was steady, not where it is noise; or the one window a change left, which may have held
-        both speeds)."""
+    def _off(self, latest: tuple[tuple[int, ...], tuple[float, ...]]) -> tuple[int, ...]:
+        """Per rank, whether its time in ``latest`` is off what the history predicts (1 above, -1 below, 0
+        not): by more than ``CHANGE`` and than ``z`` times its noise (``rank_noise``) allows for a
+        prediction from its windows, ``z`` growing with the ranks (3 up to 8 ranks, 4.7 at 1,000) so that
+        one of many ranks off by chance stays rare. Predicted: its model where the history tested it (two
+        batch sizes or more), else the mean of its windows at this batch (none: not judged)."""
         sizes, times = latest
-        tested = [r for r in range(self.size) if len({h[0][r] for h in self.history}) >= 2]
-        if tested:
-            models = self._models(self.history)
-            for r in tested:
-                predicted = models[r](sizes[r])
-                residuals = np.array([h[1][r] - models[r](h[0][r]) for h in self.history])
-                scatter = float(residuals.std(ddof=1)) if residuals.size >= 3 else 0.0
-                off = abs(times[r] - predicted)
-                if off > CHANGE * predicted and off > 3 * scatter:
-                    return True
-        for r in set(range(self.size)) - set(tested):
-            same = np.array([h[1][r] for h in self.history if h[0][r] == sizes[r]])
-            if same.size >= 2 or (same.size == 1 and self._cut):
-                off = abs(times[r] - float(same.mean()))
-                if off > CHANGE * float(same.mean()) and (same.size == 1 or off > 3 * float(same.std(ddof=1))):
-                    return True
-        return False
+        z = max(3.0, 1.0 + math.sqrt(2.0 * math.log(self.size)))
+        models, noise = self._models(self.history), self.rank_noise()
+        off = []
+        for r in range(self.size):
+            if len({h[0][r] for h in self.history}) >= 2:
+                predicted, count = models[r](sizes[r]), len(self.history)
+            else:
+                same = [h[1][r] for h in self.history if h[0][r] == sizes[r]]
+                if not same:
+                    off.append(0)
+                    continue
+                predicted, count = float(np.mean(same)), len(same)
+            share = (times[r] - predicted) / predicted
+            limit = max(CHANGE, z * noise[r] * math.sqrt(1.0 + 1.0 / count))
+            off.append(0 if abs(share) <= limit else (1 if share > 0 else -1))
+        return tuple(off)
 
     def telemetry_fields(self) -> dict[str, Any]:
         return {"batch": self.batch_size(self.step)} if self.global_batch is not None and self.step else {}
@@ -271,7 +289,8 @@ class Balanced(Strategy):
     def state_dict(self) -> dict[str, Any]:
         return dict(super().state_dict(), global_batch=self.global_batch,
                     plans={str(w): list(p) for w, p in self.plans.items()},
-                    history=[[list(sizes), list(times)] for sizes, times in self.history])
+                    history=[[list(sizes), list(times)] for sizes, times in self.history],
+                    suspect=None if self.suspect is None else [list(part) for part in self.suspect])
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
@@ -279,6 +298,8 @@ class Balanced(Strategy):
             self.global_batch = check_int("state['global_batch']", state["global_batch"], 1)
         self.plans = {int(w): tuple(p) for w, p in state.get("plans", {}).items()}
         self.history = [(tuple(sizes), tuple(times)) for sizes, times in state.get("history", [])]
+        suspect = state.get("suspect")
+        self.suspect = None if suspect is None else (tuple(suspect[0]), tuple(suspect[1]), tuple(suspect[2]))
 
     def __repr__(self) -> str:
         return (f"Balanced(global_batch={self.global_batch!r}, rebalance_every={self.rebalance_every}, "
