@@ -84,7 +84,7 @@ def main(argv=None):
         settle_step, settle_t, _ = settled[-1]
         if len(times) - settle_step < 10:
             print(f"{job.name}: settled for {len(times) - settle_step} steps only: its rate is noise")
-        s_changes, s_times, s_samples = splits(sync)
+        _, s_times, s_samples = splits(sync)
         ratio = rate(times, samples, settle_t) / rate(s_times, s_samples, settle_t)
         whole = (sum(samples) / times[-1]) / (sum(s_samples) / s_times[-1])
         print(f"{job.name}: {len(changes) - 1} plan changes; "

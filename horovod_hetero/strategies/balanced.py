@@ -204,11 +204,12 @@ class Balanced(Strategy):
         latest = (tuple(sizes), tuple(float(t) for t in stats.step_s))
         self._record(latest)
         assert self.global_batch is not None        # on_start refuses to start without it
-        self.plans[window + 2] = choose_split(self.global_batch, self._models(self.history),
+        models = self._models(self.history)
+        self.plans[window + 2] = choose_split(self.global_batch, models,
                                               current=self.batch_sizes(self.step + 1),
                                               even=even_split(self.global_batch, self.size),
                                               min_batch=self.smallest_batch(), max_batch=self.max_batch,
-                                              noise=self.noise())
+                                              noise=max(self.rank_noise(models)))
         self.plans = {w: p for w, p in self.plans.items() if w >= window}
 
     def smallest_batch(self) -> int:
@@ -221,13 +222,14 @@ class Balanced(Strategy):
     def noise(self) -> float:
         """The share of a step's time the windows vary by, the most of any rank's (``rank_noise``): a new
         split must promise a step shorter by more than it."""
-        return max(self.rank_noise())
+        return max(self.rank_noise(self._models(self.history)))
 
-    def rank_noise(self) -> list[float]:
+    def rank_noise(self, models: list[StepModel]) -> list[float]:
         """Per rank, the share of a step's time its windows vary by: ``NOISE`` (5 %), or the relative
-        scatter of its windows about its fit where larger (three windows or more), at most ``MAX_NOISE``."""
+        scatter of its windows about its fit (``models``, fitted to the history) where larger (three
+        windows or more), at most ``MAX_NOISE``."""
         spreads = []
-        for r, model in enumerate(self._models(self.history)):
+        for r, model in enumerate(models):
             points = [(h[0][r], h[1][r]) for h in self.history]
             scatter = (float(np.std([(t - model(b)) / model(b) for b, t in points], ddof=1))
                        if len(points) >= 3 else 0.0)
@@ -263,7 +265,8 @@ class Balanced(Strategy):
         batch sizes or more), else the mean of its windows at this batch (none: not judged)."""
         sizes, times = latest
         z = max(3.0, 1.0 + math.sqrt(2.0 * math.log(self.size)))
-        models, noise = self._models(self.history), self.rank_noise()
+        models = self._models(self.history)
+        noise = self.rank_noise(models)
         off = []
         for r in range(self.size):
             if len({h[0][r] for h in self.history}) >= 2:
