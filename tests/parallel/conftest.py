@@ -3,10 +3,34 @@
 
 Tests do all their collectives first and assert afterwards, so a failing rank does not leave
 the others waiting in a collective; pytest-timeout bounds anything that still hangs.
+
+A rank's failure is written to the job's stderr when it happens, and the library's GIL watchdog
+writes there too: a job that loses a rank is killed before pytest's summary, and the watchdog ends a
+process with ``os._exit``, so under pytest's capture neither would leave a trace.
 """
 import os
+import sys
 
 import pytest
+
+#: the job's own stderr (horovodrun's pipe), kept before pytest's capture covers it
+_stderr = []
+
+
+def pytest_configure(config):
+    capman = config.pluginmanager.getplugin("capturemanager")
+    if capman is None:
+        return
+    with capman.global_and_fixture_disabled():
+        _stderr.append(os.fdopen(os.dup(2), "w", buffering=1))
+    # common.failures.guard_gil's faulthandler watchdog dumps every thread to sys.__stderr__, then exits
+    sys.__stderr__ = _stderr[0]
+
+
+def pytest_runtest_logreport(report):
+    if report.failed and _stderr:
+        rank = os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "?"))
+        _stderr[0].write(f"FAILED on rank {rank}: {report.nodeid} ({report.when})\n{report.longreprtext}\n")
 
 
 def pytest_collection_modifyitems(config, items):
