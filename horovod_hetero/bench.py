@@ -47,7 +47,7 @@ from horovod_hetero.data import TASKS, check_split, check_task, class_shares
 from horovod_hetero.runtime.straggler import parse_random_delay, parse_slowdown
 from horovod_hetero.runtime.telemetry import load, summarize
 from horovod_hetero.strategies.registry import REGISTRY, bench_options, check_names
-from horovod_hetero.validation import check_float, check_int
+from horovod_hetero.validation import check_bool, check_float, check_int
 
 #: The directory holding the ``horovod_hetero`` package this command runs (a checkout or site-packages):
 #: the jobs' workers import the same copy.
@@ -229,8 +229,8 @@ def horovodrun(num_proc, hosts=None):
     return [str(exe), "-np", str(num_proc), "-H", hosts or f"localhost:{num_proc}", "--gloo"]
 
 
-def job_command(job, settings, job_dir):
-    """``(argv, env)`` of one job."""
+def job_command(job, settings, job_dir, budget=None):
+    """``(argv, env)`` of one job; ``budget``: its seconds of training (default the setting's)."""
     profile = parse_profile(job.profile, settings["np"], settings["base_step"])
     env = dict(os.environ, PYTHONUNBUFFERED="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(PACKAGE_PARENT), os.environ.get("PYTHONPATH")])),
@@ -249,10 +249,41 @@ def job_command(job, settings, job_dir):
     cmd = horovodrun(settings["np"], settings.get("hosts")) + [
         sys.executable, "-m", MODULES[job.framework], *STRATEGIES[job.strategy][1], *aggregation,
         "--task", job.task, "--split", job.split,
-        "--seed", str(job.repeat), "--time-budget", str(settings["budget"]), "--epochs", "1000000",
+        "--seed", str(job.repeat), "--time-budget", str(settings["budget"] if budget is None else budget),
+        "--epochs", "1000000",
         "--eval-interval", str(settings["eval_interval"]), "--batch-size", str(settings["batch_size"]),
         "--curve", str(job_dir / "curve.jsonl"), "--result", str(job_dir / "result.json")]
+    if settings.get("stop_at_target"):
+        cmd += ["--stop-at", repr(settings["targets"][job.task])]
     return cmd, env
+
+
+def job_budget(job, settings, entries):
+    """``(seconds, note)``: the seconds of training for ``job`` and what its line says of them. The
+    setting's ``budget``; with ``cap`` (a strategy other than Synchronous), at most ``cap`` x the time
+    its group's Synchronous job of the same repeat took to the target (``entries``: the results' jobs,
+    that one finished before: Synchronous runs first), or the budget, with a note, where that job
+    failed or missed the target.
+
+    Example:
+        >>> s = {"budget": 900.0, "cap": 3.0}
+        >>> sync = {"id": "torch-fashion-cnn-iid-1_1_1_4-r0-sync", "status": "done",
+        ...         "summary": {"time_to_target_s": 100.0}}
+        >>> job = Job("torch-fashion-cnn-iid-1_1_1_4-r0-esync", "torch", "fashion-cnn", "1,1,1,4", 0, "esync", "ESync")
+        >>> job_budget(job, s, [sync]), job_budget(job, dict(s, cap=None), [sync])
+        ((300.0, ''), (900.0, ''))
+        >>> job_budget(job, s, [dict(sync, status="failed")])
+        (900.0, ' (not capped: Synchronous did not reach the target in repeat 0)')
+    """
+    cap = settings.get("cap")
+    if cap is None or job.strategy == "sync":
+        return settings["budget"], ""
+    sync_id = f"{job.framework}-{job.task}-{slug(job.split)}-{slug(job.profile)}-r{job.repeat}-sync"
+    sync = next((e for e in entries if e["id"] == sync_id and e["status"] == "done"), None)
+    ttt = sync["summary"]["time_to_target_s"] if sync else None
+    if ttt is None:
+        return settings["budget"], f" (not capped: Synchronous did not reach the target in repeat {job.repeat})"
+    return min(settings["budget"], cap * ttt), ""
 
 
 def run_process(cmd, env, log_path, timeout_s, tick=None):
@@ -503,10 +534,11 @@ SLOWDOWNS = ("padded", "padded-linear", "proportional")
 
 
 def settings_of(num_proc, base_step, budget, targets=None, eval_interval=0.5, batch_size=32, hosts=None,
-                outer=OUTER, slowdown="padded"):
+                outer=OUTER, slowdown="padded", stop_at_target=False, cap=None):
     """The bench's settings, checked (a ``ValueError`` names the option); ``targets``: task -> a quality or
     ``"sync"`` (Synchronous's final quality in the same group and repeat); ``outer``: ``(lr, momentum)``
-    of the ``+nesterov`` aggregations."""
+    of the ``+nesterov`` aggregations; ``stop_at_target``: every job ends once its curve reaches the
+    target (``check_stop`` checks the jobs allow it); ``cap``: ``None`` or a factor > 0 (``job_budget``)."""
     targets = dict(targets or {})
     for name, value in targets.items():
         task = check_task(name, "--target TASK")
@@ -521,13 +553,45 @@ def settings_of(num_proc, base_step, budget, targets=None, eval_interval=0.5, ba
         raise ValueError(f"--outer MOMENTUM must be in (0, 1) (the +nesterov aggregations), got {momentum!r}")
     if slowdown not in SLOWDOWNS:
         raise ValueError(f"--slowdown must be one of {', '.join(SLOWDOWNS)}, got {slowdown!r}")
+    check_bool("--stop-at-target", stop_at_target)
+    if stop_at_target and hosts is not None:
+        raise ValueError("--stop-at-target runs on one host (rank 0 tells the others through a file in the job's "
+                         "directory): leave --hosts out")
+    if cap is not None:
+        check_float("--cap", cap, 0.0, min_exclusive=True)
     return {"np": check_int("--np", num_proc, 1), "outer": [float(lr), float(momentum)], "slowdown": slowdown,
+            "stop_at_target": stop_at_target, "cap": None if cap is None else float(cap),
             "base_step": check_float("--base-step", base_step, 0.0, min_exclusive=True),
             "budget": check_float("--budget", budget, 0.0, min_exclusive=True),
             "eval_interval": check_float("--eval-interval", eval_interval, 0.0),
             "batch_size": check_int("--batch-size", batch_size, 1), "hosts": hosts,
             "targets": {name: targets.get(name, "sync" if task.target is None else task.target)
                         for name, task in TASKS.items()}}
+
+
+def check_stop(settings, jobs):
+    """A ``ValueError`` naming the option if ``--stop-at-target`` or ``--cap`` cannot apply to ``jobs``:
+    both need a numeric target for each task (not ``sync``), and stopping needs the torch example.
+
+    Example:
+        >>> s = settings_of(4, 0.05, 60, {"fashion-cnn": "sync"}, stop_at_target=True)
+        >>> check_stop(s, plan(["torch"], ["fashion-cnn"], ["1,1,1,4"], ["sync"], 1))
+        Traceback (most recent call last):
+        ...
+        ValueError: --stop-at-target needs a quality to stop at: give --target fashion-cnn=VALUE (a number, not sync)
+    """
+    if not (settings.get("stop_at_target") or settings.get("cap") is not None):
+        return
+    option = "--stop-at-target" if settings.get("stop_at_target") else "--cap"
+    for task in dict.fromkeys(j.task for j in jobs):
+        if settings["targets"][task] == "sync":
+            raise ValueError(f"{option} needs a quality to stop at: give --target {task}=VALUE (a number, not sync)")
+    if settings.get("stop_at_target") and any(j.framework != "torch" for j in jobs):
+        raise ValueError("--stop-at-target runs the torch example only: give --framework torch")
+    strategies = {j.strategy for j in jobs}
+    if settings.get("cap") is not None and ("sync" not in strategies or len(strategies) < 2):
+        raise ValueError("--cap bounds each strategy by Synchronous's time to the target: give --strategies "
+                         "sync and at least one other")
 
 
 def new_results(out, jobs, settings, command):
@@ -565,16 +629,17 @@ def run_bench(out, results, echo, progress=None):
         job_dir.mkdir(parents=True, exist_ok=True)
         entry["status"] = "running"
         write_json(out / RESULTS, results)
-        cmd, env = job_command(job, settings, job_dir)
+        budget, note = job_budget(job, settings, entries)
+        cmd, env = job_command(job, settings, job_dir, budget)
         name = f"[{i}/{len(entries)}] {job.framework} {job.task} {job.split} {job.profile} r{job.repeat} {job.label}"
-        bar = progress.add_task(escape(name), total=settings["budget"]) if progress else None
+        bar = progress.add_task(escape(name), total=budget) if progress else None
         t0 = time.monotonic()
 
         def tick():
             if progress:
-                progress.update(bar, completed=min(time.monotonic() - t0, settings["budget"]))
+                progress.update(bar, completed=min(time.monotonic() - t0, budget))
         try:
-            code = run_process(cmd, env, job_dir / "output.log", settings["budget"] + 180, tick)
+            code = run_process(cmd, env, job_dir / "output.log", budget + 180, tick)
         except KeyboardInterrupt:
             entry["status"] = "interrupted"
             write_json(out / RESULTS, results)
@@ -585,7 +650,7 @@ def run_bench(out, results, echo, progress=None):
         summary = error = None
         if code == 0 and (job_dir / "result.json").exists():
             try:
-                summary = summarize_job(job, job_dir, settings)
+                summary = dict(summarize_job(job, job_dir, settings), budget_s=budget)
             except Exception as e:      # one job's unreadable output fails that job, not the bench
                 error = f"{type(e).__name__}: {e}"
         if summary is not None:
@@ -595,7 +660,7 @@ def run_bench(out, results, echo, progress=None):
             target = "-" if summary["target"] is None else f"{summary['target']:g}"
             echo(f"{name}: done in {time.monotonic() - t0:.0f} s, {summary['samples_per_s']:.0f} samples/s, "
                  f"{summary['metric']} {summary['final']:.3f}, target {target} "
-                 + (f"at {ttt:.1f} s" if ttt is not None else "not reached"))
+                 + (f"at {ttt:.1f} s" if ttt is not None else "not reached") + note)
         elif error is not None:
             entry.update(status="failed", exit=code, error=error)
             echo(f"{name}: FAILED (its results could not be summarised: {error}); see {job_dir}")

@@ -83,23 +83,32 @@ def ttt_cell(times, budget):
     """``median (low-high)`` of the times to the target, a miss (``None``) counting as more than the
     budget: printed ``>B``, in the median too (a median over misses is a miss).
 
+    ``budget``: one for every time, or a list of each time's own (``bench --cap``); a miss then
+    prints the least budget among the misses (the median, the low end), or the most (the high end).
+
     Example:
         >>> ttt_cell([2.0, None, 4.0], 7), ttt_cell([2.0, None, None], 7), ttt_cell([None], 7)
         ('4.0 (2.0->7) [2/3 reached]', '>7 (2.0->7) [1/3 reached]', '>7 [0/1 reached]')
+        >>> ttt_cell([2.0, None, None], [9, 6, 12])
+        '>6 (2.0->12) [1/3 reached]'
     """
     values = [math.inf if t is None else float(t) for t in times]
     if not values:
         return "-"
+    budgets = list(budget) if isinstance(budget, (list, tuple)) else [budget] * len(values)
+    missed = [b for t, b in zip(times, budgets) if t is None] or [budgets[0]]
     med, lo, hi = float(np.median(values)), min(values), max(values)
-    fmt = lambda v: f">{budget:g}" if math.isinf(v) else f"{v:.1f}"      # noqa: E731
-    cell = fmt(med) if lo == hi else f"{fmt(med)} ({fmt(lo)}-{fmt(hi)})"
+    fmt = lambda v, b: f">{b:g}" if math.isinf(v) else f"{v:.1f}"      # noqa: E731
+    least, most = min(missed), max(missed)
+    cell = fmt(med, least) if lo == hi else f"{fmt(med, least)} ({fmt(lo, least)}-{fmt(hi, most)})"
     reached = sum(t is not None for t in times)
     return cell + ("" if reached == len(times) else f" [{reached}/{len(times)} reached]")
 
 
 def speedup_cell(pairs, budget):
     """The median over repeats of Synchronous's time to the target over the strategy's, from
-    ``(sync's time, the strategy's time)`` pairs (``None``: missed within the budget). A miss counts as
+    ``(sync's time, the strategy's time[, the strategy's budget])`` (``None``: missed within the budget;
+    the strategy's own budget where ``bench --cap`` shortened it). A miss counts as
     the budget: where Synchronous missed, the ratio is a lower bound, where the strategy missed, an upper
     bound (where both missed, the repeat says nothing). The median is marked ``>=`` (``<=``) when lower
     (upper) bounds entered it, ``~`` when both did.
@@ -109,16 +118,18 @@ def speedup_cell(pairs, budget):
         '>=4.00x (3.00-4.00)'
         >>> speedup_cell([(4.0, 1.0), (4.0, 2.0)], 8), speedup_cell([(None, None)], 8)
         ('3.00x (2.00-4.00)', '-')
+        >>> speedup_cell([(4.0, None, 12.0)], 100)
+        '<=0.33x'
     """
     ratios, kinds = [], set()
-    for base, t in pairs:
+    for base, t, *own in pairs:
         if base is None and t is None:
             continue
         if base is None:
             kinds.add(">=")
         elif t is None:
             kinds.add("<=")
-        ratios.append((budget if base is None else base) / (budget if t is None else t))
+        ratios.append((budget if base is None else base) / ((own[0] if own else budget) if t is None else t))
     mark = "~" if len(kinds) == 2 else "".join(kinds)
     cell = _cell(ratios, ".2f", unit="x")
     return cell if cell == "-" else mark + cell
@@ -152,13 +163,15 @@ def rows(group, curves=None, budget=None):
             if b is not None:
                 sps_ratio.append(e["summary"]["samples_per_s"] / b["samples_per_s"])
                 if e["summary"]["target"] is not None:
-                    pairs.append((b["time_to_target_s"], e["summary"]["time_to_target_s"]))
+                    pairs.append((b["time_to_target_s"], e["summary"]["time_to_target_s"],
+                                  e["summary"].get("budget_s", budget)))
         ratios = [x["compute_ratio"] for x in s if x["compute_ratio"] is not None]
         per_worker = "/".join(f"{np.median(col):.2f}" for col in zip(*ratios)) if ratios else "n/a"
         metric = TASKS[entries[0]["task"]].metric
         at_steps = [quality_at(curves.get(e["id"]), metric, steps) for e in entries] if steps else []
         ttt = ("-" if all(x["target"] is None for x in s)
-               else ttt_cell([x["time_to_target_s"] for x in s if x["target"] is not None], budget))
+               else ttt_cell([x["time_to_target_s"] for x in s if x["target"] is not None],
+                             [x.get("budget_s", budget) for x in s if x["target"] is not None]))
         out.append([label, ttt, speedup_cell(pairs, budget),
                     _cell([x["final"] for x in s], ".3f"), _cell([x.get("slow_final") for x in s], ".3f"),
                     _cell(at_steps, ".3f"),
@@ -198,7 +211,12 @@ def load_curves(directory, results):
 def markdown(results, curves=None):
     """Every group's table, in Markdown, and the jobs that did not finish."""
     s = results["settings"]
-    lines = [f"{s['np']} workers, base step {s['base_step'] * 1000:g} ms, budget {s['budget']:g} s per job; "
+    budget = f"budget {s['budget']:g} s per job"
+    if s.get("cap") is not None:
+        budget += f", each strategy's at most {s['cap']:g}x Synchronous's time to the target"
+    if s.get("stop_at_target"):
+        budget += ", every job stopped at the target"
+    lines = [f"{s['np']} workers, base step {s['base_step'] * 1000:g} ms, {budget}; "
              f"medians over repeats (range in brackets)", ""]
     for key, group in groups(results).items():
         steps = equal_steps(group, curves or {})

@@ -12,6 +12,7 @@ Both take the same strategy options (``add_strategy_arguments``: ``--strategy`` 
 """
 import contextlib
 import json
+import os
 import time
 
 import numpy as np
@@ -100,12 +101,20 @@ class Curve:
     ``{"t", "step", metric, "classes" (per-class accuracy, for classification), "final"}``; ``t`` counts
     from ``begin()`` (after the common start barrier) and leaves out the time the snapshots took.
 
+    With ``stop_at``, training ends once the quality is reached: each snapshot taken during training is
+    evaluated when it is taken (its time left out of ``t`` as well: ``clock()``), and the first that
+    reaches ``stop_at`` sets ``reached`` and creates the file ``stop_file``, which every rank watches
+    (``stop_requested``; the ranks share one file system, as the bench's do on one host).
+
     Args:
         path: the JSON-lines file, or ``None`` (no curve: every call is a no-op; ranks other than 0).
         interval: seconds at least between two snapshots, a number >= 0.
         snapshot: a function returning a copy of the model's weights.
         evaluate: ``evaluate(weights) -> {metric: value, ...}`` (the curve's test set).
         metric: the quality's name in the records (``accuracy``, ``distance``, ``bpc``).
+        stop_at: ``None``, or ``(quality, reached)``: the quality that ends training and
+            ``reached(value, quality) -> bool`` (``data.Task.reached``).
+        stop_file: the file that tells every rank to stop (needed with ``stop_at``).
 
     Example:
         >>> c = Curve(None, 0.5, lambda: [1.0], lambda w: {"accuracy": 1.0}, "accuracy")
@@ -113,12 +122,15 @@ class Curve:
         []
     """
 
-    def __init__(self, path, interval, snapshot, evaluate, metric):
+    def __init__(self, path, interval, snapshot, evaluate, metric, stop_at=None, stop_file=None):
         self.path, self.interval, self.metric = path, interval, metric
         self.snapshot, self.evaluate = snapshot, evaluate
         self.points, self.eval_s, self._start, self._last = [], 0.0, None, float("-inf")
         self._pending = []
         self.snapshot_s = 0.0
+        if stop_at is not None and stop_file is None:
+            raise ValueError("stop_file: a path is needed with stop_at")
+        self.stop_at, self.stop_file, self.reached = stop_at, stop_file, False
 
     def begin(self):
         self._start = time.perf_counter()
@@ -136,7 +148,28 @@ class Curve:
         weights = self.snapshot()
         self._last = time.perf_counter()
         self._pending.append((t0 - self._start - self.snapshot_s, step, weights, final))
+        if self.stop_at is not None and not self.reached and not final:
+            self.evaluate_all()                 # now, to know whether to stop (its time left out of t)
+            quality, reached = self.stop_at
+            if reached(self.points[-1][self.metric], quality):
+                self.reached = True
+                with open(self.stop_file, "w") as f:
+                    f.write(f"{self.points[-1]['t']}\n")
+            self._last = time.perf_counter()
         self.snapshot_s += self._last - t0
+
+    def clock(self):
+        """Seconds on the curve's clock: since ``begin()``, less the time the snapshots (and their
+        evaluations, with ``stop_at``) took; the wall clock on a rank without a curve."""
+        return time.perf_counter() - self._start - self.snapshot_s
+
+    def stop_requested(self):
+        """Whether training should end here: the target was reached (on rank 0, or by its file elsewhere)."""
+        if self.stop_file is None:
+            return False
+        if not self.reached and os.path.exists(self.stop_file):
+            self.reached = True
+        return self.reached
 
     def evaluate_all(self):
         """Evaluate every snapshot, in order, and write the points (after training)."""

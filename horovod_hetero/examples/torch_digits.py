@@ -6,12 +6,16 @@ Fashion-MNIST, a character transformer on Shakespeare (``--task``, ``--split``).
     horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.torch_digits --strategy elasticbsp \\
         --task fashion-cnn --split dirichlet:0.1 --aggregate normalized
 
-Ranks may stop at different steps (a wall-clock budget, or unequal data): each calls
+``--stop-at QUALITY`` (with ``--curve``) ends training once rank 0's curve reaches it (the bench's
+``--stop-at-target``). Ranks may stop at different steps (a wall-clock budget, the quality reached, or
+unequal data): each calls
 ``opt.sync_model()`` at the end, which keeps joining the others' averaging rounds until all are
 done, so every rank ends with the same model.
 """
 import argparse
 import json
+import math
+import os
 import time
 
 import torch
@@ -91,8 +95,16 @@ def main():
     add_strategy_arguments(p)
     add_run_arguments(p)
     p.add_argument("--progress", type=float, default=5.0, help="seconds between progress lines")
+    p.add_argument("--stop-at", type=float, default=None,
+                   help="end training once rank 0's curve reaches this quality (needs --curve; the ranks share "
+                        "one file system: CURVE.stop tells them)")
     args = p.parse_args()
     task = TASKS[args.task]
+    if args.stop_at is not None and args.curve is None:
+        p.error("--stop-at needs --curve (the curve's evaluations decide when the quality is reached)")
+    if args.stop_at is not None and not (math.isfinite(args.stop_at) and args.stop_at > 0):
+        p.error(f"--stop-at must be a quality > 0, got {args.stop_at!r}")
+    stop_file = None if args.stop_at is None else args.curve + ".stop"
 
     if args.strategy == "wagma":         # WAGMA's group process sets are registered at init
         hvd.init(process_sets=hh.wagma_process_sets(group_size=args.group_size))
@@ -125,7 +137,10 @@ def main():
     subset = torch.from_numpy(curve_subset(task, y_test.numpy()))
     snapshot = lambda: {k: v.detach().clone() for k, v in model.state_dict().items()}     # noqa: E731
     curve = Curve(args.curve if hvd.rank() == 0 else None, args.eval_interval, snapshot,
-                  evaluator(task, model, x_test[subset], y_test[subset]), task.metric)
+                  evaluator(task, model, x_test[subset], y_test[subset]), task.metric,
+                  stop_at=None if stop_file is None else (args.stop_at, task.reached), stop_file=stop_file)
+    if stop_file is not None and hvd.rank() == 0 and os.path.exists(stop_file):
+        os.remove(stop_file)             # an earlier run's
     hvd.barrier()                        # the time budget starts together on every rank (start-up differs by seconds)
     start = last_report = time.perf_counter()
     curve.begin()
@@ -145,13 +160,13 @@ def main():
             if hvd.rank() == 0 and now - last_report >= args.progress:
                 print(f"  [{now - start:5.1f} s] epoch {epoch} step {steps} loss {loss.item():.3f}", flush=True)
                 last_report = now
-            if args.time_budget is not None and now - start >= args.time_budget:
+            if (args.time_budget is not None and curve.clock() >= args.time_budget) or curve.stop_requested():
                 out_of_time = True
                 break
         if out_of_time:
             break
     opt.sync_model()                     # every rank, whatever step it stopped at
-    wall = time.perf_counter() - start
+    wall = curve.clock()                 # the curve's clock: its snapshots' (and evaluations') time left out
     curve.final(steps)
 
     samples = hvd.allreduce(torch.tensor(float(samples)), op=hvd.Sum, name="samples").item()

@@ -45,6 +45,28 @@ def test_a_short_bench_then_its_report(tmp_path):
     assert (tmp_path / "page.html").read_text().count("data:image/png;base64,") == 4
 
 
+def test_stop_at_target_ends_each_job_there_and_caps_the_others_by_synchronous(tmp_path):
+    out = tmp_path / "run"
+    run = cli("bench", "--np", "2", "--profile", "1,4", "--budget", "60", "--base-step", "0.02", "--eval-interval",
+              "0.2", "--target", "digits=0.5", "--stop-at-target", "--cap", "3", "--strategies", "sync,esync",
+              "--out", str(out))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    sync, esync = (job["summary"] for job in json.loads((out / "results.json").read_text())["jobs"])
+    # Synchronous reaches 0.5 within seconds of its 60: it stops there, and ESync gets 3x its time
+    assert sync["budget_s"] == 60 and sync["time_to_target_s"] is not None and sync["wall_s"] < 30, sync
+    assert esync["budget_s"] == min(60, 3 * sync["time_to_target_s"])
+    assert esync["wall_s"] < esync["budget_s"] + 5, esync                  # at the target or at its cap
+    for job, s in (("sync", sync), ("esync", esync)):
+        job_dir = out / "jobs" / f"torch-digits-iid-1_4-r0-{job}"
+        points = [json.loads(line) for line in (job_dir / "curve.jsonl").read_text().splitlines()]
+        reached = [p["accuracy"] >= 0.5 for p in points[:-1]]           # the snapshots during training
+        # reached: rank 0 wrote the file at that snapshot and took no other (the last point is the final model)
+        assert (job_dir / "curve.jsonl.stop").exists() == any(reached), job
+        assert reached.count(True) <= 1 and reached[-1] == any(reached), job
+        assert s["time_to_target_s"] is not None or not any(reached), job
+    assert "every job stopped at the target" in cli("report", str(out)).stdout
+
+
 def test_an_interrupted_bench_leaves_a_directory_the_report_reads(tmp_path):
     out = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))

@@ -409,3 +409,86 @@ def test_each_slowdown_sets_its_variables_and_clears_the_others(monkeypatch, mod
     job = bench.plan(["torch"], ["digits"], ["1,4"], ["sync"], 1)[0]
     _, env = bench.job_command(job, bench.settings_of(2, 0.05, 8.0, slowdown=mode), pathlib.Path("/tmp/j"))
     assert (env.get("HOROVOD_HETERO_BASE_STEP_S"), env.get("HOROVOD_HETERO_SAMPLE_S")) == (base, per_sample)
+
+
+def test_a_curve_with_stop_at_evaluates_when_it_snapshots_and_tells_every_rank_once_reached(tmp_path, monkeypatch):
+    import horovod_hetero.examples as examples
+    now = [100.0]
+    monkeypatch.setattr(examples.time, "perf_counter", lambda: now[0])
+    path, stop = tmp_path / "curve.jsonl", tmp_path / "curve.jsonl.stop"
+    snapshots = iter([0.5, 0.85, 0.95, 0.96])
+
+    def evaluate(w):
+        now[0] += 5.0                                        # an evaluation of 5 s: off the curve's clock
+        return {"accuracy": w}
+    curve = Curve(str(path), 0.0, lambda: next(snapshots), evaluate, "accuracy",
+                  stop_at=(0.9, TASKS["fashion-cnn"].reached), stop_file=str(stop))
+    other = Curve(None, 0.0, lambda: 1 / 0, lambda w: 1 / 0, "accuracy", stop_at=(0.9, TASKS["fashion-cnn"].reached),
+                  stop_file=str(stop))                     # another rank: no curve, the file only
+    curve.begin()
+    for step in (1, 2):
+        now[0] += 1.0                                        # a step of 1 s
+        curve.after_step(step, averaged=True)
+    assert [(p["t"], p["accuracy"]) for p in curve.points] == [(1.0, 0.5), (2.0, 0.85)]     # evaluated as taken
+    assert not curve.stop_requested() and not other.stop_requested() and not stop.exists()
+    now[0] += 1.0
+    curve.after_step(3, averaged=True)
+    assert curve.stop_requested() and other.stop_requested() and stop.read_text() == "3.0\n"
+    now[0] += 1.0
+    curve.final(4)                                           # after training: evaluated with the rest, writes no file
+    assert len(curve.points) == 3 and curve.clock() == 4.0
+    curve.evaluate_all()
+    assert [(p["t"], p["step"], p["accuracy"]) for p in bench.read_curve(path)] == [
+        (1.0, 1, 0.5), (2.0, 2, 0.85), (3.0, 3, 0.95), (4.0, 4, 0.96)]
+    assert curve.eval_s == 20.0
+    with pytest.raises(ValueError, match="stop_file: a path is needed with stop_at"):
+        Curve(str(path), 0.0, list, dict, "accuracy", stop_at=(0.9, TASKS["fashion-cnn"].reached))
+
+
+def test_stop_at_target_passes_the_target_and_a_cap_shortens_every_strategy_but_synchronous(tmp_path, monkeypatch):
+    jobs = bench.plan(["torch"], ["digits"], ["1,4"], ["sync", "esync"], 2)
+    settings = bench.settings_of(2, 0.025, 100.0, {"digits": 0.9}, stop_at_target=True, cap=3.0)
+    bench.check_stop(settings, jobs)
+    results = bench.new_results(tmp_path / "out", jobs, settings, ["horovod-hetero", "bench"])
+    seen = {}
+
+    def fake_run(cmd, env, log_path, timeout_s, tick=None):
+        job_dir = pathlib.Path(log_path).parent
+        seen[job_dir.name] = (cmd[cmd.index("--time-budget") + 1], cmd[cmd.index("--stop-at") + 1], timeout_s)
+        (job_dir / "result.json").write_text("{}")
+        return 0
+
+    ttt = {"r0-sync": 5.0, "r1-sync": None, "r0-esync": None, "r1-esync": 2.0}
+    monkeypatch.setattr(bench, "run_process", fake_run)
+    monkeypatch.setattr(bench, "summarize_job",
+                        lambda job, job_dir, s: dict(summary(ttt[job.id.split("-", 4)[-1]], 100), target=0.9,
+                                                             metric="accuracy"))
+    results = bench.run_bench(tmp_path / "out", results, lambda line: None)
+    assert seen == {"torch-digits-iid-1_4-r0-sync": ("100.0", "0.9", 280.0),
+                    "torch-digits-iid-1_4-r0-esync": ("15.0", "0.9", 195.0),        # 3 x Synchronous's 5 s
+                    "torch-digits-iid-1_4-r1-sync": ("100.0", "0.9", 280.0),
+                    "torch-digits-iid-1_4-r1-esync": ("100.0", "0.9", 280.0)}       # Synchronous missed
+    assert [e["summary"]["budget_s"] for e in results["jobs"]] == [100.0, 15.0, 100.0, 100.0]
+    rows = {r[0]: r for r in report.rows(report.groups(results)[("torch", "digits", "iid", "1,4")], budget=100)}
+    assert rows["ESync"][1] == ">15 (2.0->15) [1/2 reached]"          # its own 15 s cap
+    assert rows["ESync"][2] == "~25.17x (0.33-50.00)"      # <= 5/15 (missed its 15 s cap), >= 100/2
+    assert "each strategy's at most 3x Synchronous's time to the target, every job stopped at the target" in \
+        report.markdown(results)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--stop-at-target"], "--stop-at-target needs a quality to stop at: give --target fashion-cnn=VALUE"),
+    (["--cap", "3", "--target", "fashion-cnn=sync"], "--cap needs a quality to stop at"),
+    (["--cap", "0", "--target", "fashion-cnn=0.9"], "--cap must be > 0.0"),
+    (["--stop-at-target", "--target", "fashion-cnn=0.9", "--framework", "keras"],
+     "--stop-at-target runs the torch example only"),
+    (["--stop-at-target", "--target", "fashion-cnn=0.9", "--hosts", "a:2,b:2"], "--stop-at-target runs on one host"),
+    (["--cap", "3", "--target", "fashion-cnn=0.9", "--strategies", "esync,elasticbsp"],
+     "--cap bounds each strategy by Synchronous's time to the target: give --strategies sync and at least one"),
+])
+def test_bench_refuses_stop_and_cap_where_they_cannot_apply(tmp_path, args, message):
+    strategies = [] if "--strategies" in args else ["--strategies", "sync,esync"]
+    bad = CliRunner().invoke(cli, ["bench", "--task", "fashion-cnn", *strategies, *args,
+                                   "--out", str(tmp_path / "o")])
+    assert bad.exit_code == 2 and message in bad.output, bad.output
+    assert not (tmp_path / "o").exists()
