@@ -5,7 +5,7 @@ READY := $(VENV)/.horovod-hetero-ready
 NP ?= 4
 comma := ,
 
-.PHONY: demo docs test test-single test-parallel test-elastic test-faults test-multihost test-mpi test-bench test-elastic-kill bench-publish $(addprefix bench-publish-,$(PUBLISH_RUNS)) bench-publish-planner bench bench-peers bench-wagma bench-planned bench-epochs bench-scripts bench-state-server env clean
+.PHONY: bench-converge-plateau bench-publish-converge demo docs test test-single test-parallel test-elastic test-faults test-multihost test-mpi test-bench test-elastic-kill bench-publish $(addprefix bench-publish-,$(PUBLISH_RUNS)) bench-publish-planner bench bench-peers bench-wagma bench-planned bench-epochs bench-scripts bench-state-server env clean
 
 $(READY): tools/bootstrap.sh tools/fetch_data.py tools/requirements.txt pyproject.toml
 	VENV=$(VENV) bash tools/bootstrap.sh
@@ -179,6 +179,27 @@ bench-publish-planner: $(READY)
 	  --profile '1,1,1,1;10:1,1,1,4' --out $(PUBLISH)/planner-change
 	PYTHONPATH=. $(PY) benchmarks/balanced_plans.py $(PUBLISH)/planner
 	PYTHONPATH=. $(PY) benchmarks/balanced_plans.py $(PUBLISH)/planner-change
+
+#: the headline at a converged target. First Synchronous's plateau (bench-converge-plateau, about 12 min:
+#: Synchronous alone with no slowdown, whose epochs run about 2x faster than at 1,1,1,4, with the same accuracy
+#: per epoch): its curve levels off at 0.900 from the 3rd epoch (the median over epochs 4.5-9; 0.898 on all
+#: 10,000 test images after 9), so CONVERGE_TARGET is 1 point below, as MLPerf sets its targets just under
+#: what the reference converges to. Then (bench-publish-converge, about 45 min) each of CONVERGE_STRATEGIES at
+#: 1,1,1,4 until it reaches CONVERGE_TARGET, capped at 3x Synchronous's time to it in the same repeat, 3 repeats
+CONVERGE_TARGET = 0.89
+CONVERGE_STRATEGIES = sync,esync,elasticbsp,balanced
+CONVERGE_COMMON = --np 4 --base-step 0.05 --task fashion-cnn --split iid --eval-interval 15
+bench-converge-plateau: $(READY)
+	rm -rf $(PUBLISH)/plateau
+	$(PY) -m horovod_hetero.cli bench $(CONVERGE_COMMON) --profile 1,1,1,1 --strategies sync --budget 660 \
+	  --target fashion-cnn=0.99 --out $(PUBLISH)/plateau
+	$(PY) -m horovod_hetero.cli report $(PUBLISH)/plateau
+bench-publish-converge: $(READY)
+	rm -rf $(PUBLISH)/converge
+	$(PY) -m horovod_hetero.cli bench $(CONVERGE_COMMON) --profile 1,1,1,4 --repeat 3 --budget 1800 \
+	  --strategies $(CONVERGE_STRATEGIES) --target fashion-cnn=$(CONVERGE_TARGET) --stop-at-target --cap 3 \
+	  --out $(PUBLISH)/converge
+	$(PY) -m horovod_hetero.cli report $(PUBLISH)/converge --png-dir docs/img --prefix bench-converge-
 
 #: a step's cost, hh against Horovod's own optimizer, under Gloo and then MPI (Open MPI 5 takes only the
 #: double-dash binding options; horovodrun finds mpirun on PATH)
