@@ -4,10 +4,12 @@
 Tests do all their collectives first and assert afterwards, so a failing rank does not leave
 the others waiting in a collective; pytest-timeout bounds anything that still hangs.
 
-A rank's failure is written to the job's stderr when it happens, and the library's GIL watchdog
-writes there too: a job that loses a rank is killed before pytest's summary, and the watchdog ends a
-process with ``os._exit``, so under pytest's capture neither would leave a trace.
+A rank's failure is written to the job's stderr when it happens, and so is every way the library
+ends a process itself (its GIL watchdog, its C++ terminate handler): a job that loses a rank is
+killed before pytest's summary, and the library ends a process with ``os._exit``, so under pytest's
+capture none of them would leave a trace.
 """
+import faulthandler
 import os
 import sys
 
@@ -25,12 +27,25 @@ def pytest_configure(config):
         _stderr.append(os.fdopen(os.dup(2), "w", buffering=1))
     # common.failures.guard_gil's faulthandler watchdog dumps every thread to sys.__stderr__, then exits
     sys.__stderr__ = _stderr[0]
+    # the terminate handler and the MPI shutdown bound print to sys.stderr (captured), then os._exit
+    from horovod_hetero.common import failures
+    exit_now = failures._exit_now
+
+    def exit_now_said():
+        _stderr[0].write(f"rank {_rank()}: horovod_hetero ends this process (os._exit(1)): "
+                         f"{failures.background_failure.reason}; every thread:\n")
+        faulthandler.dump_traceback(file=_stderr[0], all_threads=True)
+        exit_now()
+    failures._exit_now = exit_now_said
+
+
+def _rank():
+    return os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "?"))
 
 
 def pytest_runtest_logreport(report):
     if report.failed and _stderr:
-        rank = os.environ.get("HOROVOD_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "?"))
-        _stderr[0].write(f"FAILED on rank {rank}: {report.nodeid} ({report.when})\n{report.longreprtext}\n")
+        _stderr[0].write(f"FAILED on rank {_rank()}: {report.nodeid} ({report.when})\n{report.longreprtext}\n")
 
 
 def pytest_collection_modifyitems(config, items):
