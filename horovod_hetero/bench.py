@@ -258,6 +258,11 @@ def job_command(job, settings, job_dir, budget=None):
     return cmd, env
 
 
+def sync_job_id(job):
+    """The id of the Synchronous job ``job`` is compared with: same group, same repeat (as ``plan`` names it)."""
+    return f"{job.framework}-{job.task}-{slug(job.split)}-{slug(job.profile)}-r{job.repeat}-sync"
+
+
 def job_budget(job, settings, entries):
     """``(seconds, note)``: the seconds of training for ``job`` and what its line says of them. The
     setting's ``budget``; with ``cap`` (a strategy other than Synchronous), at most ``cap`` x the time
@@ -278,8 +283,7 @@ def job_budget(job, settings, entries):
     cap = settings.get("cap")
     if cap is None or job.strategy == "sync":
         return settings["budget"], ""
-    sync_id = f"{job.framework}-{job.task}-{slug(job.split)}-{slug(job.profile)}-r{job.repeat}-sync"
-    sync = next((e for e in entries if e["id"] == sync_id and e["status"] == "done"), None)
+    sync = next((e for e in entries if e["id"] == sync_job_id(job) and e["status"] == "done"), None)
     ttt = sync["summary"]["time_to_target_s"] if sync else None
     if ttt is None:
         return settings["budget"], f" (not capped: Synchronous did not reach the target in repeat {job.repeat})"
@@ -486,8 +490,7 @@ def resolve_target(job, settings, out):
     target = settings["targets"][job.task]
     if target != "sync":
         return target
-    sync = f"{job.framework}-{job.task}-{slug(job.split)}-{slug(job.profile)}-r{job.repeat}-sync"
-    curve = read_curve(pathlib.Path(out) / "jobs" / sync / "curve.jsonl")
+    curve = read_curve(pathlib.Path(out) / "jobs" / sync_job_id(job) / "curve.jsonl")
     return curve[-1][TASKS[job.task].metric] if curve else None
 
 
