@@ -9,8 +9,10 @@ ends a process itself (its GIL watchdog, its C++ terminate handler): a job that 
 killed before pytest's summary, and the library ends a process with ``os._exit``, so under pytest's
 capture none of them would leave a trace.
 """
+import contextlib
 import faulthandler
 import os
+import signal
 import sys
 
 import pytest
@@ -27,6 +29,8 @@ def pytest_configure(config):
         _stderr.append(os.fdopen(os.dup(2), "w", buffering=1))
     # common.failures.guard_gil's faulthandler watchdog dumps every thread to sys.__stderr__, then exits
     sys.__stderr__ = _stderr[0]
+    # horovodrun ends the other ranks of a job that lost one with SIGTERM: say where each one was
+    faulthandler.register(signal.SIGTERM, file=_stderr[0], all_threads=True, chain=True)
     # the terminate handler and the MPI shutdown bound print to sys.stderr (captured), then os._exit
     from horovod_hetero.common import failures
     exit_now = failures._exit_now
@@ -35,6 +39,10 @@ def pytest_configure(config):
         _stderr[0].write(f"rank {_rank()}: horovod_hetero ends this process (os._exit(1)): "
                          f"{failures.background_failure.reason}; every thread:\n")
         faulthandler.dump_traceback(file=_stderr[0], all_threads=True)
+        # what the test printed, Horovod's own log (the Gloo error) included: pytest holds it
+        with contextlib.suppress(Exception):
+            captured = capman.read_global_capture()
+            _stderr[0].write(f"rank {_rank()}: its captured output:\n{captured.out[-4000:]}{captured.err[-4000:]}\n")
         exit_now()
     failures._exit_now = exit_now_said
 
