@@ -6,10 +6,16 @@ others find it initialised. Every job registers the same process sets, WAGMA's p
 (``hh.wagma_process_sets(group_size=2)``), which the WAGMA tests need and the others do not use;
 with ``HH_TEST_PROCESS_SETS=dynamic``, ``hvd.init(process_sets="dynamic")`` instead (WAGMA adds its
 groups itself; ``make test-mpi`` runs test_wagma.py so).
+
+In torch jobs every Horovod wait of the test process polls (``poll_horovod_waits``), as the library's
+own waits do.
 """
 import os
 
 from horovod_hetero.common.process_sets import SIZE_VARIABLES
+
+#: seconds a test's own Horovod wait may take before it fails by name (under pytest-timeout's 240)
+WAIT_S = 200.0
 
 #: hvd.init(process_sets="dynamic") in this job
 DYNAMIC = os.environ.get("HH_TEST_PROCESS_SETS") == "dynamic"
@@ -25,4 +31,32 @@ def init(hvd, hh):
         sets = hh.wagma_process_sets(group_size=2) if launched and not DYNAMIC else []
         hvd.init(process_sets="dynamic" if DYNAMIC else sets)
         _registered = sets
+        if hvd.__name__ == "horovod.torch":
+            poll_horovod_waits()
     return _registered
+
+
+def poll_horovod_waits():
+    """Make every wait of ``horovod.torch`` in this process (``hvd.synchronize`` and the collectives,
+    ``broadcast_object``, ``allgather_object``, the optimizer's ``synchronize()``) poll with a sleep
+    before Horovod's own wait, which then returns at once.
+
+    Horovod's wait is a loop of ``sched_yield``: with 4 ranks on CI's 2 cores, ranks waiting so keep
+    the cores from the Horovod background threads that would end the wait, and Gloo's exchanges
+    stall past their 30 s timeout (the library's own waits poll for that reason:
+    ``horovod_hetero.torch.collectives``). Tests wait in Horovod's loop wherever they gather or
+    broadcast results, so the torch job failed so about one run in ten, at a random test."""
+    from horovod.torch import mpi_ops
+
+    from horovod_hetero.torch.collectives import wait_done
+
+    lib = mpi_ops.mpi_lib
+    spin = lib.horovod_torch_wait_and_clear
+    if getattr(spin, "polls", False):
+        return
+
+    def wait_and_clear(handle):
+        wait_done(handle, WAIT_S, "a test's own Horovod collective")
+        return spin(handle)
+    wait_and_clear.polls = True
+    lib.horovod_torch_wait_and_clear = wait_and_clear
