@@ -45,18 +45,16 @@ def poll_horovod_waits():
     the cores from the Horovod background threads that would end the wait, and Gloo's exchanges
     stall past their 30 s timeout (the library's own waits poll for that reason:
     ``horovod_hetero.torch.collectives``). Tests wait in Horovod's loop wherever they gather or
-    broadcast results, so the torch job failed so about one run in ten, at a random test."""
+    broadcast results: the torch job failed about one run in ten, its ranks ended in such a wait.
+    ``init`` calls it once per process."""
     from horovod.torch import mpi_ops
 
     from horovod_hetero.torch.collectives import wait_done
 
     lib = mpi_ops.mpi_lib
     spin = lib.horovod_torch_wait_and_clear
-    if getattr(spin, "polls", False):
-        return
 
     def wait_and_clear(handle):
         wait_done(handle, WAIT_S, "a test's own Horovod collective")
         return spin(handle)
-    wait_and_clear.polls = True
     lib.horovod_torch_wait_and_clear = wait_and_clear
