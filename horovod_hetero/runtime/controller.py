@@ -130,7 +130,6 @@ class HeteroController:
         self._t_last = clock()
         self._started = False          # the first start() takes the set's first rank's counters
         self._activity: str | None = None  # the collective this rank is in (names it if a rank is lost)
-        self._measuring = False        # the round being run carries statistics only (MEASURE)
 
     # -- lifecycle --
 
@@ -241,15 +240,18 @@ class HeteroController:
         """Count communication the adapter did outside a step (e.g. a broadcast in sync_model)."""
         self._extra_comm += seconds
 
+    def _measure(self, weight: float, control: list[float]) -> list[float]:
+        """A round's collective that carries the control vector alone (``MEASURE``: the statistics)."""
+        tensors = self.model.tensors()
+        self._activity = "statistics round"
+        _, control = self.collectives.allreduce_sum([], control, name="horovod_hetero.measure",
+                                                    what="statistics round", like=tensors[0] if tensors else None)
+        return control
+
     def _average(self, weight: float, control: list[float]) -> list[float]:
         """The round protocol's fused collective: the weighted mean sum(w_i x_i) / sum(w_i) over all
         ranks, or, with rounds on changes, the ``aggregator``'s combination of every rank's change."""
         tensors, agg = self.model.tensors(), self.aggregator
-        if self._measuring:                              # MEASURE: the statistics alone
-            self._activity = "statistics round"
-            _, control = self.collectives.allreduce_sum([], control, name="horovod_hetero.measure",
-                                                        what="statistics round", like=tensors[0] if tensors else None)
-            return control
         self._activity = "model averaging round"
         if agg is None or not agg.ready:
             summed, control = self.collectives.allreduce_sum(scaled(tensors, weight), control,
@@ -268,11 +270,7 @@ class HeteroController:
         return control[:head]
 
     def _round(self, done: bool = False, measure: bool = False) -> RoundResult:
-        self._measuring = measure
-        try:
-            result = self.protocol.run_round(done)
-        finally:
-            self._measuring = False
+        result = self.protocol.run_round(done, average=self._measure if measure else None)
         self._after_round(result)
         return result
 

@@ -115,17 +115,20 @@ class RoundProtocol:
             self._loss / self._losses if self._losses else math.nan, float(self._samples)]
         return control
 
-    def run_round(self, done: bool = False) -> RoundResult:
+    def run_round(self, done: bool = False,
+                  average: Callable[[float, list[float]], Sequence[float]] | None = None) -> RoundResult:
         """Enter the next round; return its ``RoundResult``.
 
         The weight is 1 if this rank has updates the others have not seen (it stepped since
-        the last round, or no round has happened yet), else 0.
+        the last round, or no round has happened yet), else 0. ``average``: this round's
+        collective, with the same contract as the protocol's (for example one that carries the
+        control vector alone: a round of statistics); by default the protocol's.
         """
         weight = 1.0 if (self.steps_since_round > 0 or self.round == 0) else 0.0
         self.round += 1
         mine = tag(self.round, self.size)
         control = self._control(weight, done, mine)
-        summed = self._average(weight, control)
+        summed = (average or self._average)(weight, control)
         present, absent = self.size, None
         if summed[2] != mine * present and self._absent_zeros and len(summed) == len(control):
             absent = np.all(np.reshape(summed[_HEAD:], (self.size, _WIDTH)) == 0, axis=1)

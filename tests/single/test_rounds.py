@@ -113,6 +113,23 @@ def test_absent_zeros_still_refuses_a_rank_in_another_round():
         protocol.run_round()
 
 
+def test_a_round_runs_the_collective_it_is_given_and_the_protocols_by_default():
+    calls = []
+
+    def collective(name):
+        def average(weight, control):
+            calls.append((name, weight))
+            return [x * 1 for x in control]
+        return average
+    protocol = RoundProtocol(collective("model"), size=1)
+    protocol.local_step(step_s=0.5)
+    measured = protocol.run_round(average=collective("statistics"))
+    protocol.local_step(step_s=0.25)
+    averaged = protocol.run_round()
+    assert calls == [("statistics", 1.0), ("model", 1.0)]
+    assert (measured.round, measured.stats.step_s.tolist(), averaged.stats.step_s.tolist()) == (1, [0.5], [0.25])
+
+
 def test_state_dict_round_trip():
     protocol = RoundProtocol(lambda w, c: [x * 1 for x in c], size=1)
     protocol.local_step()
