@@ -12,6 +12,7 @@ same answer.
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -25,6 +26,9 @@ NOISE = 0.05
 #: A knee (flat, then linear) replaces the straight line only where it leaves at most this share of
 #: the line's squared error.
 KNEE_GAIN = 0.25
+#: Ranks whose predicted step times differ by at most this many of their combined standard errors are
+#: not told apart (``alike``).
+ALIKE_Z = 3.0
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,28 @@ def fit_step_model(batches: npt.ArrayLike, seconds: npt.ArrayLike, noise: float 
                 return StepModel(round(level - rise * knee, 12), round(rise, 12), round(level, 12))
     alpha, beta = fit_step_time(b, t)
     return StepModel(alpha, beta)
+
+
+def alike(predicted: Sequence[float], errors: Sequence[float], z: float = ALIKE_Z) -> list[tuple[int, ...]]:
+    """Groups of ranks the measurements cannot tell apart. ``predicted``: each rank's predicted step time
+    at one batch size (> 0); ``errors``: the relative standard error of each prediction. In order of
+    prediction, a rank joins the group of the fastest rank before it if its time exceeds that rank's by
+    at most ``z`` times their combined error (``hypot``), else it starts a group.
+
+    Example:
+        >>> alike([0.031, 0.025, 0.12, 0.04], [0.1] * 4)            # 3 x hypot(0.1, 0.1) = 42 %
+        [(0, 1), (2,), (3,)]
+    """
+    groups: list[list[int]] = []
+    for r in sorted(range(len(predicted)), key=lambda r: (predicted[r], r)):
+        if groups:
+            first = groups[-1][0]
+            rise = (predicted[r] - predicted[first]) / max(predicted[first], 1e-12)
+            if rise <= z * math.hypot(errors[first], errors[r]):
+                groups[-1].append(r)
+                continue
+        groups.append([r])
+    return sorted(tuple(sorted(g)) for g in groups)
 
 
 def plan_split(global_batch: int, models: Sequence[StepModel], min_batch: int = 1,

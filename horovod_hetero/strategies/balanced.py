@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from horovod_hetero.rules.balance import NOISE, StepModel, choose_split, fit_step_model
+from horovod_hetero.rules.balance import NOISE, StepModel, alike, choose_split, fit_step_model
 from horovod_hetero.strategies.base import CONTINUE, MEASURE, Context, Decision, RoundResult, StepReport, Strategy
 from horovod_hetero.validation import check_int
 
@@ -65,11 +65,14 @@ class Balanced(Strategy):
     rank is modelled flat up to the largest batch it ran (proportional beyond), and a curve that is flat
     up to a knee and linear after it is fitted as such; a new split replaces the one in use only if it
     promises a step shorter by more than the noise (5 %, or the windows' largest relative scatter about
-    a rank's fit, at most 30 %), and where it does not, the even split stays or comes back.
+    a rank's fit, at most 30 %), and where it does not, the even split stays or comes back. Ranks whose
+    step times the windows cannot tell apart (predictions at the even share within 3 standard errors)
+    share one fit to all their windows, so their samples are split evenly rather than by their noise.
     The fits look back over the last 12 windows, and only as far as the latest change of speed: a
     rank's window off what the windows before predict (its model, or its mean time at that batch) by
     30 % and beyond 3 times its noise (more with many ranks) is held out; the next one off the same way
-    confirms the change, and the history restarts from it.
+    confirms the change, and the history restarts from it (the noise measured before it still counts
+    until three windows measure it again).
 
     The batches come from ``hh.DistributedSampler(dataset, batch_size=B)``, a batch sampler bound to the
     optimizer (``sampler=``): every step it hands each rank its current size, every rank takes the same
@@ -121,6 +124,8 @@ class Balanced(Strategy):
         # a window off what the history predicts (``_off``), held out of it until the next one confirms a
         # change of speed or not: (sizes, times, every rank's direction off: -1, 0 or 1)
         self.suspect: tuple[tuple[int, ...], tuple[float, ...], tuple[int, ...]] | None = None
+        # every rank's noise (``rank_noise``) when the latest change of speed restarted the history
+        self.noise_seen: tuple[float, ...] | None = None
 
     def check_size(self, size: int) -> None:
         if self.global_batch is not None and self.global_batch < size:
@@ -146,6 +151,7 @@ class Balanced(Strategy):
         self.check_size(ctx.size)
         if any(len(sizes) != ctx.size for sizes in self.plans.values()):
             self.plans, self.history, self.suspect = {}, [], None   # planned for another number of ranks (a resize)
+            self.noise_seen = None
 
     def window(self, step: int) -> int:
         """The window of local step ``step`` (1-based)."""
@@ -204,7 +210,7 @@ class Balanced(Strategy):
         latest = (tuple(sizes), tuple(float(t) for t in stats.step_s))
         self._record(latest)
         assert self.global_batch is not None        # on_start refuses to start without it
-        models = self._models(self.history)
+        models = self.planning_models()
         self.plans[window + 2] = choose_split(self.global_batch, models,
                                               current=self.batch_sizes(self.step + 1),
                                               even=even_split(self.global_batch, self.size),
@@ -222,17 +228,37 @@ class Balanced(Strategy):
     def noise(self) -> float:
         """The share of a step's time the windows vary by, the most of any rank's (``rank_noise``): a new
         split must promise a step shorter by more than it."""
-        return max(self.rank_noise(self._models(self.history)))
+        return max(self.rank_noise(self.planning_models()))
+
+    def planning_models(self) -> list[StepModel]:
+        """Per rank, the step-time model the plan is made from (fitted to the history). Ranks whose step
+        times the windows cannot tell apart (``rules.balance.alike``: their models' predictions at the even
+        share, within 3 standard errors of their noise over the windows) share one model, fitted to all
+        their windows: the plan splits their samples evenly instead of following each one's noise."""
+        models = self._models(self.history)
+        assert self.global_batch is not None        # on_start refuses to start without it
+        share, count = self.global_batch / self.size, max(len(self.history), 1)
+        errors = [noise / math.sqrt(count) for noise in self.rank_noise(models)]
+        for group in alike([model(share) for model in models], errors):
+            if len(group) > 1:
+                pooled = fit_step_model([h[0][r] for h in self.history for r in group],
+                                        [h[1][r] for h in self.history for r in group], NOISE)
+                for r in group:
+                    models[r] = pooled
+        return models
 
     def rank_noise(self, models: list[StepModel]) -> list[float]:
         """Per rank, the share of a step's time its windows vary by: ``NOISE`` (5 %), or the relative
         scatter of its windows about its fit (``models``, fitted to the history) where larger (three
-        windows or more), at most ``MAX_NOISE``."""
+        windows or more; fewer, after a change of speed: the noise measured before it), at most ``MAX_NOISE``."""
         spreads = []
         for r, model in enumerate(models):
             points = [(h[0][r], h[1][r]) for h in self.history]
-            scatter = (float(np.std([(t - model(b)) / model(b) for b, t in points], ddof=1))
-                       if len(points) >= 3 else 0.0)
+            if len(points) >= 3:
+                scatter = float(np.std([(t - model(b)) / model(b) for b, t in points], ddof=1))
+            else:
+                seen = self.noise_seen if self.noise_seen is not None and len(self.noise_seen) == len(models) else None
+                scatter = seen[r] if seen is not None else 0.0
             spreads.append(min(max(NOISE, scatter), MAX_NOISE))
         return spreads
 
@@ -243,6 +269,8 @@ class Balanced(Strategy):
         off = self._off(latest)
         if self.suspect is not None:
             if any(a == b != 0 for a, b in zip(self.suspect[2], off)):
+                # the machine's noise outlives a change of speed: measured so far, it bounds the next windows
+                self.noise_seen = tuple(self.rank_noise(self._models(self.history)))
                 self.history, self.suspect = [latest], None
                 return
             self.history.append(self.suspect[:2])
@@ -293,7 +321,8 @@ class Balanced(Strategy):
         return dict(super().state_dict(), global_batch=self.global_batch,
                     plans={str(w): list(p) for w, p in self.plans.items()},
                     history=[[list(sizes), list(times)] for sizes, times in self.history],
-                    suspect=None if self.suspect is None else [list(part) for part in self.suspect])
+                    suspect=None if self.suspect is None else [list(part) for part in self.suspect],
+                    noise_seen=None if self.noise_seen is None else list(self.noise_seen))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
@@ -303,6 +332,8 @@ class Balanced(Strategy):
         self.history = [(tuple(sizes), tuple(times)) for sizes, times in state.get("history", [])]
         suspect = state.get("suspect")
         self.suspect = None if suspect is None else (tuple(suspect[0]), tuple(suspect[1]), tuple(suspect[2]))
+        noise_seen = state.get("noise_seen")
+        self.noise_seen = None if noise_seen is None else tuple(float(n) for n in noise_seen)
 
     def __repr__(self) -> str:
         return (f"Balanced(global_batch={self.global_batch!r}, rebalance_every={self.rebalance_every}, "
