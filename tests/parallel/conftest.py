@@ -70,8 +70,9 @@ def healthy_process():
     in one job, and a test that provokes a failure (a ``RankLostError``, a timeout) would otherwise leave
     the GIL watchdog armed for every later test (``common.failures.guard_gil``: a rank that then waits 45 s
     in Horovod, which holds the GIL while it waits, is ended). Afterwards the failure is forgotten, as
-    ``hvd.elastic`` forgets it when it starts Horovod again."""
-    from horovod_hetero.runtime.collectives import failure_seen, forget_failure
+    ``hvd.elastic`` forgets it when it starts Horovod again, unless Horovod itself stopped: the next
+    test's collective would then never end, and the armed watchdog ends the rank with its trace."""
+    from horovod_hetero.runtime.collectives import failure_seen, forget_failure, library_down
     yield
-    if failure_seen.is_set():
+    if failure_seen.is_set() and not any(stopped() for stopped in library_down):
         forget_failure()
