@@ -117,6 +117,9 @@ class HeteroController:
         self.aggregator = (Aggregator(strategy.aggregate, strategy.outer, collectives.copy)
                            if strategy.aggregate != "mean" or strategy.outer is not None else None)
         self._left = False
+        # every rank has joined since this rank left (a join's last round): its group responder may serve
+        # what it collects later (this rank steps again); before that, what it serves is never collected
+        self._all_joined = True
         self._extra_comm = 0.0
         self._plan_s = 0.0             # the strategy's bookkeeping after the latest round (telemetry)
         # every rank's latest seconds per step, from the rounds (samplers)
@@ -159,8 +162,8 @@ class HeteroController:
             raise
         self.transports = transports
         if self._left:                         # a restart after finish(): serve peers with weight 0 until this
-            self._publish(0.0, collects=True)  # rank steps again, as before the restart; its step takes what
-                                               # was served (never runs a served tag again: a peer would not)
+            self._all_joined = True            # rank steps again, as before the restart; its step takes what
+            self._serve()                      # was served (never runs a served tag again: a peer would not)
         self._initial_round()
         # opening waits for every rank to get here (start-up, imports): neither a step's compute
         # nor its communication, so telemetry leaves it out
@@ -216,7 +219,7 @@ class HeteroController:
         t0 = self._clock()
         if self._left:                                  # training again after a join
             self._left = False
-            self._publish()
+            self._serve()
         decision = check_decision(self.strategy, self.strategy.after_step(report))
         fields: dict[str, Any] = {}
         if decision is AVERAGE:
@@ -285,9 +288,8 @@ class HeteroController:
         t0 = self._clock()
         self.strategy.after_round(result)
         self._plan_s = self._clock() - t0
-        # in a join, weight 0 and nothing collected until every rank has joined; from that round on
-        # this rank may step again, so its responder records what it serves (GroupExchange.publish)
-        self._publish(0.0 if self._left else 1.0, collects=not self._left or result.done >= self.size)
+        self._all_joined = result.done >= self.size
+        self._serve()
 
     def _round_fields(self, result: RoundResult) -> dict[str, Any]:
         assert result.stats is not None                 # the round protocol's results carry them
@@ -310,22 +312,26 @@ class HeteroController:
             self.model.assign(result.summed, result.total_weight + 1.0, add_current=True)
         else:                      # line 11: 1/S W_sum
             self.model.assign(result.summed, result.total_weight)
-        self._publish()
+        self._serve()
         return {"group": list(decision.group), "stale": result.stale, "group_s": self._clock() - t0}
 
-    def _publish(self, weight: float = 1.0, collects: bool = True) -> None:
-        """Hand the model the next step starts from to a wait-avoiding group responder, if any."""
+    def _serve(self) -> None:
+        """Hand the model the next step starts from to a wait-avoiding group responder, if any, after
+        every change of the model or of this rank's part in training: weight 1 while it steps, 0 once it
+        left (a join); what the responder serves is collected by this rank's next group average unless it
+        left and not every rank has joined yet (``GroupExchange.publish``)."""
         groups = self.transports.groups if self.transports is not None else None
         if groups is not None and groups.serves:
-            groups.publish(self.collectives.copy(self.model.tensors()), weight, collects)
+            groups.publish(self.collectives.copy(self.model.tensors()), 0.0 if self._left else 1.0,
+                           collects=not self._left or self._all_joined)
 
     def join(self) -> int:
         """Join rounds until every rank has joined; all ranks then hold identical tensors."""
         self.start()
         t0 = self._clock()
-        self._left = True
+        self._left, self._all_joined = True, False
         self.strategy.leave()
-        self._publish(0.0, collects=False)
+        self._serve()
         rounds = self.protocol.join(on_round=self._after_round)
         self._activity = None
         self.add_comm(self._clock() - t0)
