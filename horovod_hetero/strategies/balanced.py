@@ -256,9 +256,10 @@ class Balanced(Strategy):
             points = [(h[0][r], h[1][r]) for h in self.history]
             if len(points) >= 3:
                 scatter = float(np.std([(t - model(b)) / model(b) for b, t in points], ddof=1))
+            elif self.noise_seen is not None and len(self.noise_seen) == len(models):
+                scatter = self.noise_seen[r]
             else:
-                seen = self.noise_seen if self.noise_seen is not None and len(self.noise_seen) == len(models) else None
-                scatter = seen[r] if seen is not None else 0.0
+                scatter = 0.0
             spreads.append(min(max(NOISE, scatter), MAX_NOISE))
         return spreads
 
