@@ -185,6 +185,36 @@ def test_a_failed_gradient_enqueue_in_backward_is_a_lost_rank(monkeypatch, group
         model(torch.ones(1, 3)).sum().backward()
 
 
+@pytest.mark.parametrize("groups", [None, 1])
+def test_the_gradient_allreduces_are_polled_before_horovods_busy_wait(monkeypatch, groups):
+    """Horovod's ``synchronize`` waits in a loop of ``sched_yield`` calls that takes the GIL back each
+    turn; where ranks outnumber cores the waiting ranks take the cores the others need. Under Gloo as
+    under MPI, step() polls each gradient allreduce until it is done, and only then lets Horovod
+    collect it: every handle Horovod synchronizes was polled done first."""
+    import horovod.torch.optimizer as hvd_optimizer
+    polled, collected = set(), []
+    poll, collect = hvd.poll, hvd_optimizer.synchronize
+
+    def spy_poll(handle):
+        done = poll(handle)
+        if done:
+            polled.add(handle)
+        return done
+
+    def spy_collect(handle):
+        collected.append(handle in polled)
+        return collect(handle)
+
+    monkeypatch.setattr(hvd, "poll", spy_poll)
+    monkeypatch.setattr(hvd_optimizer, "synchronize", spy_collect)
+    model = torch.nn.Linear(3, 2)
+    opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                  named_parameters=model.named_parameters(), groups=groups)
+    train(model, opt, [(torch.ones(2, 3) * (RANK + 1), torch.tensor([0, 1])) for _ in range(3)])
+    # 3 steps: the weight's and the bias's allreduce each, or the one group of both
+    assert collected == [True] * (3 if groups else 6)
+
+
 def test_telemetry_counts_local_steps_and_syncs():
     p = torch.nn.Parameter(torch.zeros(2))
     opt = hh.DistributedOptimizer(torch.optim.SGD([p], lr=1.0), named_parameters=[("p", p)],
