@@ -167,7 +167,7 @@ bench-publish-balanced: $(READY)
 	$(PY) -m horovod_hetero.cli bench $(PUBLISH_COMMON) --slowdown proportional --task fashion-cnn --split iid,skew \
 	  --strategies sync,balanced,esync,elasticbsp --aggregate mean,normalized --out $(PUBLISH)/balanced
 #: Balanced's planner (about 18 min): every step padded in proportion to its batch (--slowdown padded-linear);
-#: 1,1,1,4 with 0.8 s factor-1 steps (a step's allreduce, about 50 ms here, a few % of it: the figure against
+#: 1,1,1,4 with 0.8 s factor-1 steps (a step's allreduce, about 20-25 ms here, a few % of it: the figure against
 #: the 3.25x bound) and a slowdown that starts 10 s in (the plans that follow it); then every plan and the
 #: samples/s once settled, against Synchronous in the same run (benchmarks/balanced_plans.py)
 PLANNER_COMMON = --np 4 --repeat 3 --slowdown padded-linear --task fashion-cnn --split iid --strategies sync,balanced
