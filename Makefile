@@ -184,7 +184,7 @@ bench-publish-planner: $(READY)
 #: Synchronous alone with no slowdown, whose epochs run about 2x faster than at 1,1,1,4, with the same accuracy
 #: per epoch): its curve levels off at 0.900 from the 3rd epoch (the median over epochs 4.5-9; 0.898 on all
 #: 10,000 test images after 9), so CONVERGE_TARGET is 1 point below, as MLPerf sets its targets just under
-#: what the reference converges to. Then (bench-publish-converge, about 45 min) each of CONVERGE_STRATEGIES at
+#: what the reference converges to. Then (bench-publish-converge, about 25 min) each of CONVERGE_STRATEGIES at
 #: 1,1,1,4 until it reaches CONVERGE_TARGET, capped at 3x Synchronous's time to it in the same repeat, 3 repeats;
 #: bench-publish-converge-more (about 40 min) the same for the other strategies, beside their own Synchronous
 CONVERGE_TARGET = 0.89
