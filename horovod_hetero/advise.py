@@ -31,7 +31,7 @@ import numpy as np
 
 from horovod_hetero import simulate as sim
 from horovod_hetero.bench import rounds_of
-from horovod_hetero.strategies.base import Strategy
+from horovod_hetero.strategies.base import GradientWeighting, Strategy
 
 #: steps a rank records before the first one measured (start-up: tracing, the first allreduces)
 SKIP_STEPS = 5
@@ -136,7 +136,7 @@ def predict(measured: Measured, strategies: Mapping[str, Strategy],
     duration = duration or 300 * max(measured.step_s)
     c = cluster(measured)
     for s in strategies.values():
-        if s.weighs_gradients:      # Balanced: its global batch is the ranks' batches, as in the run
+        if isinstance(s, GradientWeighting):      # Balanced: its global batch is the ranks' batches, as in the run
             s.use_batch(c.samples_per_step, measured.size)
     results = [(name, sim.compare(c, [s], duration)[0]) for name, s in strategies.items()]
     return sorted(results, key=lambda nr: -nr[1].samples_per_s)

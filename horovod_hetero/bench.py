@@ -46,6 +46,7 @@ from horovod_hetero import simulate as sim
 from horovod_hetero.data import TASKS, check_split, check_task, class_shares
 from horovod_hetero.runtime.straggler import parse_random_delay, parse_slowdown
 from horovod_hetero.runtime.telemetry import load, summarize
+from horovod_hetero.strategies.base import GradientAveraging, GradientWeighting
 from horovod_hetero.strategies.registry import REGISTRY, bench_options, check_names
 from horovod_hetero.validation import check_bool, check_float, check_int
 
@@ -191,7 +192,7 @@ def plan(frameworks, tasks, profiles, strategies, repeats, splits=None, aggregat
                 for profile in dict.fromkeys(profiles):
                     for r in range(repeats):
                         for s in ordered:
-                            for agg in (["mean"] if averages_gradients(s) else aggregates):
+                            for agg in (["mean"] if gradient_averaging(s) else aggregates):
                                 suffix = "" if agg == "mean" else f"-{slug(agg)}"
                                 label = STRATEGIES[s][0] + ("" if agg == "mean" else f" [{agg}]")
                                 jobs.append(Job(f"{framework}-{task}-{slug(split)}-{slug(profile)}-r{r}-{s}{suffix}",
@@ -245,7 +246,7 @@ def job_command(job, settings, job_dir, budget=None):
         env["HOROVOD_HETERO_SAMPLE_S"] = repr(settings["base_step"] / settings["batch_size"])
     else:                                # proportional: a factor-f step sleeps (f - 1) x its measured compute
         env.pop("HOROVOD_HETERO_BASE_STEP_S", None)
-    aggregation = [] if averages_gradients(job.strategy) else aggregate_options(job.aggregate, settings.get("outer", OUTER))
+    aggregation = [] if gradient_averaging(job.strategy) else aggregate_options(job.aggregate, settings.get("outer", OUTER))
     cmd = horovodrun(settings["np"], settings.get("hosts")) + [
         sys.executable, "-m", MODULES[job.framework], *STRATEGIES[job.strategy][1], *aggregation,
         "--task", job.task, "--split", job.split,
@@ -446,15 +447,15 @@ def strategy_object(name, aggregate="mean", outer=OUTER):
     parser = argparse.ArgumentParser()
     add_strategy_arguments(parser)
     strategy = build_strategy(parser.parse_args(STRATEGIES[name][1]))
-    if strategy.averages_gradients:
+    if isinstance(strategy, GradientAveraging):
         return strategy
     return build_strategy(parser.parse_args(STRATEGIES[name][1] + aggregate_options(aggregate, outer)))
 
 
-def averages_gradients(name):
+def gradient_averaging(name):
     """True for the strategies that average gradients every step (Synchronous, Balanced): they run once per
     group, whatever ``--aggregate`` says."""
-    return strategy_object(name).averages_gradients
+    return isinstance(strategy_object(name), GradientAveraging)
 
 
 def slowest_rank(profile, num_proc):
@@ -516,9 +517,9 @@ def summarize_job(job, job_dir, settings):
            "median_rtt_s": None}
     if len(by_rank) == settings["np"]:
         strategy = strategy_object(job.strategy, job.aggregate, settings.get("outer", OUTER))
-        if strategy.weighs_gradients:                    # its global batch: the ranks' batches, as in the job
+        if isinstance(strategy, GradientWeighting):      # its global batch: the ranks' batches, as in the job
             strategy.use_batch(settings["batch_size"], settings["np"])
-        cost, wait = round_cost_and_wait(by_rank, every_step=strategy.averages_gradients)
+        cost, wait = round_cost_and_wait(by_rank, every_step=isinstance(strategy, GradientAveraging))
         rtts = [s["median_rtt_s"] for s in per_rank.values() if s["median_rtt_s"] is not None]
         predicted = predict(by_rank, strategy, wall, settings["batch_size"], cost)   # a fresh copy per worker
         bound = predict(by_rank, strategy, wall, settings["batch_size"], 0.0)

@@ -311,8 +311,9 @@ def simulate(speeds, strategies, duration, jitter, change_at, change_factors, mo
         click.echo(f"chart: {png}")
 
 
-#: what ``plan`` prints: the strategies whose rounds' local steps differ per worker (``Strategy.uneven_steps``)
-PLANS = [name for name, entry in REGISTRY.items() if entry.cls.uneven_steps]
+#: what ``plan`` prints: the strategies whose rounds' local steps differ per worker by their own plan
+#: (ElasticBSP and DSSP from the measured step times, ADSP per commit)
+PLANS = ["elasticbsp", "dssp", "adsp"]
 
 
 def chosen(strategies, registered=REGISTRY):

@@ -41,7 +41,8 @@ import numpy.typing as npt
 
 from horovod_hetero.rules.esync import ESyncState
 from horovod_hetero.strategies.base import (
-    AVERAGE, MEASURE, Context, Decision, GroupAverage, RoundResult, RoundStats, StepReport, Strategy, check_decision)
+    AVERAGE, MEASURE, Context, Decision, GradientAveraging, GradientWeighting, GroupAverage, RoundResult, RoundStats,
+    StepReport, Strategy, check_decision, check_kind)
 from horovod_hetero.validation import check_float
 
 
@@ -292,6 +293,7 @@ def simulate(cluster: Cluster, strategy: Strategy, duration: float) -> SimResult
     duration = check_float("duration", duration, 0.0, min_exclusive=True)
     if not isinstance(strategy, Strategy):
         raise TypeError(f"strategy must be a Strategy (e.g. hh.LocalSGD(8)), got {strategy!r}")
+    check_kind(strategy)
     n = cluster.n
     world = _World(n)
     workers = [copy.deepcopy(strategy) for _ in range(n)]
@@ -309,8 +311,9 @@ def simulate(cluster: Cluster, strategy: Strategy, duration: float) -> SimResult
     barrier, past, events, rounds, end, round_steps = {}, set(), [], 0, 0.0, []
 
     def begin(q: int, t: float) -> None:
-        planned = workers[q].batch_size(workers[q].step + 1)
-        batch[q] = cluster.samples_per_step if planned is None else planned
+        worker = workers[q]
+        batch[q] = (worker.batch_size(worker.step + 1) if isinstance(worker, GradientWeighting)
+                    else cluster.samples_per_step)
         running[q] = cluster.draw_one(t, q) * cluster.step_scale(batch[q])
         heapq.heappush(events, (t + running[q], q))
 
@@ -331,14 +334,15 @@ def simulate(cluster: Cluster, strategy: Strategy, duration: float) -> SimResult
         decision = check_decision(workers[q], workers[q].after_step(StepReport(float(running[q]), loss, int(batch[q]))))
         if t >= duration:
             past.add(q)
-        # a gradient allreduce after every step (averages_gradients), a round when the strategy says so
-        if strategy.averages_gradients or decision is AVERAGE or decision is MEASURE:
+        # a gradient allreduce after every step (GradientAveraging), a round when the strategy says so
+        gradients = isinstance(strategy, GradientAveraging)
+        if gradients or decision is AVERAGE or decision is MEASURE:
             barrier[q] = (t, decision)
             if len(barrier) < n:
                 continue
             arrived = np.array([barrier[r][0] for r in range(n)])
             decisions = [barrier[r][1] for r in range(n)]
-            averaged = strategy.averages_gradients or AVERAGE in decisions
+            averaged = gradients or AVERAGE in decisions
             cost = cluster.allreduce_s(n) if averaged else 2 * (n - 1) * cluster.latency_s
             world.now = end = arrived.max() + cost
             wait += arrived.max() - arrived

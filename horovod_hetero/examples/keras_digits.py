@@ -98,7 +98,7 @@ def main():
     add_run_arguments(p)
     args = p.parse_args()
     task = TASKS[args.task]
-    if build_strategy(args).weighs_gradients:
+    if isinstance(build_strategy(args), hh.GradientWeighting):
         raise SystemExit("--strategy balanced: the Keras example trains one fit() for the whole budget, and Balanced's "
                          "Keras callback plans a batch size per fit() (an epoch): see hh.callbacks.BalancedCallback; "
                          "horovod_hetero.examples.torch_digits runs it")

@@ -114,7 +114,7 @@ def main():
     torch.set_num_threads(1)
     strategy = build_strategy(args)
     sampler = None
-    if strategy.weighs_gradients:        # Balanced: every rank draws its planned part of the whole training set
+    if isinstance(strategy, hh.GradientWeighting):        # Balanced: every rank draws its planned part of the whole training set
         x, y, x_test, y_test = (torch.from_numpy(a) for a in task_data(task, 0, 1, args.seed, args.skew, "iid"))
         sampler = hh.DistributedSampler(range(len(y)), batch_size=args.batch_size, seed=args.seed)
     else:
@@ -155,7 +155,7 @@ def main():
             opt.step()
             steps += 1
             samples += len(idx)
-            curve.after_step(steps, opt.strategy.averages_gradients or opt.telemetry.records[-1]["synced"])
+            curve.after_step(steps, isinstance(opt.strategy, hh.GradientAveraging) or opt.telemetry.records[-1]["synced"])
             now = time.perf_counter()
             if hvd.rank() == 0 and now - last_report >= args.progress:
                 print(f"  [{now - start:5.1f} s] epoch {epoch} step {steps} loss {loss.item():.3f}", flush=True)

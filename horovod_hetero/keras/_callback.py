@@ -19,6 +19,7 @@ from horovod_hetero.rules.partition import epoch_indices, epoch_steps, step_batc
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, Model
 from horovod_hetero.runtime.controller import HeteroController, check_state
 from horovod_hetero.runtime.straggler import Pacer, Slowdown
+from horovod_hetero.strategies.base import GradientAveraging
 from horovod_hetero.strategies.registry import check_strategy
 from horovod_hetero.validation import check_bool, check_float, check_int
 
@@ -130,7 +131,7 @@ class HeteroSyncCallbackImpl(CheckpointState):
                  timeout=DEFAULT_TIMEOUT_S, epoch_sync=True, share_epochs=None):
         super().__init__()
         self.strategy = check_strategy(strategy)
-        if self.strategy.averages_gradients:
+        if isinstance(self.strategy, GradientAveraging):
             raise ValueError(f"strategy={self.strategy!r} averages gradients, which a callback cannot do: for "
                              f"synchronous training wrap the optimizer with hh.DistributedOptimizer (on Keras 2 "
                              f"that is hvd.DistributedOptimizer, which averages nothing on Keras 3), or pass a "

@@ -23,8 +23,8 @@ from horovod_hetero.runtime.collectives import Collectives, Model, failure_seen,
 from horovod_hetero.runtime.rounds import RoundProtocol, check_counters
 from horovod_hetero.runtime.straggler import Slowdown, SlowdownFactors
 from horovod_hetero.runtime.telemetry import Telemetry
-from horovod_hetero.strategies.base import (AVERAGE, MEASURE, Context, GroupAverage, RoundResult, StepReport, Strategy,
-                                            check_decision)
+from horovod_hetero.strategies.base import (AVERAGE, MEASURE, Context, GradientAveraging, GroupAverage, ModelAveraging,
+                                            RoundResult, StepReport, Strategy, check_decision, check_kind)
 from horovod_hetero.runtime.transports import Transports
 
 
@@ -102,20 +102,22 @@ class HeteroController:
                  telemetry: Telemetry | str | os.PathLike[str] | None = None,
                  slowdown: Slowdown | SlowdownFactors | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        self.strategy = strategy
+        self.strategy = check_kind(strategy)
         self.collectives, self.model = collectives, model
         self.size, self.rank = collectives.size, collectives.rank
         strategy.check_size(self.size)
-        # a gradient-averaging strategy ends in hvd.join, which answers the others' rounds with zeros
-        self.protocol = RoundProtocol(self._average, self.size, self.rank, median=strategy.median_step_time,
-                                      absent_zeros=strategy.averages_gradients)
+        # a gradient-averaging strategy's rounds measure, with each rank's median step (one stall does not
+        # move its plan), and it ends in hvd.join, which answers the others' rounds with zeros
+        gradients = isinstance(strategy, GradientAveraging)
+        self.protocol = RoundProtocol(self._average, self.size, self.rank, median=gradients, absent_zeros=gradients)
         self.telemetry = telemetry if isinstance(telemetry, Telemetry) else Telemetry(self.rank, telemetry)
         self.slowdown = slowdown if isinstance(slowdown, Slowdown) else Slowdown(self.rank, slowdown, size=self.size)
         self.transports: Transports | None = None
         self._clock = clock
         # rounds on changes (aggregate="normalized", an outer optimiser): w_t and the outer momentum
         self.aggregator = (Aggregator(strategy.aggregate, strategy.outer, collectives.copy)
-                           if strategy.aggregate != "mean" or strategy.outer is not None else None)
+                           if isinstance(strategy, ModelAveraging)
+                           and (strategy.aggregate != "mean" or strategy.outer is not None) else None)
         self._left = False
         # every rank has joined since this rank left (a join's last round): its group responder may serve
         # what it collects later (this rank steps again); before that, what it serves is never collected
@@ -175,7 +177,7 @@ class HeteroController:
         interrupted this rank: it names the collective, the round, the step and the lost rank where
         this host sees it (``Collectives.lost_ranks``), and what to do (``advice``)."""
         doing = self._activity or (f"the gradient allreduce of step {self.strategy.step + 1}"
-                                   if self.strategy.averages_gradients else f"step {self.strategy.step + 1}")
+                                   if isinstance(self.strategy, GradientAveraging) else f"step {self.strategy.step + 1}")
         return rank_lost_error(error, doing, self.protocol.round, self.strategy.step + 1, self.rank,
                                self.collectives.lost_ranks(), advice)
 

@@ -13,14 +13,15 @@
 
 ``registry`` is the one list of them the tools derive theirs from (name -> class, bench's
 configuration, the Keras callback). ``aggregation`` holds what every model-averaging strategy takes for its global rounds
-(``aggregate="mean"|"normalized"``, ``outer=OuterSGD(...)``). ``periodic`` holds ``Periodic``, the schedule of LocalSGD's rounds and WAGMA's global averages. ``planned`` holds ``RoundPlanned``, the base of the strategies that plan every round from the
+(``aggregate="mean"|"normalized"``, ``outer=OuterSGD(...)``). Every strategy is one of two kinds (``base``):
+``ModelAveraging`` (all but two) or ``GradientAveraging`` (``Synchronous``; ``Balanced`` is a ``GradientWeighting``). ``periodic`` holds ``Periodic``, the schedule of LocalSGD's rounds and WAGMA's global averages. ``planned`` holds ``RoundPlanned``, the base of the strategies that plan every round from the
 speeds the previous round carried.
 
 Adding one: see docs/architecture.md ("Adding a strategy").
 """
 from horovod_hetero.strategies.base import (  # noqa: F401
-    AVERAGE, CONTINUE, MEASURE, Context, Decision, GroupAverage, Plan, RoundResult, RoundStats, StepReport, Strategy,
-    check_decision)
+    AVERAGE, CONTINUE, MEASURE, Context, Decision, GradientAveraging, GradientWeighting, GroupAverage, ModelAveraging,
+    Plan, RoundResult, RoundStats, StepReport, Strategy, check_decision)
 from horovod_hetero.strategies.adsp import ADSP, Steps  # noqa: F401
 from horovod_hetero.strategies.balanced import Balanced  # noqa: F401
 from horovod_hetero.strategies.aggregation import AGGREGATES, OuterSGD  # noqa: F401

@@ -16,7 +16,7 @@ import numpy as np
 from horovod_hetero.rules.adsp import CommitRateSearch, commit_period
 from horovod_hetero.strategies.aggregation import OuterSGD
 from horovod_hetero.strategies.base import (
-    AVERAGE, CONTINUE, Context, Decision, RoundResult, RoundStats, StepReport, Strategy)
+    AVERAGE, CONTINUE, Context, Decision, ModelAveraging, RoundResult, RoundStats, StepReport)
 from horovod_hetero.validation import check_float, check_int
 
 log = logging.getLogger("horovod_hetero")
@@ -67,7 +67,7 @@ def as_period(name: str, value: object) -> Steps | float:
     return check_float(name, value, 0.0, min_exclusive=True)
 
 
-class ADSP(Strategy):
+class ADSP(ModelAveraging):
     """ADSP: every rank commits at the same rate, searched online; fast ranks run more local steps.
 
     Hu, Wang and Wu, "Distributed Machine Learning through Heterogeneous Edge Systems" (AAAI 2020).
@@ -123,8 +123,6 @@ class ADSP(Strategy):
         ...
         ValueError: search_every must be at least two check periods (>= 120), got 100.0
     """
-
-    uneven_steps = True
 
     def __init__(self, check_period: float | str | Steps = 60.0, search_every: float | str | Steps | None = None,
                  fit_points: int = 4, window: int = 5, aggregate: str = "mean", outer: OuterSGD | None = None) -> None:

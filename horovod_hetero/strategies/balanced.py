@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from horovod_hetero.rules.balance import NOISE, StepModel, alike, choose_split, fit_step_model
-from horovod_hetero.strategies.base import CONTINUE, MEASURE, Context, Decision, RoundResult, StepReport, Strategy
+from horovod_hetero.strategies.base import CONTINUE, MEASURE, Context, Decision, GradientWeighting, RoundResult, StepReport
 from horovod_hetero.validation import check_int
 
 #: windows of measurements a fit looks back over at most (older ones are dropped)
@@ -36,7 +36,7 @@ def even_split(global_batch: int, size: int) -> tuple[int, ...]:
     return tuple(base + (r < extra) for r in range(size))
 
 
-class Balanced(Strategy):
+class Balanced(GradientWeighting):
     """Synchronous SGD at the fast workers' pace: every rank's batch is sized so that all finish together.
 
     Plain synchronous SGD (``Synchronous``), but each rank computes the gradient of a batch it can finish
@@ -102,10 +102,6 @@ class Balanced(Strategy):
         opt = hh.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                       strategy=hh.Balanced(rebalance_every=20), sampler=sampler)
     """
-
-    averages_gradients = True
-    weighs_gradients = True
-    median_step_time = True          # a window's step time is its median step: one stall does not move the plan
 
     def __init__(self, global_batch: int | None = None, rebalance_every: int = 20,
                  max_batch: int | None = None, min_batch: int | None = None) -> None:
@@ -176,9 +172,6 @@ class Balanced(Strategy):
             return plans[max(latest)]
         assert self.global_batch is not None        # given, or taken from the bound sampler (use_batch)
         return even_split(self.global_batch, size)
-
-    def batch_size(self, step: int) -> int:
-        return self.batch_sizes(step)[self.rank]
 
     def gradient_weight(self, rank: int, size: int) -> float:
         assert self.global_batch is not None        # given, or taken from the bound sampler (use_batch)

@@ -16,6 +16,12 @@ transports, timing, telemetry. The runtime
    round when this rank's count is reached);
 4. calls ``leave()`` when this rank stops stepping (it only joins other ranks' rounds from then on).
 
+Strategies come in two kinds, each a base class of its own, and the runtime carries out each kind
+on one path chosen by type: ``ModelAveraging`` (every rank steps with its own gradients; the
+strategy's rounds average the models: ``AVERAGE``, ``GroupAverage``) and ``GradientAveraging``
+(Horovod allreduces the gradients every step; rounds only ``MEASURE``), with ``GradientWeighting``
+for the gradient strategies that weigh each rank's gradient and plan its batch (``Balanced``).
+
 A strategy writes its schedule by overriding the hooks ``on_start(ctx)``, ``decide(report)``,
 ``on_round(result)``, ``on_leave()`` (and ``check_size(size)`` to refuse a size when it is built); the template methods above do the common bookkeeping (the step
 counter, plans). Counters go into ``state_dict()`` so a resumed run keeps its phase. Nothing here
@@ -23,6 +29,7 @@ touches tensors, sockets or threads: the same objects run under ``horovodrun`` a
 """
 from __future__ import annotations
 
+import abc
 import math
 import operator
 import time
@@ -274,36 +281,14 @@ class Plan:
 
 # --- the strategy --------------------------------------------------------------------------------
 
-class Strategy:
+class Strategy(abc.ABC):
     """Base class of every strategy: the template methods the runtime calls, and the hooks.
 
-    Class attributes a strategy may set:
-        averages_gradients: True if gradients are allreduced every step by Horovod itself (as
-            ``hvd.DistributedOptimizer`` does); then no model averaging is decided here.
-        weighs_gradients: with ``averages_gradients``, True if each rank's gradient counts with
-            ``gradient_weight()`` in the sum (``Balanced``: its share of the global batch) instead of
-            Horovod's plain average.
-        median_step_time: True if a round should carry the median of each rank's step times since
-            the previous round instead of their mean (``Balanced`` plans from the typical step).
-        uneven_steps: True if the ranks run different numbers of local steps between rounds by the
-            strategy's own plan (ElasticBSP and DSSP from the measured step times, ADSP per commit):
-            what ``horovod-hetero plan`` prints.
-
-    Attributes:
-        aggregate: how a global round combines the models, ``"mean"`` or ``"normalized"`` (set by
-            ``__init__``'s ``aggregate``, see ``strategies.aggregation``; the runtime reads it).
-        outer: an ``OuterSGD`` applied to the round's combined change, or ``None`` (plain averaging).
-            With ``normalized`` or an outer optimiser the runtime first averages the initial models
-            once (the round's start ``w_t`` is then the same on every rank).
+    A strategy derives from one of the two kinds below, ``ModelAveraging`` or ``GradientAveraging``
+    (``GradientWeighting``); the adapters and the runtime choose their path by that type.
     """
 
-    averages_gradients = False
-    weighs_gradients = False
-    median_step_time = False
-    uneven_steps = False
-
-    def __init__(self, aggregate: str = "mean", outer: OuterSGD | None = None) -> None:
-        self.aggregate, self.outer = check_aggregation(aggregate, outer)
+    def __init__(self) -> None:
         self.step = 0
         self.rank, self.size = 0, 1
         self.plan: Plan | None = None              # the latest Plan, if the strategy makes them
@@ -373,36 +358,10 @@ class Strategy:
         """Extra per-step telemetry (e.g. a state-server round trip)."""
         return {}
 
-    def batch_size(self, step: int) -> int | None:
-        """Samples of this rank's batch at local step ``step`` (1-based) if the strategy plans them
-        (``Balanced``), else ``None`` (the user's batch)."""
-        return None
-
-    def gradient_weight(self, rank: int, size: int) -> float:
-        """With ``weighs_gradients``: the weight of ``rank`` (of ``size``) in the gradient sum of the step
-        being computed (``step + 1``; called before the strategy starts, by the first step's gradient
-        hooks); the weights of all ranks sum to 1."""
-        raise NotImplementedError(f"{type(self).__name__} does not weigh gradients")
-
-    def use_batch(self, batch_size: int, size: int) -> None:
-        """With ``weighs_gradients``: the batch of the sampler bound to the adapter (``batch_size`` per
-        rank, ``size`` ranks), which sets the global batch where the strategy was given none."""
-        raise NotImplementedError(f"{type(self).__name__} does not weigh gradients")
-
     @property
     def label(self) -> str:
         """A short name for tables (``LocalSGD(8)``, ``ESync [normalized]``)."""
-        return type(self).__name__ + self.aggregation_label
-
-    @property
-    def aggregation_label(self) -> str:
-        """``""`` for plain averaging, else how rounds combine models (``" [normalized]"``)."""
-        return describe(self.aggregate, self.outer)
-
-    def _aggregation_repr(self) -> str:
-        """``", aggregate='normalized', outer=OuterSGD(...)"`` where not the defaults (for ``__repr__``)."""
-        return ((f", aggregate={self.aggregate!r}" if self.aggregate != "mean" else "")
-                + (f", outer={self.outer!r}" if self.outer is not None else ""))
+        return type(self).__name__
 
     def state_dict(self) -> dict[str, Any]:
         """The counters. ``plan_done`` (this rank's steps into the current plan) lets a rank that loads
@@ -430,3 +389,110 @@ class Strategy:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+# --- the two kinds -------------------------------------------------------------------------------
+
+class ModelAveraging(Strategy):
+    """A strategy whose rounds average the models: every rank steps with its own gradients (the
+    optimizer's local step), and ``decide``/plans answer ``AVERAGE`` or a ``GroupAverage`` when the
+    models meet. The runtime packs the model into flat tensors and carries a round as one weighted
+    allreduce of them (``runtime.rounds``); each round's statistics carry every rank's mean step time.
+
+    Args:
+        aggregate: how a global round combines the models, ``"mean"`` or ``"normalized"`` (each rank's
+            change divided by its local steps; ``strategies.aggregation``).
+        outer: an ``OuterSGD`` applied to the round's combined change, or ``None`` (plain averaging).
+            With ``normalized`` or an outer optimiser the runtime first averages the initial models
+            once (the round's start ``w_t`` is then the same on every rank).
+
+    Example:
+        >>> class EveryFour(ModelAveraging):      # a toy strategy: average the models every 4 steps
+        ...     def decide(self, report):
+        ...         return AVERAGE if self.step % 4 == 0 else CONTINUE
+        >>> s = EveryFour(aggregate="normalized")
+        >>> [s.after_step() for _ in range(4)][-1], s.label
+        (AVERAGE, 'EveryFour [normalized]')
+    """
+
+    def __init__(self, aggregate: str = "mean", outer: OuterSGD | None = None) -> None:
+        super().__init__()
+        self.aggregate, self.outer = check_aggregation(aggregate, outer)
+
+    @property
+    def label(self) -> str:
+        return type(self).__name__ + self.aggregation_label
+
+    @property
+    def aggregation_label(self) -> str:
+        """``""`` for plain averaging, else how rounds combine models (``" [normalized]"``)."""
+        return describe(self.aggregate, self.outer)
+
+    def _aggregation_repr(self) -> str:
+        """``", aggregate='normalized', outer=OuterSGD(...)"`` where not the defaults (for ``__repr__``)."""
+        return ((f", aggregate={self.aggregate!r}" if self.aggregate != "mean" else "")
+                + (f", outer={self.outer!r}" if self.outer is not None else ""))
+
+
+class GradientAveraging(Strategy):
+    """A strategy whose gradients Horovod allreduces every step, as ``hvd.DistributedOptimizer``'s
+    hooks do: no model is averaged here (``decide`` answers ``CONTINUE``, or ``MEASURE`` for a round
+    that carries every rank's statistics and nothing else; their step time is each rank's median
+    since the previous round, so one stall does not move a plan made from it). The ranks end in
+    Horovod's ``hvd.join``, which answers the others' rounds with zeros; ``sync_model()`` broadcasts
+    the model of the rank that joined last.
+
+    Example:
+        >>> class Plain(GradientAveraging):       # Synchronous, in effect
+        ...     pass
+        >>> Plain().after_step()
+        CONTINUE
+    """
+
+
+class GradientWeighting(GradientAveraging):
+    """A ``GradientAveraging`` strategy that plans every rank's batch and weighs its gradient by it:
+    Horovod sums the gradients (``op=Sum``), each scaled first by ``gradient_weight`` (``Balanced``:
+    the rank's share of the global batch), and the batches come from a sampler bound to the adapter
+    (``hh.DistributedSampler``), which reports its batch through ``use_batch``.
+
+    A subclass writes ``use_batch``, ``batch_sizes`` and ``gradient_weight`` (abstract: a class
+    without them cannot be built).
+    """
+
+    @abc.abstractmethod
+    def use_batch(self, batch_size: int, size: int) -> None:
+        """The batch of the sampler bound to the adapter (``batch_size`` per rank, ``size`` ranks), which
+        sets the global batch where the strategy was given none."""
+
+    @abc.abstractmethod
+    def batch_sizes(self, step: int, size: int | None = None) -> tuple[int, ...]:
+        """Every rank's batch at local step ``step`` (1-based) on ``size`` ranks (default: the running ones)."""
+
+    def batch_size(self, step: int) -> int:
+        """This rank's batch at local step ``step`` (1-based)."""
+        return self.batch_sizes(step)[self.rank]
+
+    @abc.abstractmethod
+    def gradient_weight(self, rank: int, size: int) -> float:
+        """The weight of ``rank`` (of ``size``) in the gradient sum of the step being computed (``step +
+        1``; called before the strategy starts, by the first step's gradient hooks); the weights of all
+        ranks sum to 1."""
+
+
+def check_kind(strategy: object, what: str = "strategy") -> Strategy:
+    """``strategy`` if it is an instance of one of the two kinds, else a ``TypeError`` naming them: the
+    runtime, the simulator and the adapters carry out each kind on its own path.
+
+    Example:
+        >>> class Neither(Strategy):
+        ...     pass
+        >>> check_kind(Neither())
+        Traceback (most recent call last):
+        ...
+        TypeError: strategy must derive from ModelAveraging or GradientAveraging (the runtime carries out each kind on its own path); got Neither()
+    """
+    if not isinstance(strategy, (ModelAveraging, GradientAveraging)):
+        raise TypeError(f"{what} must derive from ModelAveraging or GradientAveraging (the runtime carries out each "
+                        f"kind on its own path); got {strategy!r}")
+    return strategy

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 from horovod_hetero.errors import StateServerError, StateServerTimeout
 from horovod_hetero.strategies.aggregation import OuterSGD
 from horovod_hetero.strategies.base import (
-    AVERAGE, CONTINUE, Context, Decision, RoundResult, StateService, StepReport, Strategy)
+    AVERAGE, CONTINUE, Context, Decision, ModelAveraging, RoundResult, StateService, StepReport)
 from horovod_hetero.validation import check_bool, check_float, check_int, parse_address
 
 log = logging.getLogger("horovod_hetero")
@@ -16,7 +16,7 @@ log = logging.getLogger("horovod_hetero")
 _T = TypeVar("_T")
 
 
-class ESync(Strategy):
+class ESync(ModelAveraging):
     """ESync: every worker runs as many local steps as fit while the slowest runs one.
 
     Li et al., "ESync: An Efficient Synchronous Parallel Algorithm for Distributed ML in

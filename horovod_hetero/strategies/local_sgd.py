@@ -5,11 +5,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from horovod_hetero.strategies.aggregation import OuterSGD
-from horovod_hetero.strategies.base import AVERAGE, CONTINUE, Decision, StepReport, Strategy
+from horovod_hetero.strategies.base import AVERAGE, CONTINUE, Decision, ModelAveraging, StepReport
 from horovod_hetero.strategies.periodic import Periodic
 
 
-class LocalSGD(Strategy):
+class LocalSGD(ModelAveraging):
     """Local SGD: every worker steps alone, the model is averaged every ``period`` steps.
 
     Periodic model averaging (Lin et al., "Don't Use Large Mini-Batches, Use Local SGD";

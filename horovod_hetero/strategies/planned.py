@@ -1,6 +1,7 @@
 """Strategies that plan every round from the speeds the round itself carried."""
 from __future__ import annotations
 
+import abc
 import functools
 from collections.abc import Mapping
 from typing import Any
@@ -9,10 +10,10 @@ import numpy as np
 import numpy.typing as npt
 
 from horovod_hetero.strategies.aggregation import OuterSGD
-from horovod_hetero.strategies.base import Context, Plan, RoundResult, RoundStats, Strategy
+from horovod_hetero.strategies.base import Context, ModelAveraging, Plan, RoundResult, RoundStats
 
 
-class RoundPlanned(Strategy):
+class RoundPlanned(ModelAveraging):
     """Base of strategies that give each rank its local steps before the next round.
 
     A round carries every rank's mean step time since the previous one (``RoundStats``), so after
@@ -26,15 +27,13 @@ class RoundPlanned(Strategy):
     measurement in the round, every rank runs one step, to measure it.
     """
 
-    uneven_steps = True
-
     def __init__(self, aggregate: str = "mean", outer: OuterSGD | None = None) -> None:
         super().__init__(aggregate, outer)
         self.warming_up = False       # the next round measured each rank's first step only
 
+    @abc.abstractmethod
     def plan_steps(self, step_s: npt.NDArray[np.float64]) -> list[int]:
         """Local steps (ints >= 1) for ranks stepping at ``step_s`` seconds per step (finite, > 0)."""
-        raise NotImplementedError
 
     def on_start(self, ctx: Context) -> Plan:
         self.warming_up = True

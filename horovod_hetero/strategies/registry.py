@@ -21,7 +21,7 @@ from typing import Any
 
 from horovod_hetero.strategies.adsp import ADSP
 from horovod_hetero.strategies.balanced import Balanced
-from horovod_hetero.strategies.base import Strategy
+from horovod_hetero.strategies.base import Strategy, check_kind
 from horovod_hetero.strategies.dssp import DSSP
 from horovod_hetero.strategies.elastic_bsp import ElasticBSP
 from horovod_hetero.strategies.esync import ESync
@@ -122,6 +122,6 @@ def check_strategy(strategy: object) -> Strategy:
                         f"not the class {strategy.__name__}")
     if not isinstance(strategy, Strategy):
         names = sorted(entry.cls.__name__ for entry in REGISTRY.values())
-        raise TypeError(f"strategy must be one of {', '.join(names)} (or a Strategy subclass); got "
-                        f"{strategy!r} ({type(strategy).__name__})")
-    return strategy
+        raise TypeError(f"strategy must be one of {', '.join(names)} (or a subclass of ModelAveraging or "
+                        f"GradientAveraging); got {strategy!r} ({type(strategy).__name__})")
+    return check_kind(strategy)

@@ -7,7 +7,7 @@ from typing import Any
 from horovod_hetero.rules.grouping import butterfly_group, group_process_sets, resolve_group_size
 from horovod_hetero.strategies.aggregation import OuterSGD
 from horovod_hetero.strategies.base import (
-    AVERAGE, CONTINUE, Context, Decision, GroupAverage, RoundResult, StepReport, Strategy)
+    AVERAGE, CONTINUE, Context, Decision, GroupAverage, ModelAveraging, RoundResult, StepReport)
 from horovod_hetero.strategies.periodic import Periodic
 from horovod_hetero.validation import check_bool, check_float, check_int
 
@@ -17,7 +17,7 @@ def init_call(size: int, group_size: int | None) -> str:
     return f"hvd.init(process_sets=hh.wagma_process_sets(group_size={group_size!r}))  # P={size}"
 
 
-class WAGMA(Strategy):
+class WAGMA(ModelAveraging):
     """WAGMA-SGD: average within butterfly groups every step, globally every ``sync_period`` steps.
 
     Li et al., "Breaking (Global) Barriers in Parallel Stochastic Optimization with

@@ -18,6 +18,7 @@ from horovod_hetero.common.options import check_run_options
 from horovod_hetero.common.ranks import follow_ranks
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S
 from horovod_hetero.runtime.controller import HeteroController, OutsideController, ring_bytes
+from horovod_hetero.strategies.base import GradientAveraging, GradientWeighting
 from horovod_hetero.strategies.registry import check_strategy
 from horovod_hetero.torch.collectives import TorchCollectives, TorchModel, wait, wait_done
 from horovod_hetero.torch.sampler import DistributedSampler, register_optimizer
@@ -187,7 +188,7 @@ class _HeteroMethods:
         now, since = time.monotonic(), self._hh_synced_at
         self._hh_synced_at = now
         waited = now - started
-        if (self._hh_idle_warned or self._hh_split_by_speed or self._hh.strategy.averages_gradients
+        if (self._hh_idle_warned or self._hh_split_by_speed or isinstance(self._hh.strategy, GradientAveraging)
                 or waited <= IDLE_SHARE * (now - since)):
             return
         self._hh_idle_warned = True
@@ -329,7 +330,7 @@ class _SynchronousOptimizer(_HeteroMethods):
             for h in handles:
                 wait(h, collectives.timeout, "sync_model broadcast")
             self._hh_copy_counts(hh, last)
-            if hh.strategy.weighs_gradients:
+            if isinstance(hh.strategy, GradientWeighting):
                 counters = collectives.broadcast_object(hh.state_dict(), root=last, name="horovod_hetero.sync.counters",
                                                         what="sync_model broadcast of the counters")
                 hh.load_state_dict(counters)
@@ -451,10 +452,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
     check_run_options(telemetry, slowdown)
     if gradient_predivide_factor != 1.0 and op != hvd.Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
-    if not strategy.averages_gradients and op != hvd.Average:
+    gradients = isinstance(strategy, GradientAveraging)          # Horovod allreduces them: its options apply
+    weighted = isinstance(strategy, GradientWeighting)
+    if not gradients and op != hvd.Average:
         raise ValueError(f"op must be hvd.Average with {type(strategy).__name__} (models are averaged); "
                          f"op=hvd.Adasum or hvd.Sum apply to gradients, with strategy=hh.Synchronous()")
-    if not strategy.averages_gradients:
+    if not gradients:
         given = [name for name, changed in (("compression", compression is not Compression.none),
                                             ("gradient_predivide_factor", gradient_predivide_factor != 1.0),
                                             ("groups" if num_groups == 0 else "num_groups", groups is not None),
@@ -466,12 +469,12 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
                              f"model itself is averaged, in its own dtype): leave them at Horovod's defaults, or "
                              f"use strategy=hh.Synchronous()")
     params, buffers, counts = _named_tensors(optimizer, named_parameters, named_buffers)
-    adasum = strategy.averages_gradients and op == hvd.Adasum
+    adasum = gradients and op == hvd.Adasum
     if adasum and process_set is not None and process_set != hvd.global_process_set:
         raise NotImplementedError("Adasum does not support non-global process sets yet.")
     if sampler is not None and not isinstance(sampler, DistributedSampler):
         raise TypeError(f"sampler must be a horovod_hetero.torch.DistributedSampler, got {type(sampler).__name__}")
-    if strategy.weighs_gradients:
+    if weighted:
         if op != hvd.Average or gradient_predivide_factor != 1.0:
             raise ValueError(f"op and gradient_predivide_factor are set by {type(strategy).__name__}, which weighs "
                              f"every rank's gradient by its share of the global batch: leave them at hvd.Average, 1.0")
@@ -482,21 +485,21 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
     collectives = TorchCollectives(process_set, timeout, owner=owner, members_only=False)
     named_parameters = None if named_parameters is None else params
     name = optimizer.__class__.__name__
-    if strategy.averages_gradients:
+    if gradients:
         adasum = adasum and hvd.size() > 1
         if adasum and not collectives.mpi:              # Horovod would fail at the first step, by name only
             raise ValueError("op=hvd.Adasum needs Horovod's MPI controller (Horovod runs Adasum over MPI only): "
                              "launch with horovodrun --mpi or mpirun, with a Horovod built with MPI; this job "
                              "runs on Gloo, where op must be hvd.Average or hvd.Sum")
         base = _DistributedAdasumOptimizer if adasum else _DistributedOptimizer
-        mixins = (_WeightedGradients,) if strategy.weighs_gradients else ()
+        mixins = (_WeightedGradients,) if weighted else ()
         cls = type(name, (optimizer.__class__,), _methods(base, _HeteroMethods, _SynchronousOptimizer, *mixins))
         cls._hh_base = base
         if adasum:
             opt = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step)
         else:
             opt = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
-                      hvd.Sum if strategy.weighs_gradients else op, gradient_predivide_factor, groups,
+                      hvd.Sum if weighted else op, gradient_predivide_factor, groups,
                       sparse_as_dense, collectives.process_set)
         opt._hh_grad_payload = sum(p.numel() * p.element_size() for _, p in params if p.requires_grad)
     else:
@@ -504,7 +507,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
         opt = cls(optimizer.param_groups)
         opt.backward_passes_per_step = backward_passes_per_step
     # model averaging packs the model into flat tensors; gradient averaging only broadcasts it in sync_model()
-    model = TorchModel([p for _, p in params] + [b for _, b in buffers], flat=not strategy.averages_gradients)
+    model = TorchModel([p for _, p in params] + [b for _, b in buffers], flat=not gradients)
 
     first = [collectives]               # the first controller's; after an elastic reset, new ones
 
@@ -514,7 +517,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
             return OutsideController(strategy, hvd.rank(), records)
         return HeteroController(strategy, current, model, records, slowdown)
 
-    if sampler is not None and sampler.batch_size is not None and strategy.weighs_gradients:
+    if sampler is not None and sampler.batch_size is not None and weighted:
         strategy.use_batch(sampler.batch_size, collectives.size)     # the global batch: ranks x the user's batch
     opt._hh_sampler = sampler
     opt._hh_setup(follow_ranks(hvd, process_set, telemetry, build), [b for _, b in counts])

@@ -11,6 +11,7 @@ import horovod.torch as hvd
 from horovod_hetero.rules.partition import (epoch_indices, epoch_split, rank_part, resplit_rest, step_batch,
                                             step_times_of, steps_per_epoch)
 from horovod_hetero.strategies.balanced import even_split
+from horovod_hetero.strategies.base import GradientWeighting
 from horovod_hetero.validation import check_bool, check_int
 
 
@@ -162,7 +163,7 @@ class DistributedSampler(torch.utils.data.Sampler):
     def batch_sizes(self, step):
         """Every rank's batch at local step ``step`` (1-based): the bound strategy's plan, else an even split."""
         strategy = self._strategy()
-        if strategy is not None and strategy.weighs_gradients:
+        if isinstance(strategy, GradientWeighting):
             sizes = strategy.batch_sizes(step, self.num_replicas)
             if len(sizes) != self.num_replicas:
                 raise ValueError(f"num_replicas={self.num_replicas} does not match the {len(sizes)} ranks the "

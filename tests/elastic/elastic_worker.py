@@ -26,7 +26,7 @@ def build(name):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     strategy = STRATEGIES[name]()
-    sampler = hh.DistributedSampler(range(10_000), batch_size=8) if strategy.weighs_gradients else None
+    sampler = hh.DistributedSampler(range(10_000), batch_size=8) if isinstance(strategy, hh.GradientWeighting) else None
     opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                   named_parameters=model.named_parameters(), strategy=strategy, sampler=sampler)
     return model, strategy, sampler, opt
@@ -70,7 +70,7 @@ def main():
             state.epoch += 1
             epochs_here += 1
             plan = opt.strategy.plan
-            if strategy.weighs_gradients:                # the batch sizes for the current ranks
+            if isinstance(strategy, hh.GradientWeighting):   # the batch sizes for the current ranks
                 plan = list(opt.strategy.batch_sizes(opt.strategy.step + 1, size))
             log(event="epoch", rank=rank, size=size, plan=None if plan is None else list(getattr(plan, "steps", plan)))
             if rank == 0 and size == 2 and state.grown < 0:

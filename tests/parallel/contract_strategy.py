@@ -2,11 +2,11 @@
 with the torch wrapper and the Keras callback with no change to the library."""
 import numpy as np
 
-from horovod_hetero.strategies import Plan, Strategy
+from horovod_hetero.strategies import Plan, ModelAveraging
 from horovod_hetero.validation import check_int
 
 
-class SpeedProportional(Strategy):
+class SpeedProportional(ModelAveraging):
     """After every round, each rank runs as many local steps as fit in one step of the slowest
     rank (at most ``cap``), planned from the speeds the round carried; every rank computes the
     same plan from the same statistics.

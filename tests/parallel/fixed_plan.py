@@ -1,9 +1,9 @@
 """A test-only strategy with a schedule that does not depend on time: every round after a fixed number
 of local steps per rank (rank SIZE-1 one, the others ``fast``), as ElasticBSP plans 1,1,1,4."""
-from horovod_hetero.strategies import Plan, Strategy
+from horovod_hetero.strategies import Plan, ModelAveraging
 
 
-class FixedPlan(Strategy):
+class FixedPlan(ModelAveraging):
     """A round after ``fast`` local steps on every rank but the last, which takes one. ``keep=True``: a
     restart keeps the plan it has (``on_start`` returns ``None``; the planned strategies shipped plan afresh)."""
 

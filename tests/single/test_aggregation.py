@@ -10,7 +10,7 @@ from fakes import ArrayCollectives, ArrayModel, ThreadAllreduce, run_ranks
 from horovod_hetero.runtime.aggregation import Aggregator
 from horovod_hetero.runtime.controller import HeteroController
 from horovod_hetero.strategies import (
-    ADSP, DSSP, ESync, ElasticBSP, LocalSGD, OuterSGD, Plan, Strategy, Synchronous, WAGMA)
+    ADSP, DSSP, ESync, ElasticBSP, LocalSGD, OuterSGD, Plan, ModelAveraging, Synchronous, WAGMA)
 from horovod_hetero.strategies.aggregation import check_aggregation
 
 def aggregator(aggregate="mean", outer=None, start=(0.0,)):
@@ -139,7 +139,7 @@ def test_synchronous_takes_no_aggregation():
 
 # --- through the controller: four fake ranks, unequal local steps --------------------------------
 
-class FixedPlan(Strategy):
+class FixedPlan(ModelAveraging):
     """Every round after ``steps[rank]`` local steps."""
 
     def __init__(self, steps, **kwargs):

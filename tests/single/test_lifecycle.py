@@ -7,7 +7,7 @@ import pytest
 
 from fakes import ArrayCollectives, ArrayModel
 from horovod_hetero.runtime.controller import HeteroController
-from horovod_hetero.strategies import ESync, Strategy, StepReport, WAGMA
+from horovod_hetero.strategies import ESync, ModelAveraging, StepReport, WAGMA
 
 UNREACHABLE = "tcp://127.0.0.1:9"
 
@@ -21,7 +21,7 @@ def one_rank(strategy, model=None, **kwargs):
                             slowdown=[1.0], **kwargs)
 
 
-class OpensThenFails(Strategy):
+class OpensThenFails(ModelAveraging):
     def on_start(self, ctx):
         ctx.transports.state_service(epsilon=0.0, overshoot=0.0, timeout=1.0)     # rank 0: starts a server
         raise RuntimeError("a transport failed after another was opened")
@@ -92,7 +92,7 @@ def test_initial_average_for_global_lr_waits_for_weights_that_do_not_exist_yet()
 
 
 def test_a_group_average_that_leaves_out_this_rank_is_refused():
-    class Stray(Strategy):
+    class Stray(ModelAveraging):
         def on_start(self, ctx):
             ctx.transports.open_groups([[1, 2]], "hvd.init(...)", wait_avoiding=False, patience=0.0, timeout=1.0)
 
@@ -107,7 +107,7 @@ def test_a_group_average_that_leaves_out_this_rank_is_refused():
 
 
 def test_an_answer_that_is_not_a_decision_is_refused_naming_the_strategy():
-    class Answers(Strategy):
+    class Answers(ModelAveraging):
         def decide(self, report):
             return "AVERAGE"
 
@@ -120,7 +120,7 @@ def test_an_answer_that_is_not_a_decision_is_refused_naming_the_strategy():
 def test_step_reports_carry_the_annotated_loss_and_samples_into_the_rounds_statistics():
     seen = []
 
-    class Spy(Strategy):
+    class Spy(ModelAveraging):
         def decide(self, report):
             seen.append(report)
             from horovod_hetero.strategies import AVERAGE

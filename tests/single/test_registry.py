@@ -18,12 +18,13 @@ def examples_parser():
 def test_every_strategy_class_is_registered_once_and_every_tool_lists_the_registry():
     exported = {name for name, value in vars(strategies).items()
                 if inspect.isclass(value) and issubclass(value, strategies.Strategy)
-                and value not in (strategies.Strategy, strategies.RoundPlanned)}
+                and value not in (strategies.Strategy, strategies.ModelAveraging, strategies.GradientAveraging,
+                                  strategies.GradientWeighting, strategies.RoundPlanned)}
     assert sorted(entry.cls.__name__ for entry in REGISTRY.values()) == sorted(exported)
     assert list(bench.STRATEGIES) == list(REGISTRY) == cli.chosen("all")
     choices = next(a.choices for a in examples_parser()._actions if a.dest == "strategy")
     assert list(choices) == list(REGISTRY)
-    assert set(cli.PLANS) == {"elasticbsp", "dssp", "adsp"}
+    assert set(cli.PLANS) <= set(REGISTRY)          # what `plan` prints: registered names
 
 
 def test_both_hh_namespaces_export_every_registered_class():

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import horovod_hetero.torch.sampler as sampler_mod
+from horovod_hetero.strategies import LocalSGD, Synchronous
 from horovod_hetero.torch.sampler import DistributedSampler, register_optimizer
 
 
@@ -71,7 +72,7 @@ def idle_check(waited, since, **state):
     from horovod_hetero.torch.optimizer import _HeteroMethods
     now = time.monotonic()
     opt = types.SimpleNamespace(_hh_synced_at=now - since, _hh_idle_warned=False, _hh_split_by_speed=False,
-                                _hh=types.SimpleNamespace(strategy=types.SimpleNamespace(averages_gradients=False)))
+                                _hh=types.SimpleNamespace(strategy=LocalSGD(period=4)))
     for key, value in state.items():
         setattr(opt, key, value)
     with warnings.catch_warnings(record=True) as caught:
@@ -89,7 +90,7 @@ def test_a_rank_idle_in_sync_model_with_an_even_split_is_told_the_fix_once():
     assert idle_check(waited=2.0, since=10.0) == []                      # a quarter or less: no warning
     assert idle_check(waited=6.0, since=10.0, _hh_split_by_speed=True) == []
     assert idle_check(waited=6.0, since=10.0, _hh=types.SimpleNamespace(
-        strategy=types.SimpleNamespace(averages_gradients=True))) == []   # Synchronous: it waits every step
+        strategy=Synchronous())) == []   # Synchronous: it waits every step
 
 
 def test_loader_batch_size_keeps_every_share_but_the_last_whole_batches():

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from horovod_hetero.simulate import Cluster, compare, format_table, simulate
-from horovod_hetero.strategies import AVERAGE, DSSP, WAGMA, ElasticBSP, ESync, LocalSGD, Plan, Strategy
+from horovod_hetero.strategies import AVERAGE, DSSP, WAGMA, ElasticBSP, ESync, LocalSGD, Plan, ModelAveraging
 from horovod_hetero.strategies import Synchronous as Sync
 
 
@@ -40,7 +40,7 @@ def test_esync_fast_workers_take_four_local_steps_per_round():
     assert warm.round_steps[0].tolist() == [9, 9, 9, 2] and warm.steps.tolist() == [41, 41, 41, 10]
 
 
-class Proportional(Strategy):
+class Proportional(ModelAveraging):
     """A plan from the round's statistics: as many steps as fit in the slowest worker's one."""
 
     def on_start(self, ctx):
@@ -122,7 +122,7 @@ def test_bad_clusters():
 
 
 def test_an_answer_that_is_not_a_decision_is_refused_by_the_simulator_as_by_the_runtime():
-    class Answers(Strategy):
+    class Answers(ModelAveraging):
         def decide(self, report):
             return True                       # meant AVERAGE
 

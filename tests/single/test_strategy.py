@@ -1,6 +1,7 @@
 import pytest
 
-from horovod_hetero.strategies import AVERAGE, LocalSGD, Strategy, Synchronous, check_strategy
+from horovod_hetero.strategies import (
+    AVERAGE, GradientAveraging, GradientWeighting, LocalSGD, ModelAveraging, Strategy, Synchronous, check_strategy)
 from horovod_hetero.validation import as_schedule
 
 
@@ -26,7 +27,7 @@ def test_callable_period_is_a_schedule_evaluated_at_each_averaging():
 def test_synchronous_never_averages_models_but_counts_steps():
     s = Synchronous()
     assert averaging_steps(s, 5) == []
-    assert s.step == 5 and s.averages_gradients
+    assert s.step == 5 and isinstance(s, GradientAveraging) and not isinstance(s, GradientWeighting)
 
 
 def test_state_dict_resumes_the_averaging_phase():

@@ -1,0 +1,90 @@
+"""Two kinds of strategy, each carried out on its own path chosen by type: a new strategy is one class."""
+import numpy as np
+import pytest
+
+from fakes import ArrayCollectives, ArrayModel
+from horovod_hetero import simulate as sim
+from horovod_hetero.runtime.controller import HeteroController
+from horovod_hetero.strategies import (
+    AVERAGE, CONTINUE, MEASURE, Balanced, GradientAveraging, GradientWeighting, ModelAveraging, OuterSGD, Strategy,
+    Synchronous, check_strategy)
+from horovod_hetero.strategies.registry import REGISTRY
+
+
+class EveryThird(ModelAveraging):
+    """A toy strategy, all a contributor writes: average the models every third local step."""
+
+    def decide(self, report):
+        return AVERAGE if self.step % 3 == 0 else CONTINUE
+
+
+class MeasureEveryOther(GradientAveraging):
+    """A toy gradient strategy: Horovod averages the gradients; every other step a round measures."""
+
+    def decide(self, report):
+        return MEASURE if self.step % 2 == 0 else CONTINUE
+
+
+def doubled(rank, arrays):
+    """Two identical ranks: every sum is twice this rank's part."""
+    return [2 * a for a in arrays]
+
+
+def controller(strategy, model=None):
+    return HeteroController(strategy, ArrayCollectives(doubled, rank=0, size=2),
+                            model or ArrayModel({"w": np.array([3.0])}), slowdown=[1.0, 1.0])
+
+
+def test_every_registered_strategy_is_exactly_one_kind():
+    kinds = {entry.name: (issubclass(entry.cls, ModelAveraging), issubclass(entry.cls, GradientAveraging),
+                          issubclass(entry.cls, GradientWeighting)) for entry in REGISTRY.values()}
+    assert {name for name, (model, _, _) in kinds.items() if not model} == {"sync", "balanced"}
+    assert all(model != gradient for model, gradient, _ in kinds.values())
+    assert {name for name, (_, _, weighted) in kinds.items() if weighted} == {"balanced"}
+
+
+def test_a_toy_model_averaging_strategy_runs_in_the_runtime_and_the_simulator_as_written():
+    ctl = controller(EveryThird())
+    synced = [ctl.after_step() for _ in range(7)]
+    assert synced == [False, False, True, False, False, True, False]
+    assert ctl.protocol.round == 2 and ctl.aggregator is None
+    result = sim.simulate(sim.Cluster([0.1, 0.2]), EveryThird(), duration=3.0)
+    assert len(result.round_steps) >= 3 and all(steps.tolist() == [3, 3] for steps in result.round_steps)
+
+
+def test_a_model_averaging_strategy_takes_its_aggregation_and_the_runtime_applies_it():
+    ctl = controller(EveryThird(aggregate="normalized", outer=OuterSGD(0.7, 0.9)))
+    ctl.start()                    # rounds on changes: the initial models are averaged once
+    assert ctl.protocol.round == 1 and ctl.aggregator.start[0].tolist() == [3.0]
+    assert EveryThird(aggregate="normalized").label == "EveryThird [normalized]"
+    ctl.close()
+
+
+def test_a_gradient_strategy_measures_with_median_step_times_and_counts_joined_ranks_as_absent():
+    ctl = controller(MeasureEveryOther())
+    assert ctl.protocol._median and ctl.protocol._absent_zeros and ctl.aggregator is None
+    model = controller(EveryThird()).protocol
+    assert not model._median and not model._absent_zeros
+    synced = [ctl.after_step() for _ in range(4)]
+    assert synced == [False] * 4 and ctl.protocol.round == 2           # measuring rounds average no model
+    with pytest.raises(TypeError):
+        MeasureEveryOther(aggregate="normalized")                      # no models to aggregate
+
+
+def test_a_strategy_of_neither_kind_is_refused_where_it_would_run():
+    class Neither(Strategy):
+        pass
+
+    for run in (check_strategy, controller, lambda s: sim.simulate(sim.Cluster([0.1]), s, 1.0)):
+        with pytest.raises(TypeError, match="must derive from ModelAveraging or GradientAveraging"):
+            run(Neither())
+
+
+def test_a_gradient_weighting_strategy_without_its_weights_cannot_be_built():
+    class Unweighted(GradientWeighting):
+        def use_batch(self, batch_size, size):
+            pass
+
+    with pytest.raises(TypeError, match="abstract method.*batch_sizes.*gradient_weight"):
+        Unweighted()
+    assert isinstance(Balanced(global_batch=8), GradientWeighting) and not isinstance(Synchronous(), GradientWeighting)
