@@ -149,7 +149,7 @@ CAVEATS = {
     "wagma": "groups every step, global every few; needs its process sets at hvd.init",
 }
 #: the caveat of the model-averaging strategies
-LOCAL_STEPS = "fast ranks take more local steps: check accuracy with bench; skewed data: aggregate='normalized'"
+LOCAL_STEPS = "fast ranks take more local steps: check accuracy with bench; skewed data: aggregate=hh.Normalized()"
 
 
 def caveat(name: str, measured: Measured) -> str:

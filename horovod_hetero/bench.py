@@ -438,18 +438,16 @@ def predict(by_rank, strategy, wall, batch_size, round_cost):
     return (steady.samples.sum() + n * batch_size) / wall
 
 
-def strategy_object(name, aggregate="mean", outer=OUTER):
-    """The strategy object a job of ``name`` (and aggregation) runs (built from the same options as the example)."""
+def strategy_object(name):
+    """The strategy object a job of ``name`` runs (built from the same options as the example; the
+    aggregation goes beside it and does not change its schedule)."""
     import argparse
 
     from horovod_hetero.examples import add_strategy_arguments, build_strategy
 
     parser = argparse.ArgumentParser()
     add_strategy_arguments(parser)
-    strategy = build_strategy(parser.parse_args(STRATEGIES[name][1]))
-    if isinstance(strategy, GradientAveraging):
-        return strategy
-    return build_strategy(parser.parse_args(STRATEGIES[name][1] + aggregate_options(aggregate, outer)))
+    return build_strategy(parser.parse_args(STRATEGIES[name][1]))
 
 
 def gradient_averaging(name):
@@ -516,7 +514,7 @@ def summarize_job(job, job_dir, settings):
            "predicted_samples_per_s": None, "bound_samples_per_s": None, "share_of_bound": None,
            "median_rtt_s": None}
     if len(by_rank) == settings["np"]:
-        strategy = strategy_object(job.strategy, job.aggregate, settings.get("outer", OUTER))
+        strategy = strategy_object(job.strategy)
         if isinstance(strategy, GradientWeighting):      # its global batch: the ranks' batches, as in the job
             strategy.use_batch(settings["batch_size"], settings["np"])
         cost, wait = round_cost_and_wait(by_rank, every_step=isinstance(strategy, GradientAveraging))

@@ -5,8 +5,8 @@
 
 Both take the same strategy options (``add_strategy_arguments``: ``--strategy`` of
 ``strategies.registry.REGISTRY`` and every strategy's options) and build the same strategy objects
-(``build_strategy``): the torch example hands it to ``hh.DistributedOptimizer``, the Keras one to
-``hh.callbacks.HeteroSyncCallback``. Both take the same task and evaluation options
+(``build_strategy``) and aggregation (``aggregation``): the torch example hands them to
+``hh.DistributedOptimizer``, the Keras one to ``hh.callbacks.HeteroSyncCallback``. Both take the same task and evaluation options
 (``add_run_arguments``: ``--task`` of ``horovod_hetero.data.TASKS``, ``--split``, ``--curve``, ``--eval-interval``,
 ...) and record rank 0's evaluation curve with the same ``Curve`` (what ``horovod-hetero bench`` reads).
 """
@@ -22,18 +22,19 @@ from horovod_hetero.data import TASKS
 from horovod_hetero.strategies.registry import REGISTRY, build
 
 #: the options ``add_strategy_arguments`` adds that go to the strategy's class as they are (each class takes
-#: its own: ``registry.build``), besides ``aggregate`` and ``outer`` (``aggregation``)
-STRATEGY_OPTIONS = ("period", "warmup_steps", "mode", "global_lr", "group_size", "lookahead", "staleness",
+#: its own: ``registry.build``); ``--aggregate`` and the outer optimiser's go beside it (``aggregation``)
+STRATEGY_OPTIONS = ("period", "warmup_steps", "mode", "group_size", "lookahead", "staleness",
                     "check_period", "search_every", "rebalance_every")
 
 
 def aggregation(args):
-    """``aggregate=`` and ``outer=`` of a model-averaging strategy, from ``--aggregate``, ``--outer-lr``,
-    ``--outer-momentum`` and ``--nesterov``."""
+    """The ``aggregate=`` given beside a model-averaging strategy (``hh.Mean(...)``, ``hh.Normalized(...)``),
+    from ``--aggregate``, ``--outer-lr``, ``--outer-momentum`` and ``--nesterov``; ``None``: plain averaging."""
     outer = None
     if args.outer_lr != 1.0 or args.outer_momentum or args.nesterov:
         outer = strategies.OuterSGD(lr=args.outer_lr, momentum=args.outer_momentum, nesterov=args.nesterov)
-    return {"aggregate": args.aggregate, "outer": outer}
+    aggregate = strategies.AGGREGATES[args.aggregate](outer)
+    return None if aggregate.plain else aggregate
 
 
 def add_strategy_arguments(parser):
@@ -42,7 +43,6 @@ def add_strategy_arguments(parser):
     parser.add_argument("--period", type=int, default=8, help="LocalSGD period, WAGMA sync_period")
     parser.add_argument("--warmup-steps", type=int, default=0, help="LocalSGD steps averaged each")
     parser.add_argument("--mode", choices=["blocking", "delayed_ack"], default="blocking", help="ESync mode")
-    parser.add_argument("--global-lr", type=float, default=1.0, help="ESync global step size")
     parser.add_argument("--group-size", type=int, default=None, help="WAGMA group size (default: nearest sqrt(P))")
     parser.add_argument("--lookahead", type=int, default=15, help="ElasticBSP lookahead R")
     parser.add_argument("--staleness", type=int, nargs=2, default=(3, 15), metavar=("LOW", "HIGH"), help="DSSP bounds")
@@ -60,7 +60,7 @@ def build_strategy(args):
     """The strategy ``args`` (parsed with ``add_strategy_arguments``) name, with its options."""
     options = {key: getattr(args, key) for key in STRATEGY_OPTIONS}
     options["staleness"] = tuple(options["staleness"])
-    return build(args.strategy, **options, **aggregation(args))
+    return build(args.strategy, **options)
 
 
 def add_run_arguments(parser):

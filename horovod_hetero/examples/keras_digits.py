@@ -20,7 +20,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import horovod_hetero.keras as hh  # noqa: E402
 from horovod_hetero.data import TASKS, class_accuracy, score, task_data  # noqa: E402
 from horovod_hetero.examples import (  # noqa: E402
-    Curve, add_run_arguments, add_strategy_arguments, build_strategy, curve_subset)
+    Curve, add_run_arguments, add_strategy_arguments, aggregation, build_strategy, curve_subset)
 
 keras = hh.keras_module()
 if keras.backend.backend() == "torch":
@@ -120,7 +120,8 @@ def main():
         callbacks.append(hh.callbacks.SlowdownCallback(batch_size=args.batch_size))  # HOROVOD_HETERO_*, as the strategies
     else:
         # ranks stop on their own clock (--time-budget), at any batch: rounds run on across epochs
-        sync = hh.callbacks.HeteroSyncCallback(build_strategy(args), batch_size=args.batch_size, epoch_sync=False)
+        sync = hh.callbacks.HeteroSyncCallback(build_strategy(args), batch_size=args.batch_size, epoch_sync=False,
+                                               aggregate=aggregation(args))
         callbacks.append(sync)
 
     def evaluate(weights=None, xs=x_test, ys=y_test):

@@ -24,7 +24,8 @@ import torch.nn.functional as F
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
 from horovod_hetero.data import TASKS, TEXT_WINDOW, class_accuracy, score, shakespeare, task_data
-from horovod_hetero.examples import Curve, add_run_arguments, add_strategy_arguments, build_strategy, curve_subset
+from horovod_hetero.examples import (
+    Curve, add_run_arguments, add_strategy_arguments, aggregation, build_strategy, curve_subset)
 
 
 class CharTransformer(torch.nn.Module):
@@ -125,7 +126,7 @@ def main():
     opt = hh.DistributedOptimizer(local_optimizer(task, model, args.lr or task.lr),
                                   named_parameters=model.named_parameters(),
                                   named_buffers=model.named_buffers(),
-                                  strategy=strategy, sampler=sampler)
+                                  strategy=strategy, sampler=sampler, aggregate=aggregation(args))
 
     def batches(epoch):
         """This rank's batches of an epoch: its own shard's, shuffled; with Balanced the sampler's."""

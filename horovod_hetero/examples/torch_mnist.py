@@ -24,7 +24,7 @@ import torch.utils.data
 import horovod.torch as hvd
 import horovod_hetero.torch as hh                                            # hh
 from horovod_hetero.data import digits
-from horovod_hetero.examples import add_strategy_arguments, build_strategy  # hh
+from horovod_hetero.examples import add_strategy_arguments, aggregation, build_strategy  # hh
 
 
 class Net(torch.nn.Module):
@@ -81,7 +81,7 @@ def main(argv=None):
     optimizer = hh.DistributedOptimizer(                                      # hh: was hvd.DistributedOptimizer
         optimizer, named_parameters=model.named_parameters(), named_buffers=model.named_buffers(),
         op=hvd.Adasum if args.use_adasum else hvd.Average, strategy=build_strategy(args),
-        sampler=train_sampler if args.sampler == "hh" else None)
+        sampler=train_sampler if args.sampler == "hh" else None, aggregate=aggregation(args))
 
     # resume from the newest checkpoint: rank 0 loads it, everyone takes rank 0's state
     resume_from_epoch = 0

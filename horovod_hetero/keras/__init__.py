@@ -12,13 +12,13 @@ from horovod_hetero.errors import (  # noqa: F401
 from horovod_hetero.keras import callbacks  # noqa: F401
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S
 from horovod_hetero.strategies import (  # noqa: F401
-    ADSP, Balanced, DSSP, ESync, ElasticBSP, GradientAveraging, GradientWeighting, LocalSGD, ModelAveraging, OuterSGD,
-    Steps, Strategy, Synchronous, WAGMA)
+    ADSP, Balanced, DSSP, ESync, ElasticBSP, GradientAveraging, GradientWeighting, LocalSGD, Mean, ModelAveraging,
+    Normalized, OuterSGD, Steps, Strategy, Synchronous, WAGMA)
 from horovod_hetero.strategies.registry import REGISTRY
 from horovod_hetero.validation import check_bool, check_float, check_int
 
 __all__ = ["DistributedOptimizer", "callbacks", "wagma_process_sets", "keras_module", "keras_major",
-           "Strategy", "ModelAveraging", "GradientAveraging", "GradientWeighting", *(entry.cls.__name__ for entry in REGISTRY.values()), "Steps", "OuterSGD",
+           "Strategy", "ModelAveraging", "GradientAveraging", "GradientWeighting", *(entry.cls.__name__ for entry in REGISTRY.values()), "Steps", "Mean", "Normalized", "OuterSGD",
            "HeteroError", "RankLostError", "CollectiveTimeoutError", "RoundMismatchError", "ElasticResetError"]
 
 

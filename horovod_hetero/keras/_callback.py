@@ -19,6 +19,7 @@ from horovod_hetero.rules.partition import epoch_indices, epoch_steps, step_batc
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, Model
 from horovod_hetero.runtime.controller import HeteroController, check_state
 from horovod_hetero.runtime.straggler import Pacer, Slowdown
+from horovod_hetero.strategies.aggregation import check_aggregate
 from horovod_hetero.strategies.base import GradientAveraging
 from horovod_hetero.strategies.registry import check_strategy
 from horovod_hetero.validation import check_bool, check_float, check_int
@@ -128,7 +129,7 @@ class HeteroSyncCallbackImpl(CheckpointState):
     """
 
     def __init__(self, strategy, process_set=None, telemetry=None, slowdown=None, batch_size=None,
-                 timeout=DEFAULT_TIMEOUT_S, epoch_sync=True, share_epochs=None):
+                 timeout=DEFAULT_TIMEOUT_S, epoch_sync=True, share_epochs=None, aggregate=None):
         super().__init__()
         self.strategy = check_strategy(strategy)
         if isinstance(self.strategy, GradientAveraging):
@@ -136,6 +137,7 @@ class HeteroSyncCallbackImpl(CheckpointState):
                              f"synchronous training wrap the optimizer with hh.DistributedOptimizer (on Keras 2 "
                              f"that is hvd.DistributedOptimizer, which averages nothing on Keras 3), or pass a "
                              f"model-averaging strategy such as LocalSGD(period=8)")
+        self.aggregate = check_aggregate(aggregate, self.strategy)
         self.process_set = check_process_set(process_set)        # membership: at fit, after hvd.init()
         self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
         self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
@@ -167,7 +169,8 @@ class HeteroSyncCallbackImpl(CheckpointState):
     def _build(self, telemetry):
         """The controller for Horovod's current ranks (a new one after ``hvd.elastic``'s reset)."""
         collectives = collectives_class()(self.process_set, self.timeout, owner=type(self).__name__)
-        controller = HeteroController(self.strategy, collectives, KerasModel(self.model), telemetry, self._slowdown)
+        controller = HeteroController(self.strategy, collectives, KerasModel(self.model), telemetry, self._slowdown,
+                                      aggregate=self.aggregate)
         if self._pending_state is not None:
             controller.load_state_dict(self._pending_state)
             self._pending_state = None

@@ -64,6 +64,9 @@ class HeteroSyncCallback(HeteroSyncCallbackImpl, Callback):
             ranks whose ``fit`` holds different numbers of batches (shards sized by hand) keep them. How many batches a slower rank's epoch holds then
             depends on measured speeds: pass ``False`` for a bit-for-bit repeatable schedule (every
             rank Keras' count, the fast ones waiting at each epoch's end).
+        aggregate: how the strategy's global rounds combine the models: ``None`` (their mean),
+            ``hh.Mean(outer=...)`` or ``hh.Normalized(outer=...)`` (each rank's change divided by its
+            local steps), with an optional ``hh.OuterSGD`` on the combined change (``strategies.aggregation``).
 
     Example::
 
@@ -74,29 +77,29 @@ class HeteroSyncCallback(HeteroSyncCallbackImpl, Callback):
 
 
 class LocalSGDCallback(HeteroSyncCallback):
-    """``HeteroSyncCallback(LocalSGD(period, warmup_steps, aggregate, outer))``: average every ``period``-th batch.
+    """``HeteroSyncCallback(LocalSGD(period, warmup_steps))``: average every ``period``-th batch.
 
     Example::
 
         model.fit(x, y, epochs=5, callbacks=[hh.callbacks.LocalSGDCallback(period=8)])
     """
 
-    def __init__(self, period, warmup_steps=0, aggregate="mean", outer=None, **options):
-        super().__init__(LocalSGD(period, warmup_steps, aggregate, outer), **options)
+    def __init__(self, period, warmup_steps=0, **options):
+        super().__init__(LocalSGD(period, warmup_steps), **options)
 
 
 class ESyncCallback(HeteroSyncCallback):
-    """``HeteroSyncCallback(ESync(global_lr, mode, **esync_options))``: see ``hh.ESync`` (``esync_options``
-    takes its other arguments, ``aggregate`` and ``outer`` among them).
+    """``HeteroSyncCallback(ESync(mode, **esync_options))``: see ``hh.ESync`` (``esync_options``
+    takes its other arguments).
 
     Example::
 
-        model.fit(x, y, epochs=5, callbacks=[hh.callbacks.ESyncCallback(global_lr=1.0, mode="delayed_ack")])
+        model.fit(x, y, epochs=5, callbacks=[hh.callbacks.ESyncCallback(mode="delayed_ack")])
     """
 
-    def __init__(self, global_lr=1.0, mode="blocking", esync_options=None, **options):
-        esync_options = _strategy_options("esync_options", esync_options, ESync, ("global_lr", "mode"))
-        super().__init__(ESync(global_lr, mode, **esync_options), **options)
+    def __init__(self, mode="blocking", esync_options=None, **options):
+        esync_options = _strategy_options("esync_options", esync_options, ESync, ("mode",))
+        super().__init__(ESync(mode, **esync_options), **options)
 
 
 class WAGMACallback(HeteroSyncCallback):
@@ -116,27 +119,27 @@ class WAGMACallback(HeteroSyncCallback):
 
 
 class ElasticBSPCallback(HeteroSyncCallback):
-    """``HeteroSyncCallback(ElasticBSP(lookahead, aggregate, outer))``: see ``hh.ElasticBSP``.
+    """``HeteroSyncCallback(ElasticBSP(lookahead))``: see ``hh.ElasticBSP``.
 
     Example::
 
-        model.fit(x, y, epochs=5, callbacks=[hh.callbacks.ElasticBSPCallback(lookahead=15, aggregate="normalized")])
+        model.fit(x, y, epochs=5, callbacks=[hh.callbacks.ElasticBSPCallback(lookahead=15, aggregate=hh.Normalized())])
     """
 
-    def __init__(self, lookahead=15, aggregate="mean", outer=None, **options):
-        super().__init__(ElasticBSP(lookahead, aggregate, outer), **options)
+    def __init__(self, lookahead=15, **options):
+        super().__init__(ElasticBSP(lookahead), **options)
 
 
 class DSSPCallback(HeteroSyncCallback):
-    """``HeteroSyncCallback(DSSP(staleness, tolerance, aggregate, outer))``: see ``hh.DSSP``.
+    """``HeteroSyncCallback(DSSP(staleness, tolerance))``: see ``hh.DSSP``.
 
     Example::
 
         model.fit(x, y, epochs=5, callbacks=[hh.callbacks.DSSPCallback(staleness=(3, 15))])
     """
 
-    def __init__(self, staleness=(3, 15), tolerance=0.05, aggregate="mean", outer=None, **options):
-        super().__init__(DSSP(staleness, tolerance, aggregate, outer), **options)
+    def __init__(self, staleness=(3, 15), tolerance=0.05, **options):
+        super().__init__(DSSP(staleness, tolerance), **options)
 
 
 class ADSPCallback(HeteroSyncCallback):

@@ -1,5 +1,5 @@
-"""The arithmetic of ``aggregate="normalized"`` and ``outer=`` (``strategies.aggregation``), once for every
-framework and strategy.
+"""The arithmetic of ``aggregate=Normalized(...)`` and of an outer optimiser (``strategies.aggregation``),
+once for every framework and strategy.
 
 A global round without either option is the round protocol's weighted mean of the models, summed in
 place. With one of them the round works on changes: every rank keeps the round's start ``w_t``
@@ -25,20 +25,20 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from horovod_hetero.runtime.collectives import Tensor
-from horovod_hetero.strategies.aggregation import OuterSGD, check_aggregation
+from horovod_hetero.strategies.aggregation import Aggregation
 
 
 class Aggregator:
-    """Combines a global round's changes as ``aggregate`` and ``outer`` say; holds ``w_t`` and the momentum.
+    """Combines a global round's changes as ``aggregation`` says; holds ``w_t`` and the momentum.
 
     Args:
-        aggregate: ``"mean"`` or ``"normalized"``.
-        outer: an ``OuterSGD`` or ``None``.
+        aggregation: an ``Aggregation`` (``Mean(outer=...)``, ``Normalized(outer=...)``).
         copy: ``copy(tensors) -> new tensors`` (the adapter's ``Collectives.copy``).
 
     Example:
         >>> import numpy as np
-        >>> agg = Aggregator("normalized", None, copy=lambda ts: [t.copy() for t in ts])
+        >>> from horovod_hetero.strategies.aggregation import Normalized
+        >>> agg = Aggregator(Normalized(), copy=lambda ts: [t.copy() for t in ts])
         >>> agg.begin([np.zeros(2)])
         >>> fast, fast_extra = agg.contribution([np.array([4.0, 0.0])], 1.0, steps=4, samples=128)
         >>> slow, slow_extra = agg.contribution([np.array([0.0, 1.0])], 1.0, steps=1, samples=32)
@@ -46,9 +46,10 @@ class Aggregator:
         [1.25, 1.25]
     """
 
-    def __init__(self, aggregate: str, outer: OuterSGD | None,
-                 copy: Callable[[Sequence[Tensor]], list[Tensor]]) -> None:
-        self.aggregate, self.outer = check_aggregation(aggregate, outer)
+    def __init__(self, aggregation: Aggregation, copy: Callable[[Sequence[Tensor]], list[Tensor]]) -> None:
+        if not isinstance(aggregation, Aggregation):
+            raise TypeError(f"aggregation must be an Aggregation (Mean(...), Normalized(...)), got {aggregation!r}")
+        self.aggregate, self.outer = aggregation.name, aggregation.outer
         self._copy = copy
         # w_t, the round's start (None until the initial models are averaged)
         self.start: list[Tensor] | None = None

@@ -23,7 +23,8 @@ from horovod_hetero.runtime.collectives import Collectives, Model, failure_seen,
 from horovod_hetero.runtime.rounds import RoundProtocol, check_counters
 from horovod_hetero.runtime.straggler import Slowdown, SlowdownFactors
 from horovod_hetero.runtime.telemetry import Telemetry
-from horovod_hetero.strategies.base import (AVERAGE, MEASURE, Context, GradientAveraging, GroupAverage, ModelAveraging,
+from horovod_hetero.strategies.aggregation import Aggregation, check_aggregate
+from horovod_hetero.strategies.base import (AVERAGE, MEASURE, Context, GradientAveraging, GroupAverage,
                                             RoundResult, StepReport, Strategy, check_decision, check_kind)
 from horovod_hetero.runtime.transports import Transports
 
@@ -85,13 +86,15 @@ class HeteroController:
     """Runs a strategy on one rank.
 
     Args:
-        strategy: a ``Strategy``; its counters are part of ``state_dict()``.
+        strategy: a ``ModelAveraging`` or ``GradientAveraging`` strategy; its counters are part of ``state_dict()``.
         collectives: the framework's ``Collectives`` (rank and size of the synchronising set).
         model: the ``Model`` averaged by rounds and group averages.
         telemetry: a ``Telemetry``, a directory, or ``None`` (``HOROVOD_HETERO_TELEMETRY``).
         slowdown: a ``Slowdown``, factors (``"1,1,1,4"`` or a list), or ``None``
             (``HOROVOD_HETERO_SLOWDOWN``).
         clock: injected for tests.
+        aggregate: how the strategy's global rounds combine the models (an ``Aggregation``: ``Mean(...)``,
+            ``Normalized(...)``), or ``None``: their mean; applied here, with the runtime's ``Aggregator``.
 
     Lifecycle: ``start()`` opens the strategy's transports (the torch wrapper calls it when it is
     built, Keras in ``on_train_begin``); ``finish()`` joins the other ranks' rounds until all are
@@ -101,7 +104,7 @@ class HeteroController:
     def __init__(self, strategy: Strategy, collectives: Collectives, model: Model,
                  telemetry: Telemetry | str | os.PathLike[str] | None = None,
                  slowdown: Slowdown | SlowdownFactors | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, aggregate: Aggregation | None = None) -> None:
         self.strategy = check_kind(strategy)
         self.collectives, self.model = collectives, model
         self.size, self.rank = collectives.size, collectives.rank
@@ -114,10 +117,9 @@ class HeteroController:
         self.slowdown = slowdown if isinstance(slowdown, Slowdown) else Slowdown(self.rank, slowdown, size=self.size)
         self.transports: Transports | None = None
         self._clock = clock
-        # rounds on changes (aggregate="normalized", an outer optimiser): w_t and the outer momentum
-        self.aggregator = (Aggregator(strategy.aggregate, strategy.outer, collectives.copy)
-                           if isinstance(strategy, ModelAveraging)
-                           and (strategy.aggregate != "mean" or strategy.outer is not None) else None)
+        # rounds on changes (aggregate=Normalized(), an outer optimiser): w_t and the outer momentum
+        aggregate = check_aggregate(aggregate, strategy)
+        self.aggregator = None if aggregate is None else Aggregator(aggregate, collectives.copy)
         self._left = False
         # every rank has joined since this rank left (a join's last round): its group responder may serve
         # what it collects later (this rank steps again); before that, what it serves is never collected
@@ -207,7 +209,7 @@ class HeteroController:
         """Account for one local optimizer step and carry out the strategy's decision.
 
         ``comm_s``/``bytes_sent``: communication the adapter did itself during the step
-        (gradient allreduce of ``Synchronous``). Returns True if an averaging round ran.
+        (the gradient allreduce of a gradient-averaging strategy). Returns True if an averaging round ran.
         """
         self.start()
         self._initial_round()

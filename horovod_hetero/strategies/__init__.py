@@ -12,8 +12,8 @@
 | ``balanced`` | ``Balanced``: synchronous SGD, each rank's batch sized to its speed | LB-BSP, Cannikin |
 
 ``registry`` is the one list of them the tools derive theirs from (name -> class, bench's
-configuration, the Keras callback). ``aggregation`` holds what every model-averaging strategy takes for its global rounds
-(``aggregate="mean"|"normalized"``, ``outer=OuterSGD(...)``). Every strategy is one of two kinds (``base``):
+configuration, the Keras callback). ``aggregation`` holds how global rounds combine the models, given beside
+any model-averaging strategy (``aggregate=Normalized(outer=OuterSGD(...))``). Every strategy is one of two kinds (``base``):
 ``ModelAveraging`` (all but two) or ``GradientAveraging`` (``Synchronous``; ``Balanced`` is a ``GradientWeighting``). ``periodic`` holds ``Periodic``, the schedule of LocalSGD's rounds and WAGMA's global averages. ``planned`` holds ``RoundPlanned``, the base of the strategies that plan every round from the
 speeds the previous round carried.
 
@@ -24,7 +24,7 @@ from horovod_hetero.strategies.base import (  # noqa: F401
     Plan, RoundResult, RoundStats, StepReport, Strategy, check_decision)
 from horovod_hetero.strategies.adsp import ADSP, Steps  # noqa: F401
 from horovod_hetero.strategies.balanced import Balanced  # noqa: F401
-from horovod_hetero.strategies.aggregation import AGGREGATES, OuterSGD  # noqa: F401
+from horovod_hetero.strategies.aggregation import AGGREGATES, Aggregation, Mean, Normalized, OuterSGD  # noqa: F401
 from horovod_hetero.strategies.dssp import DSSP  # noqa: F401
 from horovod_hetero.strategies.elastic_bsp import ElasticBSP  # noqa: F401
 from horovod_hetero.strategies.esync import ESync  # noqa: F401

@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 
 from horovod_hetero.rules.adsp import CommitRateSearch, commit_period
-from horovod_hetero.strategies.aggregation import OuterSGD
 from horovod_hetero.strategies.base import (
     AVERAGE, CONTINUE, Context, Decision, ModelAveraging, RoundResult, RoundStats, StepReport)
 from horovod_hetero.validation import check_float, check_int
@@ -109,10 +108,6 @@ class ADSP(ModelAveraging):
             paper's 60 s and 20 minutes).
         fit_points: rounds (loss samples) a trial's fit needs, an int >= 3.
         window: step times the prediction of the next step takes the median of, an int >= 1.
-        aggregate: how global rounds combine the models: ``"mean"`` or ``"normalized"`` (each rank's
-            change divided by its local steps; ``strategies.aggregation``).
-        outer: an outer optimiser for the global model, e.g. ``OuterSGD(lr=0.7, momentum=0.9,
-            nesterov=True)``, or ``None`` (plain averaging).
 
     Example:
         >>> s = ADSP(check_period="10steps", search_every="600steps")
@@ -125,8 +120,8 @@ class ADSP(ModelAveraging):
     """
 
     def __init__(self, check_period: float | str | Steps = 60.0, search_every: float | str | Steps | None = None,
-                 fit_points: int = 4, window: int = 5, aggregate: str = "mean", outer: OuterSGD | None = None) -> None:
-        super().__init__(aggregate, outer)
+                 fit_points: int = 4, window: int = 5) -> None:
+        super().__init__()
         self.check_period = as_period("check_period", check_period)
         self._search_every_arg = search_every
         if search_every is None:
@@ -280,7 +275,7 @@ class ADSP(ModelAveraging):
     @property
     def label(self) -> str:
         period = self.check_period if isinstance(self.check_period, Steps) else f"{self.check_period:g}s"
-        return f"ADSP({period})" + self.aggregation_label
+        return f"ADSP({period})"
 
     def state_dict(self) -> dict[str, Any]:
         return dict(super().state_dict(), warmup=self.warmup, commits=self.commits, c_target=self.c_target,
@@ -300,4 +295,4 @@ class ADSP(ModelAveraging):
 
     def __repr__(self) -> str:
         period, every = (str(p) if isinstance(p, Steps) else p for p in (self.check_period, self._search_every_arg))
-        return f"ADSP(check_period={period!r}, search_every={every!r}{self._aggregation_repr()})"
+        return f"ADSP(check_period={period!r}, search_every={every!r})"

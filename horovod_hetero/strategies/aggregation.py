@@ -1,15 +1,16 @@
-"""How a global round combines the ranks' models: ``aggregate=`` and ``outer=`` of every model-averaging strategy.
+"""How a global round combines the ranks' models: the ``aggregate=`` given beside a model-averaging strategy.
 
 When fast ranks take more local steps than slow ones, the plain mean of their models weights each
 rank's data by its step count: the model drifts towards the optimum of the fast ranks' data, not of
 all data (objective inconsistency; Wang et al., "Tackling the Objective Inconsistency Problem in
-Heterogeneous Federated Optimization", NeurIPS 2020, FedNova). Two options of every model-averaging
-strategy (``LocalSGD``, ``ESync``, ``WAGMA``'s global averages, ``ElasticBSP``, ``DSSP``, ``ADSP``)
-change how a global round combines the models; the arithmetic is the runtime's
+Heterogeneous Federated Optimization", NeurIPS 2020, FedNova). An ``Aggregation``, given beside any
+model-averaging strategy (``LocalSGD``, ``ESync``, ``WAGMA``'s global averages, ``ElasticBSP``, ``DSSP``,
+``ADSP``) as ``hh.DistributedOptimizer(..., aggregate=...)`` or the Keras callback's ``aggregate=``,
+changes how a global round combines the models; the arithmetic is the runtime's
 (``runtime.aggregation.Aggregator``), once for every framework and strategy.
 
-- ``aggregate="mean"`` (the default): the ranks' models are averaged, ``w = mean(w_i)``.
-- ``aggregate="normalized"``: FedNova's normalised averaging. Each rank's change since the round's
+- ``Mean()`` (the default, ``aggregate=None``): the ranks' models are averaged, ``w = mean(w_i)``.
+- ``Normalized()``: FedNova's normalised averaging. Each rank's change since the round's
   start ``d_i = w_i - w_t`` is divided by its local steps ``tau_i``, the quotients are averaged with
   the ranks' sample weights ``p_i`` (its mean samples per local step: its batch size; equal weights
   where samples are not reported), and the mean is scaled by ``tau_eff = sum(p_i tau_i)``:
@@ -20,27 +21,28 @@ change how a global round combines the models; the arithmetic is the runtime's
   local optimizer keeps its state across rounds, so every rank's step moves about the same multiple
   of a gradient (``1 / (1 - rho)`` in steady state, for SGD with momentum ``rho``; about ``lr`` per
   coordinate for Adam), which cancels out of the weights.
-- ``outer=OuterSGD(lr, momentum, nesterov)``: the combined change ``Delta = w - w_t`` is a
+- ``outer=OuterSGD(lr, momentum, nesterov)``, of either: the combined change ``Delta = w - w_t`` is a
   pseudo-gradient ``-Delta`` for an outer optimiser on the global model (Reddi et al., "Adaptive
   Federated Optimization"; DiLoCo uses ``OuterSGD(lr=0.7, momentum=0.9, nesterov=True)``).
-  ``OuterSGD(lr=1.0)`` is plain averaging; ESync's ``global_lr`` is ``OuterSGD(lr=global_lr)``.
+  ``OuterSGD(lr=1.0)`` is plain averaging; ESync's global learning rate (the paper's epsilon) is
+  ``Mean(outer=OuterSGD(lr=epsilon))``.
 
 Both travel in the round's one fused allreduce (each rank sends its scaled change and two numbers
 beside the control vector): no extra message. Costs: with either option each rank keeps ``w_t``
 (one copy of the model, on the model's device), plus the outer momentum (a second copy) when
 ``momentum > 0``, and a round builds the scaled change (a third, transient); ``mean`` without an
-outer optimiser sums the model in place and keeps nothing. ``w_t`` and the momentum are part of the
+outer optimiser sums the model in place and keeps nothing. A gradient-averaging strategy
+(``Synchronous``, ``Balanced``) has no rounds that combine models: it refuses any other aggregation. ``w_t`` and the momentum are part of the
 optimizer's (torch) or callback's (Keras) ``state_dict()``, so checkpoints and ``hvd.elastic``
 resume them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
+from horovod_hetero.strategies.base import GradientAveraging
 from horovod_hetero.validation import check_bool, check_float
-
-#: The names ``aggregate=`` accepts.
-AGGREGATES = ("mean", "normalized")
 
 
 @dataclass(frozen=True)
@@ -83,38 +85,105 @@ class OuterSGD:
         return self.lr == 1.0 and self.momentum == 0.0
 
 
-def check_aggregation(aggregate: object, outer: object) -> tuple[str, OuterSGD | None]:
-    """``(aggregate, outer)`` checked; ``outer`` is ``None`` for plain averaging (``OuterSGD(lr=1.0)``
-    too). A ``ValueError``/``TypeError`` names the argument and the accepted form.
+@dataclass(frozen=True)
+class Aggregation:
+    """How a global round combines the ranks' models (``Mean`` or ``Normalized``), with an optional outer
+    optimiser on the combined change.
+
+    Args:
+        outer: an ``OuterSGD``, or ``None`` (plain: the combination is the new model). ``OuterSGD(lr=1.0)``
+            is plain too, and is kept as ``None``.
+    """
+
+    outer: OuterSGD | None = None
+    #: the combination's name (``Mean``: ``"mean"``, ``Normalized``: ``"normalized"``)
+    name: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise TypeError("Aggregation is the base of hh.Mean and hh.Normalized: build one of those")
+        if self.outer is not None and not isinstance(self.outer, OuterSGD):
+            raise TypeError(f"outer must be an outer optimiser such as hh.OuterSGD(lr=0.7, momentum=0.9, nesterov=True), "
+                            f"or None, got {self.outer!r} ({type(self.outer).__name__})")
+        if self.outer is not None and self.outer.is_identity:
+            object.__setattr__(self, "outer", None)
+
+    @property
+    def plain(self) -> bool:
+        """True for ``Mean()`` with no outer optimiser: rounds average the models in place, nothing kept."""
+        return self.name == "mean" and self.outer is None
+
+    @property
+    def label(self) -> str:
+        """A short suffix for labels: ``""`` for plain averaging, else e.g. ``" [normalized, Nesterov 0.9]"``.
+
+        Example:
+            >>> Normalized(OuterSGD(0.7, 0.9, True)).label, Mean().label
+            (' [normalized, outer lr 0.7 Nesterov 0.9]', '')
+        """
+        parts = [] if self.name == "mean" else [self.name]
+        outer = self.outer
+        if outer is not None:
+            kind = ("Nesterov " if outer.nesterov else "momentum ") + f"{outer.momentum:g}" if outer.momentum else ""
+            parts.append(f"outer lr {outer.lr:g}" + (f" {kind}" if kind else ""))
+        return f" [{', '.join(parts)}]" if parts else ""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({'' if self.outer is None else f'outer={self.outer!r}'})"
+
+
+@dataclass(frozen=True, repr=False)
+class Mean(Aggregation):
+    """The ranks' models averaged, ``w = mean(w_i)`` (the default), then the outer optimiser if any.
 
     Example:
-        >>> check_aggregation("normalized", OuterSGD(lr=1.0))
-        ('normalized', None)
-        >>> check_aggregation("median", None)
+        >>> Mean(outer=OuterSGD(lr=0.5))
+        Mean(outer=OuterSGD(lr=0.5, momentum=0.0, nesterov=False))
+    """
+
+    name: ClassVar[str] = "mean"
+
+
+@dataclass(frozen=True, repr=False)
+class Normalized(Aggregation):
+    """FedNova's normalised averaging: each rank's change divided by its local steps, then the outer
+    optimiser if any (see this module's text).
+
+    Example:
+        >>> Normalized(OuterSGD(0.7, 0.9, nesterov=True)).label
+        ' [normalized, outer lr 0.7 Nesterov 0.9]'
+    """
+
+    name: ClassVar[str] = "normalized"
+
+
+#: ``{name: class}`` of every aggregation, for command lines (``--aggregate``).
+AGGREGATES: dict[str, type[Aggregation]] = {"mean": Mean, "normalized": Normalized}
+
+
+def check_aggregate(aggregate: object, strategy: object = None) -> Aggregation | None:
+    """``aggregate`` checked: an ``Aggregation``, or ``None`` for plain averaging (``Mean()`` too). A
+    ``TypeError`` names the accepted forms. ``strategy``: the strategy it goes beside; one that averages
+    gradients (``GradientAveraging``) has no rounds that combine models, and anything but plain averaging
+    is a ``ValueError`` there.
+
+    Example:
+        >>> check_aggregate(Mean(OuterSGD(lr=1.0))) is None
+        True
+        >>> check_aggregate("normalized")
         Traceback (most recent call last):
         ...
-        ValueError: aggregate must be one of 'mean', 'normalized', got 'median'
+        TypeError: aggregate must be hh.Mean(...) or hh.Normalized(...) (with outer=hh.OuterSGD(...) if any), or None; got 'normalized' (str)
     """
-    if not isinstance(aggregate, str):
-        raise TypeError(f"aggregate must be one of {', '.join(map(repr, AGGREGATES))}, got {aggregate!r} "
-                        f"({type(aggregate).__name__})")
-    if aggregate not in AGGREGATES:
-        raise ValueError(f"aggregate must be one of {', '.join(map(repr, AGGREGATES))}, got {aggregate!r}")
-    if outer is not None and not isinstance(outer, OuterSGD):
-        raise TypeError(f"outer must be an outer optimiser such as hh.OuterSGD(lr=0.7, momentum=0.9, nesterov=True), "
-                        f"or None, got {outer!r} ({type(outer).__name__})")
-    return aggregate, (None if outer is None or outer.is_identity else outer)
-
-
-def describe(aggregate: str, outer: OuterSGD | None) -> str:
-    """A short suffix for labels: ``""`` for plain averaging, else e.g. ``" [normalized, Nesterov 0.9]"``.
-
-    Example:
-        >>> describe("normalized", OuterSGD(0.7, 0.9, True)), describe("mean", None)
-        (' [normalized, outer lr 0.7 Nesterov 0.9]', '')
-    """
-    parts = [] if aggregate == "mean" else [aggregate]
-    if outer is not None:
-        kind = ("Nesterov " if outer.nesterov else "momentum ") + f"{outer.momentum:g}" if outer.momentum else ""
-        parts.append(f"outer lr {outer.lr:g}" + (f" {kind}" if kind else ""))
-    return f" [{', '.join(parts)}]" if parts else ""
+    if aggregate is None:
+        return None
+    if not isinstance(aggregate, Aggregation):
+        raise TypeError(f"aggregate must be hh.Mean(...) or hh.Normalized(...) (with outer=hh.OuterSGD(...) if any), "
+                        f"or None; got {aggregate!r} ({type(aggregate).__name__})")
+    if aggregate.plain:
+        return None
+    if isinstance(strategy, GradientAveraging):
+        raise ValueError(f"aggregate={aggregate!r} combines the models of a model-averaging strategy's rounds; "
+                         f"{type(strategy).__name__} averages gradients every step, so it has none: leave "
+                         f"aggregate=None, or use a model-averaging strategy such as hh.LocalSGD(period=8)")
+    return aggregate

@@ -40,7 +40,6 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from horovod_hetero.strategies.aggregation import OuterSGD, check_aggregation, describe
 from horovod_hetero.validation import check_int
 
 _T = TypeVar("_T")
@@ -398,40 +397,17 @@ class ModelAveraging(Strategy):
     optimizer's local step), and ``decide``/plans answer ``AVERAGE`` or a ``GroupAverage`` when the
     models meet. The runtime packs the model into flat tensors and carries a round as one weighted
     allreduce of them (``runtime.rounds``); each round's statistics carry every rank's mean step time.
-
-    Args:
-        aggregate: how a global round combines the models, ``"mean"`` or ``"normalized"`` (each rank's
-            change divided by its local steps; ``strategies.aggregation``).
-        outer: an ``OuterSGD`` applied to the round's combined change, or ``None`` (plain averaging).
-            With ``normalized`` or an outer optimiser the runtime first averages the initial models
-            once (the round's start ``w_t`` is then the same on every rank).
+    How a global round combines the models is given beside the strategy, to the adapter
+    (``aggregate=hh.Normalized(...)``, ``strategies.aggregation``), and applied by the runtime.
 
     Example:
         >>> class EveryFour(ModelAveraging):      # a toy strategy: average the models every 4 steps
         ...     def decide(self, report):
         ...         return AVERAGE if self.step % 4 == 0 else CONTINUE
-        >>> s = EveryFour(aggregate="normalized")
+        >>> s = EveryFour()
         >>> [s.after_step() for _ in range(4)][-1], s.label
-        (AVERAGE, 'EveryFour [normalized]')
+        (AVERAGE, 'EveryFour')
     """
-
-    def __init__(self, aggregate: str = "mean", outer: OuterSGD | None = None) -> None:
-        super().__init__()
-        self.aggregate, self.outer = check_aggregation(aggregate, outer)
-
-    @property
-    def label(self) -> str:
-        return type(self).__name__ + self.aggregation_label
-
-    @property
-    def aggregation_label(self) -> str:
-        """``""`` for plain averaging, else how rounds combine models (``" [normalized]"``)."""
-        return describe(self.aggregate, self.outer)
-
-    def _aggregation_repr(self) -> str:
-        """``", aggregate='normalized', outer=OuterSGD(...)"`` where not the defaults (for ``__repr__``)."""
-        return ((f", aggregate={self.aggregate!r}" if self.aggregate != "mean" else "")
-                + (f", outer={self.outer!r}" if self.outer is not None else ""))
 
 
 class GradientAveraging(Strategy):

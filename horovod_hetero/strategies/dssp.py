@@ -7,7 +7,6 @@ import numpy as np
 import numpy.typing as npt
 
 from horovod_hetero.rules.dssp import round_plan
-from horovod_hetero.strategies.aggregation import OuterSGD
 from horovod_hetero.strategies.planned import RoundPlanned
 from horovod_hetero.validation import check_float, check_int
 
@@ -55,10 +54,6 @@ class DSSP(RoundPlanned):
         tolerance: a stop up to this fraction of the fastest's step after the slowest's iteration
             end counts as on time, and waits within it of the least count as equal (measured step
             times are noisy), in [0, 0.5].
-        aggregate: how global rounds combine the models: ``"mean"`` or ``"normalized"`` (each rank's
-            change divided by its local steps; ``strategies.aggregation``).
-        outer: an outer optimiser for the global model, e.g. ``OuterSGD(lr=0.7, momentum=0.9,
-            nesterov=True)``, or ``None`` (plain averaging).
 
     Example:
         >>> DSSP(staleness=(3, 15)).plan_steps([0.1, 0.1, 0.1, 0.4])
@@ -70,9 +65,8 @@ class DSSP(RoundPlanned):
                                       strategy=hh.DSSP(staleness=(3, 15)))
     """
 
-    def __init__(self, staleness: Sequence[int] = (3, 15), tolerance: float = 0.05, aggregate: str = "mean",
-                 outer: OuterSGD | None = None) -> None:
-        super().__init__(aggregate, outer)
+    def __init__(self, staleness: Sequence[int] = (3, 15), tolerance: float = 0.05) -> None:
+        super().__init__()
         self.s_lower, self.s_upper = check_staleness(staleness)
         self.tolerance = check_float("tolerance", tolerance, 0.0, 0.5)
 
@@ -81,7 +75,7 @@ class DSSP(RoundPlanned):
 
     @property
     def label(self) -> str:
-        return f"DSSP({self.s_lower},{self.s_upper})" + self.aggregation_label
+        return f"DSSP({self.s_lower},{self.s_upper})"
 
     def __repr__(self) -> str:
-        return f"DSSP(staleness=({self.s_lower}, {self.s_upper}), tolerance={self.tolerance}{self._aggregation_repr()})"
+        return f"DSSP(staleness=({self.s_lower}, {self.s_upper}), tolerance={self.tolerance})"

@@ -5,7 +5,6 @@ import numpy as np
 import numpy.typing as npt
 
 from horovod_hetero.rules.zipline import predict_ends, zipline
-from horovod_hetero.strategies.aggregation import OuterSGD
 from horovod_hetero.strategies.planned import RoundPlanned
 from horovod_hetero.validation import check_int
 
@@ -28,10 +27,6 @@ class ElasticBSP(RoundPlanned):
 
     Args:
         lookahead: R, an int >= 1: iterations predicted per rank (the most local steps per round).
-        aggregate: how global rounds combine the models: ``"mean"`` or ``"normalized"`` (each rank's
-            change divided by its local steps; ``strategies.aggregation``).
-        outer: an outer optimiser for the global model, e.g. ``OuterSGD(lr=0.7, momentum=0.9,
-            nesterov=True)``, or ``None`` (plain averaging).
 
     Example:
         >>> s = ElasticBSP(lookahead=15)
@@ -44,8 +39,8 @@ class ElasticBSP(RoundPlanned):
                                       strategy=hh.ElasticBSP(lookahead=15))
     """
 
-    def __init__(self, lookahead: int = 15, aggregate: str = "mean", outer: OuterSGD | None = None) -> None:
-        super().__init__(aggregate, outer)
+    def __init__(self, lookahead: int = 15) -> None:
+        super().__init__()
         self.lookahead = check_int("lookahead", lookahead, 1)
 
     def plan_steps(self, step_s: npt.NDArray[np.float64]) -> list[int]:
@@ -53,7 +48,7 @@ class ElasticBSP(RoundPlanned):
 
     @property
     def label(self) -> str:
-        return f"ElasticBSP(R={self.lookahead})" + self.aggregation_label
+        return f"ElasticBSP(R={self.lookahead})"
 
     def __repr__(self) -> str:
-        return f"ElasticBSP(lookahead={self.lookahead}{self._aggregation_repr()})"
+        return f"ElasticBSP(lookahead={self.lookahead})"

@@ -6,7 +6,6 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from horovod_hetero.errors import StateServerError, StateServerTimeout
-from horovod_hetero.strategies.aggregation import OuterSGD
 from horovod_hetero.strategies.base import (
     AVERAGE, CONTINUE, Context, Decision, ModelAveraging, RoundResult, StateService, StepReport)
 from horovod_hetero.validation import check_bool, check_float, check_int, parse_address
@@ -25,8 +24,10 @@ class ESync(ModelAveraging):
     (``rules.esync.ESyncState``); after each local step a worker asks it whether to aggregate
     (QUERY-STATE; its capability is its measured step time plus the query round trip) and answers
     ``AVERAGE`` when it is ready. The aggregation is the runtime's averaging round, one fused
-    allreduce of the model deltas: w_{t+1} = w_t + global_lr * mean(w_i - w_t) (``global_lr`` is
-    ``outer=OuterSGD(lr=global_lr)``; ``aggregate="normalized"`` divides each delta by its local steps).
+    allreduce of the models: w_{t+1} = mean(w_i). The paper's global learning rate epsilon,
+    w_{t+1} = w_t + epsilon * mean(w_i - w_t), is given beside the strategy, as every aggregation is:
+    ``aggregate=hh.Mean(outer=hh.OuterSGD(lr=epsilon))`` (``hh.Normalized`` divides each delta by its
+    local steps; ``strategies.aggregation``).
 
     Falling back never splits the ranks (a rank stalled longer than ``timeout``, e.g. rank 0 with
     the server, makes the others time out while it does not): a rank that falls back tells the
@@ -38,8 +39,6 @@ class ESync(ModelAveraging):
     collective timeout.
 
     Args:
-        global_lr: the paper's epsilon, > 0 (1.0: plain averaging of the replicas); the same as
-            ``outer=OuterSGD(lr=global_lr)``.
         mode: ``"blocking"`` (wait for each answer) or ``"delayed_ack"`` (send the query, keep
             training, aggregate at the first step boundary after READY arrives; a worker the
             server reports as the slowest waits for its answer, so it aggregates after one step).
@@ -54,29 +53,19 @@ class ESync(ModelAveraging):
         warmup_step: the first local step is a warm-up (tf.function tracing, allocation): its time
             is not reported as capability, and no worker is ready before every worker reported a
             real step. ``False`` reports it (steps that cost the same from the first on).
-        aggregate: how global rounds combine the models: ``"mean"`` or ``"normalized"`` (each rank's
-            change divided by its local steps; ``strategies.aggregation``).
-        outer: an outer optimiser for the global model (with ``global_lr`` 1.0), e.g.
-            ``OuterSGD(lr=0.7, momentum=0.9, nesterov=True)``, or ``None`` (plain averaging).
 
     Example::
 
         opt = hh.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                      strategy=hh.ESync(global_lr=1.0, mode="blocking"))
+                                      strategy=hh.ESync(mode="blocking"))
     """
 
     MODES = ("blocking", "delayed_ack")
 
-    def __init__(self, global_lr: float = 1.0, mode: str = "blocking", epsilon: float = 1e-3, overshoot: float = 0.5,
+    def __init__(self, mode: str = "blocking", epsilon: float = 1e-3, overshoot: float = 0.5,
                  timeout: float = 2.0, fallback_period: int = 8, server_address: str | None = None,
-                 warmup_step: bool = True, aggregate: str = "mean", outer: OuterSGD | None = None) -> None:
-        self.global_lr = check_float("global_lr", global_lr, 0.0, min_exclusive=True)
-        if self.global_lr != 1.0:
-            if outer is not None:
-                raise ValueError(f"give global_lr or outer, not both: global_lr={global_lr!r} is "
-                                 f"outer=OuterSGD(lr={global_lr!r}); got outer={outer!r} too")
-            outer = OuterSGD(lr=self.global_lr)
-        super().__init__(aggregate, outer)
+                 warmup_step: bool = True) -> None:
+        super().__init__()
         if not isinstance(mode, str) or mode not in self.MODES:
             error = ValueError if isinstance(mode, str) else TypeError
             raise error(f"mode must be one of {', '.join(map(repr, self.MODES))}, got {mode!r}")
@@ -197,6 +186,4 @@ class ESync(ModelAveraging):
         self.local_steps = state["local_steps"]
 
     def __repr__(self) -> str:
-        outer = f", outer={self.outer!r}" if self.outer is not None and self.global_lr == 1.0 else ""
-        aggregate = f", aggregate={self.aggregate!r}" if self.aggregate != "mean" else ""
-        return f"ESync(global_lr={self.global_lr}, mode={self.mode!r}{aggregate}{outer})"
+        return f"ESync(mode={self.mode!r})"

@@ -4,7 +4,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from horovod_hetero.strategies.aggregation import OuterSGD
 from horovod_hetero.strategies.base import AVERAGE, CONTINUE, Decision, ModelAveraging, StepReport
 from horovod_hetero.strategies.periodic import Periodic
 
@@ -25,10 +24,6 @@ class LocalSGD(ModelAveraging):
         period: int >= 1, or a ``step -> int`` schedule giving the number of local steps until
             the next averaging (evaluated at each averaging step).
         warmup_steps: int >= 0, number of initial steps averaged after every step.
-        aggregate: how global rounds combine the models: ``"mean"`` or ``"normalized"`` (each rank's
-            change divided by its local steps; ``strategies.aggregation``).
-        outer: an outer optimiser for the global model, e.g. ``OuterSGD(lr=0.7, momentum=0.9,
-            nesterov=True)``, or ``None`` (plain averaging).
 
     Example:
         >>> s = LocalSGD(period=3)
@@ -36,9 +31,8 @@ class LocalSGD(ModelAveraging):
         [CONTINUE, CONTINUE, AVERAGE, CONTINUE, CONTINUE, AVERAGE, CONTINUE]
     """
 
-    def __init__(self, period: int | Callable[[int], int], warmup_steps: int = 0, aggregate: str = "mean",
-                 outer: OuterSGD | None = None) -> None:
-        super().__init__(aggregate, outer)
+    def __init__(self, period: int | Callable[[int], int], warmup_steps: int = 0) -> None:
+        super().__init__()
         self.schedule = Periodic(period, warmup_steps)
         self._period_arg = period
 
@@ -56,7 +50,7 @@ class LocalSGD(ModelAveraging):
 
     @property
     def label(self) -> str:
-        return f"LocalSGD({self._period_arg if isinstance(self._period_arg, int) else 'schedule'})" + self.aggregation_label
+        return f"LocalSGD({self._period_arg if isinstance(self._period_arg, int) else 'schedule'})"
 
     def state_dict(self) -> dict[str, Any]:
         return dict(super().state_dict(), next=self.schedule.next)
@@ -66,4 +60,4 @@ class LocalSGD(ModelAveraging):
         self.schedule.next = state.get("next")
 
     def __repr__(self) -> str:
-        return f"LocalSGD(period={self._period_arg!r}, warmup_steps={self.warmup_steps}{self._aggregation_repr()})"
+        return f"LocalSGD(period={self._period_arg!r}, warmup_steps={self.warmup_steps})"

@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from horovod_hetero.strategies.aggregation import OuterSGD
 from horovod_hetero.strategies.base import Context, ModelAveraging, Plan, RoundResult, RoundStats
 
 
@@ -27,8 +26,8 @@ class RoundPlanned(ModelAveraging):
     measurement in the round, every rank runs one step, to measure it.
     """
 
-    def __init__(self, aggregate: str = "mean", outer: OuterSGD | None = None) -> None:
-        super().__init__(aggregate, outer)
+    def __init__(self) -> None:
+        super().__init__()
         self.warming_up = False       # the next round measured each rank's first step only
 
     @abc.abstractmethod

@@ -5,7 +5,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from horovod_hetero.rules.grouping import butterfly_group, group_process_sets, resolve_group_size
-from horovod_hetero.strategies.aggregation import OuterSGD
 from horovod_hetero.strategies.base import (
     AVERAGE, CONTINUE, Context, Decision, GroupAverage, ModelAveraging, RoundResult, StepReport)
 from horovod_hetero.strategies.periodic import Periodic
@@ -53,10 +52,6 @@ class WAGMA(ModelAveraging):
         patience: seconds a worker lets its peers wait for its own step before its last model
             is used instead (0.0 is the paper: at once); none while it waits in ``sync_model()``.
         timeout: seconds to wait for a group average before a ``CollectiveTimeoutError``.
-        aggregate: how the global averages combine the models: ``"mean"`` or ``"normalized"`` (each rank's
-            change divided by its local steps; ``strategies.aggregation``).
-        outer: an outer optimiser for the global model, e.g. ``OuterSGD(lr=0.7, momentum=0.9,
-            nesterov=True)``, or ``None`` (plain averaging).
 
     Example::
 
@@ -66,9 +61,8 @@ class WAGMA(ModelAveraging):
     """
 
     def __init__(self, group_size: int | None = None, sync_period: int | Callable[[int], int] = 10,
-                 wait_avoiding: bool = True, patience: float = 0.0, timeout: float = 300.0, aggregate: str = "mean",
-                 outer: OuterSGD | None = None) -> None:
-        super().__init__(aggregate, outer)
+                 wait_avoiding: bool = True, patience: float = 0.0, timeout: float = 300.0) -> None:
+        super().__init__()
         self.schedule = Periodic(sync_period, name="sync_period")
         self._period_arg = sync_period
         self.group_size = group_size
@@ -131,8 +125,8 @@ class WAGMA(ModelAveraging):
     @property
     def label(self) -> str:
         period = self._period_arg if isinstance(self._period_arg, int) else "schedule"
-        return f"WAGMA(S={self.group_size or 'auto'},{period})" + self.aggregation_label
+        return f"WAGMA(S={self.group_size or 'auto'},{period})"
 
     def __repr__(self) -> str:
         return (f"WAGMA(group_size={self.group_size!r}, sync_period={self._period_arg!r}, "
-                f"wait_avoiding={self.wait_avoiding}{self._aggregation_repr()})")
+                f"wait_avoiding={self.wait_avoiding})")

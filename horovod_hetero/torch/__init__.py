@@ -11,14 +11,14 @@ from horovod_hetero.errors import (  # noqa: F401
     CollectiveTimeoutError, ElasticResetError, HeteroError, RankLostError, RoundMismatchError)
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S  # noqa: F401
 from horovod_hetero.strategies import (  # noqa: F401
-    ADSP, Balanced, DSSP, ESync, ElasticBSP, GradientAveraging, GradientWeighting, LocalSGD, ModelAveraging, OuterSGD,
-    Steps, Strategy, Synchronous, WAGMA)
+    ADSP, Balanced, DSSP, ESync, ElasticBSP, GradientAveraging, GradientWeighting, LocalSGD, Mean, ModelAveraging,
+    Normalized, OuterSGD, Steps, Strategy, Synchronous, WAGMA)
 from horovod_hetero.strategies.registry import REGISTRY
 from horovod_hetero.torch.sampler import DistributedSampler  # noqa: F401
 from horovod_hetero.torch.slowdown import slow_down  # noqa: F401
 
 __all__ = ["DistributedOptimizer", "DistributedSampler", "slow_down", "wagma_process_sets", "DEFAULT_TIMEOUT_S",
-           "Strategy", "ModelAveraging", "GradientAveraging", "GradientWeighting", *(entry.cls.__name__ for entry in REGISTRY.values()), "Steps", "OuterSGD",
+           "Strategy", "ModelAveraging", "GradientAveraging", "GradientWeighting", *(entry.cls.__name__ for entry in REGISTRY.values()), "Steps", "Mean", "Normalized", "OuterSGD",
            "HeteroError", "RankLostError", "CollectiveTimeoutError", "RoundMismatchError", "ElasticResetError"]
 
 if TYPE_CHECKING:

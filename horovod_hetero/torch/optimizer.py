@@ -18,6 +18,7 @@ from horovod_hetero.common.options import check_run_options
 from horovod_hetero.common.ranks import follow_ranks
 from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S
 from horovod_hetero.runtime.controller import HeteroController, OutsideController, ring_bytes
+from horovod_hetero.strategies.aggregation import check_aggregate
 from horovod_hetero.strategies.base import GradientAveraging, GradientWeighting
 from horovod_hetero.strategies.registry import check_strategy
 from horovod_hetero.torch.collectives import TorchCollectives, TorchModel, wait, wait_done
@@ -376,7 +377,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
                          compression=Compression.none, backward_passes_per_step=1, op=hvd.Average,
                          gradient_predivide_factor=1.0, groups=None, sparse_as_dense=False,
                          process_set=hvd.global_process_set, named_buffers=None, telemetry=None,
-                         slowdown=None, timeout=DEFAULT_TIMEOUT_S, num_groups=0, sampler=None):
+                         slowdown=None, timeout=DEFAULT_TIMEOUT_S, num_groups=0, sampler=None, aggregate=None):
     """Wrap a torch optimizer so that training follows a heterogeneity-aware strategy.
 
     With ``strategy=Synchronous()`` (the default) this *is* ``hvd.DistributedOptimizer``
@@ -404,8 +405,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
         optimizer: the ``torch.optim.Optimizer`` to wrap.
         named_parameters: ``model.named_parameters()`` (names the collectives; optional).
         strategy: ``Synchronous()`` (default), ``Balanced(global_batch, rebalance_every)``,
-            ``LocalSGD(period, warmup_steps)``, ``ESync(global_lr, mode)``, ``WAGMA(group_size, sync_period)``,
-            or any ``Strategy``.
+            ``LocalSGD(period, warmup_steps)``, ``ESync(mode)``, ``WAGMA(group_size, sync_period)``,
+            or any ``ModelAveraging``/``GradientAveraging`` strategy.
         process_set: Horovod process set to synchronise over (default: all ranks).
         named_buffers: ``model.named_buffers()``: floating-point buffers (BatchNorm's running
             statistics) are averaged with the parameters and the others (``num_batches_tracked``)
@@ -422,6 +423,10 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
             optimizer's rounds measure; with ``batch_size`` its batches are sized by the strategy
             (``Balanced`` needs one). A sampler built without one binds to the process's only
             ``hh.DistributedOptimizer`` by itself; with several, name it here.
+        aggregate: how a model-averaging strategy's global rounds combine the models: ``None`` (their
+            mean), ``hh.Mean(outer=...)`` or ``hh.Normalized(outer=...)`` (each rank's change divided by
+            its local steps), with an optional ``hh.OuterSGD`` on the combined change
+            (``strategies.aggregation``). A gradient-averaging strategy takes ``None`` only.
 
     Example::
 
@@ -439,6 +444,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
     strategy = check_strategy(strategy)
+    aggregate = check_aggregate(aggregate, strategy)
     # the arguments first, as Horovod checks them: a bad one is a ValueError/TypeError even before hvd.init()
     if check_int("num_groups", num_groups, 0) != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
@@ -515,7 +521,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
         current = first.pop() if first else TorchCollectives(process_set, timeout, owner=owner, members_only=False)
         if not current.included:        # as Horovod: a non-member wraps, and steps locally
             return OutsideController(strategy, hvd.rank(), records)
-        return HeteroController(strategy, current, model, records, slowdown)
+        return HeteroController(strategy, current, model, records, slowdown, aggregate=aggregate)
 
     if sampler is not None and sampler.batch_size is not None and weighted:
         strategy.use_batch(sampler.batch_size, collectives.size)     # the global batch: ranks x the user's batch

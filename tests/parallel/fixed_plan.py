@@ -7,8 +7,8 @@ class FixedPlan(ModelAveraging):
     """A round after ``fast`` local steps on every rank but the last, which takes one. ``keep=True``: a
     restart keeps the plan it has (``on_start`` returns ``None``; the planned strategies shipped plan afresh)."""
 
-    def __init__(self, fast=4, keep=False, **aggregation):
-        super().__init__(**aggregation)
+    def __init__(self, fast=4, keep=False):
+        super().__init__()
         self.fast, self.keep = fast, keep
 
     def _plan(self):

@@ -1,4 +1,4 @@
-"""``aggregate="normalized"`` and ``outer=OuterSGD(...)`` through the Keras callback under horovodrun: identical
+"""``aggregate=hh.Normalized(...)`` and ``outer=hh.OuterSGD(...)`` through the Keras callback under horovodrun: identical
 weights after every round with each aggregation, the slow rank's class weighted up, and a resume from the
 callback's state, or from a Keras checkpoint, that continues bit for bit with the outer momentum."""
 import os
@@ -12,8 +12,8 @@ from fixed_plan import FixedPlan
 from keras_helpers import hh, keras, rank_data
 
 RANK, SIZE = keras_helpers.init()
-VARIANTS = {"mean": {}, "normalized": {"aggregate": "normalized"},
-            "normalized+nesterov": {"aggregate": "normalized", "outer": hh.OuterSGD(0.7, 0.5, nesterov=True)}}
+NESTEROV = hh.Normalized(outer=hh.OuterSGD(lr=0.7, momentum=0.5, nesterov=True))
+VARIANTS = {"mean": None, "normalized": hh.Normalized(), "normalized+nesterov": NESTEROV}
 
 
 class RoundRecorder(keras.callbacks.Callback):
@@ -50,7 +50,7 @@ def model_of(seed=0):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_round_leaves_identical_weights_with_each_aggregation(variant):
     model = model_of()
-    sync = hh.callbacks.HeteroSyncCallback(FixedPlan(**VARIANTS[variant]), batch_size=8)
+    sync = hh.callbacks.HeteroSyncCallback(FixedPlan(), batch_size=8, aggregate=VARIANTS[variant])
     recorder = RoundRecorder(sync)
     x, y = rank_data(RANK, 8 * (16 if RANK < SIZE - 1 else 4))     # four rounds: 16 batches fast, 4 slow
     model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[sync, recorder])
@@ -65,7 +65,7 @@ def skewed(aggregate, rounds=6):
     model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(SIZE, kernel_initializer="zeros")])
     model.compile(optimizer=keras.optimizers.SGD(0.5), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     batches = rounds * (4 if RANK < SIZE - 1 else 1)
-    sync = hh.callbacks.HeteroSyncCallback(FixedPlan(aggregate=aggregate), batch_size=8)
+    sync = hh.callbacks.HeteroSyncCallback(FixedPlan(), batch_size=8, aggregate=VARIANTS[aggregate])
     model.fit(np.zeros((8 * batches, 1), "float32"), np.full(8 * batches, RANK), batch_size=8, epochs=1,
               shuffle=False, verbose=0, callbacks=[sync])
     logits = np.array(model.weights[1], dtype=np.float64)
@@ -84,17 +84,17 @@ def test_normalized_gives_the_slow_ranks_class_more_weight_than_mean():
 
 def test_a_resume_from_the_callbacks_state_continues_bit_identically_with_outer_momentum():
     def strategy():
-        return FixedPlan(aggregate="normalized", outer=hh.OuterSGD(lr=0.7, momentum=0.5, nesterov=True))
+        return FixedPlan()
 
     x, y = rank_data(RANK, 8 * (24 if RANK < SIZE - 1 else 6))
     first, second = slice(0, len(x) // 2), slice(len(x) // 2, None)      # three rounds each
-    model, sync = model_of(), hh.callbacks.HeteroSyncCallback(strategy(), batch_size=8, share_epochs=False)
+    model, sync = model_of(), hh.callbacks.HeteroSyncCallback(strategy(), batch_size=8, share_epochs=False, aggregate=NESTEROV)
     model.fit(x[first], y[first], batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[sync])
     state, weights = sync.state_dict(), model.get_weights()            # fit ended with sync_model()
     model.fit(x[second], y[second], batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[sync])
     after = [w.tolist() for w in model.get_weights()]
 
-    resumed, again = model_of(seed=1), hh.callbacks.HeteroSyncCallback(strategy(), batch_size=8, share_epochs=False)
+    resumed, again = model_of(seed=1), hh.callbacks.HeteroSyncCallback(strategy(), batch_size=8, share_epochs=False, aggregate=NESTEROV)
     resumed.set_weights(weights)
     again.load_state_dict(state)
     resumed.fit(x[second], y[second], batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[again])
@@ -109,14 +109,14 @@ def test_a_resume_from_a_keras_checkpoint_continues_bit_identically_with_outer_m
     ``keep``: the plan in rank 0's counters goes on (a strategy whose restart keeps its plan), each rank
     taking its own share (``plan_done``)."""
     def strategy():
-        return FixedPlan(keep=keep, aggregate="normalized", outer=hh.OuterSGD(lr=0.7, momentum=0.5, nesterov=True))
+        return FixedPlan(keep=keep)
 
     directory = keras_helpers.hvd.broadcast_object(tempfile.mkdtemp() if RANK == 0 else None, root_rank=0,
                                                    name=f"aggregation.checkpoint.dir.{keep}")
     path = os.path.join(directory, "checkpoint.weights.h5")
     x, y = rank_data(RANK, 8 * (24 if RANK < SIZE - 1 else 6))
     first, second = slice(0, len(x) // 2), slice(len(x) // 2, None)      # three rounds each
-    model, sync = model_of(), hh.callbacks.HeteroSyncCallback(strategy(), batch_size=8, share_epochs=False)
+    model, sync = model_of(), hh.callbacks.HeteroSyncCallback(strategy(), batch_size=8, share_epochs=False, aggregate=NESTEROV)
     saved = Counters(sync)
     callbacks = [sync] + ([keras.callbacks.ModelCheckpoint(path, save_weights_only=True), saved] if RANK == 0 else [])
     model.fit(x[first], y[first], batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
@@ -125,7 +125,7 @@ def test_a_resume_from_a_keras_checkpoint_continues_bit_identically_with_outer_m
     model.fit(x[second], y[second], batch_size=8, epochs=1, shuffle=False, verbose=0, callbacks=[sync])
     after = [w.tolist() for w in model.get_weights()]
 
-    resumed, again = model_of(seed=1), hh.callbacks.HeteroSyncCallback(strategy(), batch_size=8, share_epochs=False)
+    resumed, again = model_of(seed=1), hh.callbacks.HeteroSyncCallback(strategy(), batch_size=8, share_epochs=False, aggregate=NESTEROV)
     resumed.load_weights(path)
     loaded = again.load_checkpoint_state(path)
     pending = again.state_dict()

@@ -1,4 +1,4 @@
-"""``aggregate="normalized"`` and ``outer=OuterSGD(...)`` under horovodrun (torch): exact values from an
+"""``aggregate=hh.Normalized(...)`` and ``hh.Mean(outer=OuterSGD(...))`` under horovodrun (torch): exact values from an
 independent reference, identical models after every round, the slow rank's data weighted up, and a resume
 from a checkpoint that continues bit for bit with the outer momentum."""
 import io
@@ -24,8 +24,10 @@ def gather(t):
     return hvd.allgather(t.detach().reshape(1, -1).clone(), name="test.aggregation.gather").numpy()
 
 
-def outer_of(spec):
-    return None if spec is None else hh.OuterSGD(lr=spec[0], momentum=spec[1], nesterov=spec[2])
+def aggregation_of(aggregate, spec):
+    """The ``aggregate=`` of a variant: ``hh.Mean``/``hh.Normalized`` with the outer optimiser ``spec`` gives."""
+    outer = None if spec is None else hh.OuterSGD(lr=spec[0], momentum=spec[1], nesterov=spec[2])
+    return {"mean": hh.Mean, "normalized": hh.Normalized}[aggregate](outer)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -34,7 +36,7 @@ def test_every_round_gives_every_rank_the_reference_value(variant):
     aggregate, outer = VARIANTS[variant]
     p = torch.nn.Parameter(torch.zeros(3))
     opt = hh.DistributedOptimizer(torch.optim.SGD([p], lr=1.0), named_parameters=[("p", p)],
-                                  strategy=FixedPlan(aggregate=aggregate, outer=outer_of(outer)))
+                                  strategy=FixedPlan(), aggregate=aggregation_of(aggregate, outer))
     seen = []
     while len(seen) < 4:
         p.grad = torch.full_like(p, GRADS[RANK])
@@ -53,7 +55,7 @@ def skewed_problem(aggregate, rounds=6):
     once per round, the others four times. Returns every rank's softmax after the rounds."""
     bias = torch.nn.Parameter(torch.zeros(SIZE))
     opt = hh.DistributedOptimizer(torch.optim.SGD([bias], lr=0.5), named_parameters=[("bias", bias)],
-                                  strategy=FixedPlan(aggregate=aggregate))
+                                  strategy=FixedPlan(), aggregate=aggregation_of(aggregate, None))
     target = torch.full((8,), RANK)
     done = 0
     while done < rounds:
@@ -101,9 +103,9 @@ def train(model, opt, first, rounds):
 def build(seed):
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
-    strategy = FixedPlan(aggregate="normalized", outer=hh.OuterSGD(lr=0.7, momentum=0.5, nesterov=True))
     opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
-                                  named_parameters=model.named_parameters(), strategy=strategy)
+                                  named_parameters=model.named_parameters(), strategy=FixedPlan(),
+                                  aggregate=hh.Normalized(outer=hh.OuterSGD(lr=0.7, momentum=0.5, nesterov=True)))
     return model, opt
 
 

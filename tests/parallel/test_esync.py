@@ -80,12 +80,13 @@ def test_unreachable_server_falls_back_and_equals_localsgd_bit_for_bit():
     assert [r["synced"] for r in esync.telemetry.records] == [False, False, True] * 2 + [False, False]
 
 
-def test_global_lr_moves_the_global_model_part_way():
-    """w_{t+1} = w_t + 0.5 (mean_i w_i - w_t), deterministic local steps (fallback every 2)."""
+def test_the_papers_global_lr_as_an_outer_lr_moves_the_global_model_part_way():
+    """ESync's w_{t+1} = w_t + epsilon (mean_i w_i - w_t), epsilon = 0.5 given as aggregate=hh.Mean(outer=
+    hh.OuterSGD(lr=0.5)); deterministic local steps (fallback every 2)."""
     p = torch.nn.Parameter(torch.full((1,), float(RANK)))         # different starts: averaged first
     opt = hh.DistributedOptimizer(torch.optim.SGD([p], lr=1.0), named_parameters=[("p", p)],
-                                  strategy=hh.ESync(global_lr=0.5, server_address=UNREACHABLE, timeout=0.3,
-                                                    fallback_period=2))
+                                  strategy=hh.ESync(server_address=UNREACHABLE, timeout=0.3, fallback_period=2),
+                                  aggregate=hh.Mean(outer=hh.OuterSGD(lr=0.5)))
     g = np.arange(SIZE).mean()                                    # the global model w_t
     w = np.full(SIZE, g)
     seen, want = [], []

@@ -42,6 +42,11 @@ def test_use_before_hvd_init_names_the_fix():
     ({"strategy": hh.LocalSGD(2), "gradient_predivide_factor": 2.0, "groups": 2, "sparse_as_dense": True}, ValueError,
      r"^gradient_predivide_factor, groups, sparse_as_dense: .* strategy=hh.Synchronous\(\)"),
     ({"strategy": hh.LocalSGD(2), "num_groups": 2}, ValueError, r"^num_groups: Horovod's options"),  # the name given
+    ({"strategy": hh.LocalSGD(2), "aggregate": "normalized"}, TypeError, r"^aggregate must be hh.Mean\(...\) or hh.Normalized"),
+    ({"strategy": hh.ESync(), "aggregate": hh.OuterSGD(0.7)}, TypeError, r"^aggregate must be hh.Mean"),
+    ({"aggregate": hh.Normalized()}, ValueError, r"^aggregate=Normalized\(\) combines .* Synchronous averages gradients"),
+    ({"strategy": hh.Balanced(global_batch=8), "aggregate": hh.Mean(hh.OuterSGD(0.5))}, ValueError,
+     r"Balanced averages gradients every step"),
 ])
 def test_bad_arguments_are_refused_before_init(kwargs, error, match):
     with pytest.raises(error, match=match):
@@ -107,7 +112,7 @@ def test_keras_3_optimizer_refuses_keras_2_options_before_any_collective():
 
 
 @pytest.mark.parametrize("make,match", [
-    (lambda: hh.ESync(global_lr=float("inf")), "global_lr must be a finite number"),
+    (lambda: hh.ESync(epsilon=float("inf")), "epsilon must be a finite number"),
     (lambda: hh.ESync(timeout=float("inf")), "timeout must be a finite number"),
     (lambda: hh.WAGMA(timeout=float("inf")), "timeout must be a finite number"),
     (lambda: hh.WAGMA(patience=float("-inf")), "patience must be a finite number"),

@@ -1,4 +1,4 @@
-"""``aggregate="normalized"`` and ``outer=OuterSGD(...)``: the runtime's arithmetic on injected changes, exact.
+"""``aggregate=Normalized(...)`` and ``Mean(outer=OuterSGD(...))``: the runtime's arithmetic on injected changes, exact.
 
 Values are dyadic (sums of powers of two), so every expectation is exact in float64."""
 import copy
@@ -10,11 +10,13 @@ from fakes import ArrayCollectives, ArrayModel, ThreadAllreduce, run_ranks
 from horovod_hetero.runtime.aggregation import Aggregator
 from horovod_hetero.runtime.controller import HeteroController
 from horovod_hetero.strategies import (
-    ADSP, DSSP, ESync, ElasticBSP, LocalSGD, OuterSGD, Plan, ModelAveraging, Synchronous, WAGMA)
-from horovod_hetero.strategies.aggregation import check_aggregation
+    ADSP, AGGREGATES, DSSP, WAGMA, Aggregation, Balanced, ElasticBSP, ESync, LocalSGD, Mean, ModelAveraging, Normalized,
+    OuterSGD, Plan, Synchronous)
+from horovod_hetero.strategies.aggregation import check_aggregate
+
 
 def aggregator(aggregate="mean", outer=None, start=(0.0,)):
-    agg = Aggregator(aggregate, outer, copy=lambda ts: [np.array(t, copy=True) for t in ts])
+    agg = Aggregator(AGGREGATES[aggregate](outer), copy=lambda ts: [np.array(t, copy=True) for t in ts])
     agg.begin([np.array(start)])
     return agg
 
@@ -95,21 +97,21 @@ def test_a_round_in_which_no_rank_stepped_takes_no_outer_step(aggregate):
 
 
 def test_outer_sgd_lr_1_without_momentum_is_plain_mean():
-    assert check_aggregation("mean", OuterSGD(lr=1.0)) == ("mean", None)
-    assert LocalSGD(4, outer=OuterSGD(lr=1.0)).outer is None
+    assert Mean(OuterSGD(lr=1.0)).outer is None and Mean(OuterSGD(lr=1.0)).plain
+    assert check_aggregate(Mean(OuterSGD(lr=1.0))) is None and check_aggregate(None) is None
+    assert not Normalized().plain and check_aggregate(Normalized()) == Normalized()
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    ({"aggregate": "median"}, ValueError, "aggregate must be one of 'mean', 'normalized'"),
-    ({"aggregate": None}, TypeError, "aggregate must be one of"),
-    ({"outer": "nesterov"}, TypeError, r"outer must be an outer optimiser such as hh.OuterSGD"),
-    ({"outer": 0.7}, TypeError, "outer must be an outer optimiser"),
+@pytest.mark.parametrize("make, error, match", [
+    (lambda: check_aggregate("normalized"), TypeError, r"aggregate must be hh.Mean\(...\) or hh.Normalized\(...\)"),
+    (lambda: check_aggregate(OuterSGD(0.7)), TypeError, "aggregate must be hh.Mean"),
+    (lambda: Normalized(outer="nesterov"), TypeError, r"outer must be an outer optimiser such as hh.OuterSGD"),
+    (lambda: Mean(0.7), TypeError, "outer must be an outer optimiser"),
+    (lambda: Aggregation(), TypeError, "Aggregation is the base of hh.Mean and hh.Normalized"),
 ])
-@pytest.mark.parametrize("make", [lambda **kw: LocalSGD(4, **kw), lambda **kw: ESync(**kw), lambda **kw: WAGMA(**kw),
-                                  lambda **kw: ElasticBSP(**kw), lambda **kw: DSSP(**kw), lambda **kw: ADSP(**kw)])
-def test_bad_aggregation_arguments_are_named(make, kwargs, error, match):
+def test_bad_aggregation_arguments_are_named(make, error, match):
     with pytest.raises(error, match=match):
-        make(**kwargs)
+        make()
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
@@ -125,16 +127,22 @@ def test_bad_outer_sgd_arguments_are_named(kwargs, error, match):
         OuterSGD(**kwargs)
 
 
-def test_esync_global_lr_is_outer_sgd_and_not_both():
-    assert ESync(global_lr=0.5).outer == OuterSGD(lr=0.5)
-    assert ESync().outer is None
-    with pytest.raises(ValueError, match="give global_lr or outer, not both"):
-        ESync(global_lr=0.5, outer=OuterSGD(lr=0.5))
+@pytest.mark.parametrize("strategy", [Synchronous(), Balanced(global_batch=8)])
+def test_a_gradient_averaging_strategy_takes_no_aggregation_but_plain_averaging(strategy):
+    assert check_aggregate(Mean(), strategy) is None
+    with pytest.raises(ValueError, match=f"{type(strategy).__name__} averages gradients every step"):
+        check_aggregate(Normalized(), strategy)
+    with pytest.raises(ValueError, match="averages gradients"):
+        check_aggregate(Mean(OuterSGD(0.5)), strategy)
 
 
-def test_synchronous_takes_no_aggregation():
-    with pytest.raises(TypeError):
-        Synchronous(aggregate="normalized")
+@pytest.mark.parametrize("make", [lambda **kw: LocalSGD(4, **kw), lambda **kw: ESync(**kw), lambda **kw: WAGMA(**kw),
+                                  lambda **kw: ElasticBSP(**kw), lambda **kw: DSSP(**kw), lambda **kw: ADSP(**kw)])
+def test_the_aggregation_is_given_beside_a_strategy_never_to_it(make):
+    for given in ({"aggregate": Normalized()}, {"outer": OuterSGD(0.7)}, {"global_lr": 0.5}):
+        with pytest.raises(TypeError, match="unexpected keyword argument"):
+            make(**given)
+    assert not hasattr(make(), "aggregate") and not hasattr(make(), "outer")
 
 
 # --- through the controller: four fake ranks, unequal local steps --------------------------------
@@ -142,8 +150,8 @@ def test_synchronous_takes_no_aggregation():
 class FixedPlan(ModelAveraging):
     """Every round after ``steps[rank]`` local steps."""
 
-    def __init__(self, steps, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, steps):
+        super().__init__()
         self.steps = tuple(steps)
 
     def on_start(self, ctx):
@@ -153,14 +161,15 @@ class FixedPlan(ModelAveraging):
         return Plan(self.steps)
 
 
-def train_ranks(strategy, rounds, start=None):
+def train_ranks(strategy, rounds, start=None, aggregate=None):
     """Four fake ranks; rank r's every local step adds e_r (its own coordinate) to its model and reports
     32 samples; returns every rank's model after each round and the controllers."""
     allreduce = ThreadAllreduce(4)
 
     def rank(r):
         model = ArrayModel({"w": np.zeros(4) if start is None else np.array(start)})
-        ctl = HeteroController(copy.deepcopy(strategy), ArrayCollectives(allreduce, r, 4), model, slowdown=[1.0] * 4)
+        ctl = HeteroController(copy.deepcopy(strategy), ArrayCollectives(allreduce, r, 4), model, slowdown=[1.0] * 4,
+                               aggregate=aggregate)
         ctl.start()                          # as the adapters do before the first local step
         seen = []
         while len(seen) < rounds:
@@ -183,18 +192,18 @@ def test_every_rank_ends_every_round_with_the_same_combination(aggregate, outer,
     """Ranks 0-2 take 4 steps per round, rank 3 one: mean gives rank 3's coordinate a quarter of the
     others' share, normalized the same share (tau_eff = 3.25); Nesterov momentum 0.5 on top:
     1.5 Delta, then Delta + 0.5 (0.5 Delta + Delta) = 1.75 Delta more."""
-    models = train_ranks(FixedPlan((4, 4, 4, 1), aggregate=aggregate, outer=outer), rounds=2)
+    models = train_ranks(FixedPlan((4, 4, 4, 1)), rounds=2, aggregate=AGGREGATES[aggregate](outer))
     assert models == [expected] * 4
 
 
 def test_the_aggregation_state_round_trips_through_state_dict():
     """A controller that loads another's state_dict() (w_t and the outer momentum) continues exactly
     as the other does."""
-    strategy = LocalSGD(2, outer=OuterSGD(lr=0.5, momentum=0.5, nesterov=True), aggregate="normalized")
+    strategy, aggregate = LocalSGD(2), Normalized(outer=OuterSGD(lr=0.5, momentum=0.5, nesterov=True))
 
     def controller(model):
         return HeteroController(copy.deepcopy(strategy), ArrayCollectives(lambda rank, arrays: arrays), model,
-                                slowdown=[1.0])
+                                slowdown=[1.0], aggregate=aggregate)
 
     def steps(ctl, model, n):
         for _ in range(n):
@@ -218,8 +227,8 @@ def test_the_aggregation_state_round_trips_through_state_dict():
 
 def test_a_state_without_aggregation_takes_the_model_held_as_the_rounds_start():
     model = ArrayModel({"w": np.array([3.0])})
-    ctl = HeteroController(LocalSGD(2, aggregate="normalized"), ArrayCollectives(lambda rank, arrays: arrays), model,
-                           slowdown=[1.0])
+    ctl = HeteroController(LocalSGD(2), ArrayCollectives(lambda rank, arrays: arrays), model,
+                           slowdown=[1.0], aggregate=Normalized())
     ctl.start()
     model.arrays["w"] = np.array([5.0])
     ctl.load_state_dict({"strategy": ctl.strategy.state_dict(), "rounds": ctl.protocol.state_dict()})

@@ -1,4 +1,5 @@
 """horovod-hetero bench and report: the pure parts (planning, curves, the simulator's prediction, tables)."""
+import argparse
 import dataclasses
 import json
 import os
@@ -12,8 +13,8 @@ from click.testing import CliRunner
 from horovod_hetero import bench, report
 from horovod_hetero.cli import cli
 from horovod_hetero.data import TASKS, available, noniid_shard, score, task_data
-from horovod_hetero.examples import Curve
-from horovod_hetero.strategies import ESync, Synchronous
+from horovod_hetero.examples import Curve, add_strategy_arguments, aggregation
+from horovod_hetero.strategies import ESync, Mean, Normalized, OuterSGD, Synchronous
 
 
 def test_plan_runs_synchronous_first_and_interleaves_repeats():
@@ -347,7 +348,10 @@ def test_plan_runs_every_split_and_each_model_averaging_strategy_once_per_aggreg
     assert cmd[cmd.index("--split") + 1] == "skew"
     sync_cmd, _ = bench.job_command(jobs[0], bench.settings_of(4, 0.05, 8.0), pathlib.Path("/tmp/j"))
     assert "--aggregate" not in sync_cmd
-    assert bench.strategy_object("esync", "normalized+nesterov").outer == bench.strategy_object("elasticbsp", "mean+nesterov").outer
+    parser = argparse.ArgumentParser()
+    add_strategy_arguments(parser)
+    given = [aggregation(parser.parse_args(bench.aggregate_options(v))) for v in ("normalized+nesterov", "mean+nesterov")]
+    assert given == [Normalized(OuterSGD(0.7, 0.5, nesterov=True)), Mean(OuterSGD(0.7, 0.5, nesterov=True))]
 
 
 @pytest.mark.parametrize("args, kwargs, message", [

@@ -25,7 +25,7 @@ from horovod.common.process_sets import ProcessSet, global_process_set
 from horovod_hetero.runtime.straggler import Slowdown
 from horovod_hetero.runtime.telemetry import Telemetry
 from horovod_hetero.strategies import (
-    ADSP, AGGREGATES, DSSP, Balanced, ESync, ElasticBSP, LocalSGD, OuterSGD, Steps, Synchronous, WAGMA)
+    ADSP, DSSP, Balanced, ESync, ElasticBSP, LocalSGD, Mean, Normalized, OuterSGD, Steps, Synchronous, WAGMA)
 
 VALID = settings(max_examples=25, deadline=None, derandomize=True, database=None)
 INVALID = settings(max_examples=60, deadline=None, derandomize=True, database=None)
@@ -220,39 +220,37 @@ def _built(make, kwargs):
 
 OUTER_SGD = st.builds(OuterSGD, floats(0.0, 10.0, exclusive=True), st.floats(0.0, 0.99), st.just(False)) | \
     st.builds(OuterSGD, floats(0.0, 10.0, exclusive=True), st.floats(0.01, 0.99), st.just(True))
-AGGREGATE = Arg("aggregate", st.sampled_from(AGGREGATES),
-                st.one_of(TEXT.filter(lambda a: a not in AGGREGATES), st.sampled_from(["Mean", "normalised", "fednova"]),
-                          st.none(), st.integers(), LISTS, OBJECTS))
 BAD_OUTER = st.one_of(TEXT, st.integers(), st.floats(), st.booleans(), LISTS, DICTS, OBJECTS,
                       st.just((0.7, 0.9, True)), st.just(OuterSGD))
 OUTER = Arg("outer", st.one_of(st.none(), OUTER_SGD), BAD_OUTER)
-#: ESync's outer is its global_lr's unless global_lr is 1.0 (both given: a ValueError, tests/single/test_aggregation.py)
-ESYNC_OUTER = Arg("outer", st.none(), BAD_OUTER)
+#: given beside a model-averaging strategy (the adapters' ``aggregate=``)
+AGGREGATE = Arg("aggregate", st.one_of(st.none(), st.builds(Mean, st.one_of(st.none(), OUTER_SGD)),
+                                       st.builds(Normalized, st.one_of(st.none(), OUTER_SGD))),
+                st.one_of(st.sampled_from(["mean", "normalized", "Mean", "fednova"]), TEXT, st.integers(), LISTS,
+                          OBJECTS, OUTER_SGD, st.sampled_from([Mean, Normalized])))
 
 
 def strategy_args(include_period=True):
     return {
-        "LocalSGD": [Arg("period", SCHEDULE, BAD_SCHEDULE), Arg("warmup_steps", ints(0), bad_ints(0)), AGGREGATE, OUTER],
-        "ESync": [Arg("global_lr", *TIMEOUT), Arg("mode", st.sampled_from(ESync.MODES),
+        "LocalSGD": [Arg("period", SCHEDULE, BAD_SCHEDULE), Arg("warmup_steps", ints(0), bad_ints(0))],
+        "ESync": [Arg("mode", st.sampled_from(ESync.MODES),
                                                   st.one_of(TEXT.filter(lambda m: m not in ESync.MODES),
                                                             st.sampled_from(["Blocking", " blocking"]),
                                                             st.none(), st.integers(), LISTS, st.just(("blocking",))))],
         "WAGMA": [Arg("group_size", st.one_of(st.none(), POWERS_OF_TWO), BAD_GROUP_SIZES),
                   Arg("sync_period", SCHEDULE, BAD_SCHEDULE)],
-        "ElasticBSP": [Arg("lookahead", ints(1), bad_ints(1)), AGGREGATE, OUTER],
-        "DSSP": [Arg("staleness", STALENESS, BAD_STALENESS), Arg("tolerance", floats(0.0, 0.5), bad_floats(0.0, 0.5)),
-                 AGGREGATE, OUTER],
+        "ElasticBSP": [Arg("lookahead", ints(1), bad_ints(1))],
+        "DSSP": [Arg("staleness", STALENESS, BAD_STALENESS), Arg("tolerance", floats(0.0, 0.5), bad_floats(0.0, 0.5))],
         "ADSP": [Arg("check_period", PERIODS, BAD_PERIODS)],
     }
 
 
 ESYNC_MORE = [Arg("epsilon", floats(0.0), bad_floats(0.0)), Arg("overshoot", floats(0.0, 1.0), bad_floats(0.0, 1.0)),
               Arg("timeout", *TIMEOUT), Arg("fallback_period", ints(1), bad_ints(1)),
-              Arg("server_address", ADDRESSES, BAD_ADDRESSES), Arg("warmup_step", BOOLS, BAD_BOOLS),
-              AGGREGATE, ESYNC_OUTER]
-ADSP_MORE = [Arg("fit_points", ints(3), bad_ints(3)), Arg("window", ints(1), bad_ints(1)), AGGREGATE, OUTER]
+              Arg("server_address", ADDRESSES, BAD_ADDRESSES), Arg("warmup_step", BOOLS, BAD_BOOLS)]
+ADSP_MORE = [Arg("fit_points", ints(3), bad_ints(3)), Arg("window", ints(1), bad_ints(1))]
 WAGMA_MORE = [Arg("wait_avoiding", BOOLS, BAD_BOOLS), Arg("patience", floats(0.0), bad_floats(0.0)),
-              Arg("timeout", *TIMEOUT), AGGREGATE, OUTER]
+              Arg("timeout", *TIMEOUT)]
 
 SLOWDOWN_ARGS = [
     Arg("rank", ints(0, 3), bad_ints(0)),
@@ -284,6 +282,8 @@ CORE = {
                                        Arg("momentum", st.floats(0.0, 0.99), st.one_of(
                                            st.floats(1.0, 5.0), st.floats(max_value=-1e-9), NOT_FINITE, TEXT, st.none()),
                                            expect="OuterSGD momentum")]),
+    "Mean": Constructor(Mean, [OUTER]),
+    "Normalized": Constructor(Normalized, [OUTER]),
 }
 
 
@@ -298,7 +298,7 @@ def keras_constructors():
             BAD_SLOWDOWN),
         Arg("batch_size", st.one_of(st.none(), ints(1)), bad_ints(1, optional=True)),
         Arg("timeout", *TIMEOUT),
-        Arg("epoch_sync", BOOLS, BAD_BOOLS)]
+        Arg("epoch_sync", BOOLS, BAD_BOOLS), AGGREGATE]
     strategies = st.sampled_from([LocalSGD(2), ESync(), WAGMA(), ElasticBSP(), DSSP(), ADSP()])
     bad_strategies = st.one_of(st.sampled_from([Synchronous(), LocalSGD, "localsgd", None, 5, True]), OBJECTS)
     own = strategy_args()
@@ -324,7 +324,7 @@ def keras_constructors():
                                           base={"strategy": LocalSGD(2)}),
         "LocalSGDCallback": Constructor(cb.LocalSGDCallback, own["LocalSGD"] + options, base={"period": 2}),
         "ESyncCallback": Constructor(cb.ESyncCallback, own["ESync"] + [
-            options_arg("esync_options", ESYNC_MORE, ("global_lr", "mode"))] + options),
+            options_arg("esync_options", ESYNC_MORE, ("mode",))] + options),
         "WAGMACallback": Constructor(cb.WAGMACallback, own["WAGMA"] + [
             options_arg("wagma_options", WAGMA_MORE, ("group_size", "sync_period"))] + options),
         "ElasticBSPCallback": Constructor(cb.ElasticBSPCallback, own["ElasticBSP"] + options),
@@ -335,7 +335,7 @@ def keras_constructors():
             Arg("batch_size", ints(1), bad_ints(1)), Arg("global_batch", st.one_of(st.none(), ints(1)), bad_ints(1, optional=True)),
             Arg("max_batch", st.one_of(st.none(), ints(1)), bad_ints(1, optional=True)),
             Arg("min_batch", st.one_of(st.none(), st.just(1)), bad_ints(1, optional=True))]
-            + [a for a in options if a.name not in ("batch_size", "epoch_sync")],
+            + [a for a in options if a.name not in ("batch_size", "epoch_sync", "aggregate")],
             base={"batch_size": 32}),
         "BroadcastGlobalVariablesCallback": Constructor(cb.BroadcastGlobalVariablesCallback, [
             Arg("root_rank", ints(0), bad_ints(0)), Arg("process_set", PROCESS_SETS, BAD_PROCESS_SETS),

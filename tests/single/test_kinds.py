@@ -6,7 +6,7 @@ from fakes import ArrayCollectives, ArrayModel
 from horovod_hetero import simulate as sim
 from horovod_hetero.runtime.controller import HeteroController
 from horovod_hetero.strategies import (
-    AVERAGE, CONTINUE, MEASURE, Balanced, GradientAveraging, GradientWeighting, ModelAveraging, OuterSGD, Strategy,
+    AVERAGE, CONTINUE, MEASURE, Balanced, GradientAveraging, GradientWeighting, ModelAveraging, Normalized, OuterSGD, Strategy,
     Synchronous, check_strategy)
 from horovod_hetero.strategies.registry import REGISTRY
 
@@ -30,9 +30,9 @@ def doubled(rank, arrays):
     return [2 * a for a in arrays]
 
 
-def controller(strategy, model=None):
+def controller(strategy, model=None, aggregate=None):
     return HeteroController(strategy, ArrayCollectives(doubled, rank=0, size=2),
-                            model or ArrayModel({"w": np.array([3.0])}), slowdown=[1.0, 1.0])
+                            model or ArrayModel({"w": np.array([3.0])}), slowdown=[1.0, 1.0], aggregate=aggregate)
 
 
 def test_every_registered_strategy_is_exactly_one_kind():
@@ -52,11 +52,11 @@ def test_a_toy_model_averaging_strategy_runs_in_the_runtime_and_the_simulator_as
     assert len(result.round_steps) >= 3 and all(steps.tolist() == [3, 3] for steps in result.round_steps)
 
 
-def test_a_model_averaging_strategy_takes_its_aggregation_and_the_runtime_applies_it():
-    ctl = controller(EveryThird(aggregate="normalized", outer=OuterSGD(0.7, 0.9)))
+def test_an_aggregation_goes_beside_a_model_averaging_strategy_and_the_runtime_applies_it():
+    ctl = controller(EveryThird(), aggregate=Normalized(outer=OuterSGD(0.7, 0.9)))
     ctl.start()                    # rounds on changes: the initial models are averaged once
     assert ctl.protocol.round == 1 and ctl.aggregator.start[0].tolist() == [3.0]
-    assert EveryThird(aggregate="normalized").label == "EveryThird [normalized]"
+    assert (ctl.aggregator.aggregate, ctl.aggregator.outer) == ("normalized", OuterSGD(0.7, 0.9))
     ctl.close()
 
 
@@ -67,8 +67,8 @@ def test_a_gradient_strategy_measures_with_median_step_times_and_counts_joined_r
     assert not model._median and not model._absent_zeros
     synced = [ctl.after_step() for _ in range(4)]
     assert synced == [False] * 4 and ctl.protocol.round == 2           # measuring rounds average no model
-    with pytest.raises(TypeError):
-        MeasureEveryOther(aggregate="normalized")                      # no models to aggregate
+    with pytest.raises(ValueError, match="MeasureEveryOther averages gradients every step"):
+        controller(MeasureEveryOther(), aggregate=Normalized())        # no models to aggregate
 
 
 def test_a_strategy_of_neither_kind_is_refused_where_it_would_run():

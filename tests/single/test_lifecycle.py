@@ -7,7 +7,7 @@ import pytest
 
 from fakes import ArrayCollectives, ArrayModel
 from horovod_hetero.runtime.controller import HeteroController
-from horovod_hetero.strategies import ESync, ModelAveraging, StepReport, WAGMA
+from horovod_hetero.strategies import ESync, Mean, ModelAveraging, OuterSGD, StepReport, WAGMA
 
 UNREACHABLE = "tcp://127.0.0.1:9"
 
@@ -77,12 +77,12 @@ def test_after_a_restart_the_responder_serves_weight_zero_until_this_rank_steps_
     ctl.finish()
 
 
-def test_initial_average_for_global_lr_waits_for_weights_that_do_not_exist_yet():
+def test_initial_average_for_an_outer_optimiser_waits_for_weights_that_do_not_exist_yet():
     """A Keras model built by its first batch has no weights when training begins: the initial
     models are then averaged at the first step instead of never."""
     arrays = {}
-    ctl = one_rank(ESync(global_lr=0.5, server_address=UNREACHABLE, timeout=0.2, fallback_period=4),
-                   ArrayModel(arrays))
+    ctl = one_rank(ESync(server_address=UNREACHABLE, timeout=0.2, fallback_period=4),
+                   ArrayModel(arrays), aggregate=Mean(outer=OuterSGD(lr=0.5)))
     ctl.start()
     assert ctl.protocol.round == 0
     arrays["w"] = np.array([1.0])

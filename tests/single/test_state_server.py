@@ -148,7 +148,7 @@ def test_esync_falls_back_once_with_a_warning(caplog):
     transports.close()
 
 
-@pytest.mark.parametrize("kwargs,match", [({"global_lr": 0}, "global_lr"), ({"global_lr": -1.0}, "global_lr"),
+@pytest.mark.parametrize("kwargs,match", [({"epsilon": -1.0}, "epsilon"), ({"global_lr": 0.5}, "global_lr"),
                                           ({"mode": "async"}, "mode must be one of 'blocking', 'delayed_ack'"),
                                           ({"fallback_period": 0}, "fallback_period"),
                                           ({"overshoot": 2.0}, "overshoot"), ({"timeout": 0}, "timeout"),
