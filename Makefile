@@ -47,7 +47,7 @@ test-single: $(READY)
 	$(PY) -m pytest -q -p no:cacheprovider tests/single
 	$(PY) -m pytest -q -p no:cacheprovider --doctest-modules horovod_hetero
 
-#: mypy on the core, as pyproject.toml's [tool.mypy] sets it (its files; every definition annotated)
+#: mypy on the whole package, as pyproject.toml's [tool.mypy] sets it (the core: every definition annotated)
 .PHONY: typecheck
 typecheck: $(READY)
 	$(PY) -m mypy

@@ -36,6 +36,7 @@ import signal
 import statistics
 import subprocess
 import sys
+from typing import Any
 import time
 from importlib import metadata
 
@@ -197,7 +198,7 @@ def plan(frameworks, tasks, profiles, strategies, repeats, splits=None, aggregat
                                 label = STRATEGIES[s][0] + ("" if agg == "mean" else f" [{agg}]")
                                 jobs.append(Job(f"{framework}-{task}-{slug(split)}-{slug(profile)}-r{r}-{s}{suffix}",
                                                 framework, task, profile, r, s, label, split, agg))
-    seen = {}
+    seen: dict[str, Job] = {}
     for j in jobs:
         other = seen.setdefault(j.id, j)
         if other is not j:
@@ -222,12 +223,11 @@ def versions():
 
 def horovodrun(num_proc, hosts=None):
     """The horovodrun command: beside this interpreter (a virtual environment), else on PATH."""
-    exe = pathlib.Path(sys.executable).with_name("horovodrun")
-    if not exe.exists():
-        exe = shutil.which("horovodrun")
-        if exe is None:
-            raise FileNotFoundError("horovodrun not found beside this Python or on PATH: install Horovod")
-    return [str(exe), "-np", str(num_proc), "-H", hosts or f"localhost:{num_proc}", "--gloo"]
+    beside = pathlib.Path(sys.executable).with_name("horovodrun")
+    exe = str(beside) if beside.exists() else shutil.which("horovodrun")
+    if exe is None:
+        raise FileNotFoundError("horovodrun not found beside this Python or on PATH: install Horovod")
+    return [exe, "-np", str(num_proc), "-H", hosts or f"localhost:{num_proc}", "--gloo"]
 
 
 def job_command(job, settings, job_dir, budget=None):
@@ -386,7 +386,7 @@ def rounds_of(by_rank, every_step=False):
     """``{key: {rank: comm_s}}`` of the collective events every rank took part in: global rounds
     (records with ``round``), or, with no round at all or ``every_step`` (gradients averaged every step;
     ``Balanced``'s statistics rounds are not the cost), every step."""
-    events = {}
+    events: dict[Any, Any] = {}
     with_rounds = not every_step and any("round" in r for recs in by_rank.values() for r in recs)
     for rank, recs in by_rank.items():
         for r in recs:

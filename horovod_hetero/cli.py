@@ -199,14 +199,14 @@ def demo(num_proc, slowdown, base_step, budget, keep, strategies):
     click.echo(f"horovod-hetero demo: {num_proc} workers, slowdown {slowdown} (base step {base_step * 1000:g} ms), "
                f"digits MLP, {budget:g} s of training per strategy")
     results = run_plan(root, jobs, settings)
-    failed = [e["id"] for e in results["jobs"] if e["status"] != "done"]
+    failed = [job["id"] for job in results["jobs"] if job["status"] != "done"]
     if failed:
         raise click.ClickException(f"{', '.join(failed)} failed: see {root}/jobs/*/output.log")
     rows = []
-    for e in results["jobs"]:
-        s = e["summary"]
+    for job in results["jobs"]:
+        s = job["summary"]
         fast = [r for w, r in enumerate(s["compute_ratio"] or []) if factors[w] == min(factors)]
-        rows.append((e["label"], s["samples_per_s"], s["final"], sum(fast) / len(fast) if fast else None,
+        rows.append((job["label"], s["samples_per_s"], s["final"], sum(fast) / len(fast) if fast else None,
                      s["median_rtt_s"]))
     base = rows[0][1]
     click.echo("")

@@ -71,7 +71,7 @@ class Task:
     loss: str
     metric: str
     higher_is_better: bool
-    target: float
+    target: float | None
     split: str = "iid"
     dataset: str = "digits"
     optimizer: str = "sgd"

@@ -17,6 +17,7 @@ import json
 import math
 import pathlib
 import shlex
+from typing import Any
 
 import numpy as np
 
@@ -51,7 +52,7 @@ def load_results(directory):
 
 def groups(results):
     """``{(framework, task, split, profile): {strategy label: [finished job entries]}}``, in plan order."""
-    out = {}
+    out: dict[tuple[str, str, str, str], dict[str, list[dict[str, Any]]]] = {}
     for entry in results["jobs"]:
         g = out.setdefault((entry["framework"], entry["task"], entry["split"], entry["profile"]), {})
         g.setdefault(entry["label"], [])
@@ -193,13 +194,13 @@ def group_title(key, results, group=None):
     summaries = [e["summary"] for entries in (group or {}).values() for e in entries]
     if target == "sync":
         reached = [x["target"] for x in summaries if x["target"] is not None]
-        target = (f"Synchronous's final {t.metric}" +
-                  (f", median {np.median(reached):.3f}" if reached else "") + ", per repeat")
+        aim = (f"Synchronous's final {t.metric}" +
+               (f", median {np.median(reached):.3f}" if reached else "") + ", per repeat")
     else:
-        target = f"{t.metric} {target:g}"
+        aim = f"{t.metric} {target:g}"
     slow = sorted({c for x in summaries for c in (x.get("slow_classes") or [])})
-    slow = f"; slowest worker's classes {', '.join(map(str, slow))}" if slow else ""
-    return f"{framework}, {t.description}, split {split}, profile {profile} (target {target}{slow})"
+    slowest = f"; slowest worker's classes {', '.join(map(str, slow))}" if slow else ""
+    return f"{framework}, {t.description}, split {split}, profile {profile} (target {aim}{slowest})"
 
 
 def load_curves(directory, results):
@@ -345,7 +346,8 @@ def _bars(results, path):
         labels = [label for label, entries in group.items() if entries]
         x = np.arange(len(labels))
         for ax, field, scale, ylabel in ((a, "samples_per_s", 1.0, "samples/s"), (b, "bytes_per_s", 1e-6, "MB/s sent")):
-            meds, errs = [], [[], []]
+            meds: list[float] = []
+            errs: list[list[float]] = [[], []]
             for i, label in enumerate(labels):
                 med, lo, hi = median_range([e["summary"][field] for e in group[label]])
                 if med is None:       # not measured (no telemetry): no bar, "n/a"

@@ -125,7 +125,7 @@ class Curve:
     def __init__(self, path, interval, snapshot, evaluate, metric, stop_at=None, stop_file=None):
         self.path, self.interval, self.metric = path, interval, metric
         self.snapshot, self.evaluate = snapshot, evaluate
-        self.points, self.eval_s, self._start, self._last = [], 0.0, None, float("-inf")
+        self.points, self.eval_s, self._start, self._last = [], 0.0, 0.0, float("-inf")
         self._pending = []
         self.snapshot_s = 0.0
         if stop_at is not None and stop_file is None:
@@ -178,6 +178,7 @@ class Curve:
             for t, step, weights, final in self._pending:
                 point = {"t": t, "step": step, **self.evaluate(weights), "final": final}
                 self.points.append(point)
-                f.write(json.dumps(point) + "\n")
+                if f is not None:
+                    f.write(json.dumps(point) + "\n")
         self._pending = []
         self.eval_s += time.perf_counter() - t0

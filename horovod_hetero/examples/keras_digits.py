@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import time
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -22,7 +23,7 @@ from horovod_hetero.data import TASKS, class_accuracy, score, task_data  # noqa:
 from horovod_hetero.examples import (  # noqa: E402
     Curve, add_run_arguments, add_strategy_arguments, aggregation, build_strategy, curve_subset)
 
-keras = hh.keras_module()
+keras: Any = hh.keras_module()
 if keras.backend.backend() == "torch":
     import horovod.torch as hvd  # noqa: E402
 else:

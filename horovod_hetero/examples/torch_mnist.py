@@ -64,6 +64,7 @@ def main(argv=None):
 
     x, y, x_test, y_test = (torch.from_numpy(a) for a in digits())
     train_dataset = torch.utils.data.TensorDataset(x, y)
+    train_sampler: hh.DistributedSampler | torch.utils.data.distributed.DistributedSampler  # hh: either
     if args.sampler == "hh":                                                  # hh
         train_sampler = hh.DistributedSampler(train_dataset, num_replicas=hvd.size(), rank=hvd.rank())
     else:
@@ -71,7 +72,7 @@ def main(argv=None):
             train_dataset, num_replicas=hvd.size(), rank=hvd.rank())
     train_loader = torch.utils.data.DataLoader(train_dataset, batch_size=args.batch_size, sampler=train_sampler)
     test_dataset = torch.utils.data.TensorDataset(x_test, y_test)
-    test_sampler = torch.utils.data.distributed.DistributedSampler(
+    test_sampler: torch.utils.data.distributed.DistributedSampler = torch.utils.data.distributed.DistributedSampler(
         test_dataset, num_replicas=hvd.size(), rank=hvd.rank(), shuffle=False)
     test_loader = torch.utils.data.DataLoader(test_dataset, batch_size=args.test_batch_size, sampler=test_sampler)
 

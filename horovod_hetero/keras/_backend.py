@@ -3,11 +3,12 @@
 What Horovod keeps in ``horovod/_keras``: here a private module of the one Keras package."""
 import os
 import weakref
+from typing import Any
 
 import numpy as np
 
 #: model -> the strategy callbacks training it (``strategy_callbacks``).
-_strategy_callbacks = weakref.WeakKeyDictionary()
+_strategy_callbacks: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 
 def keras_module():

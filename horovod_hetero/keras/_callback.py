@@ -6,6 +6,7 @@ or torch: weights are read and written through the Keras variable API (``value``
 Python operators, and the collectives are the backend's (``keras._backend.collectives_class``).
 """
 import copy
+from typing import Any
 
 import numpy as np
 
@@ -127,6 +128,8 @@ class HeteroSyncCallbackImpl(CheckpointState):
     (the first holds start-up: tracing, the first batch). Ranks whose ``fit`` holds different numbers of
     batches (shards sized by hand) keep Keras' count.
     """
+
+    model: Any                         # set by Keras (set_model) before any hook runs
 
     def __init__(self, strategy, process_set=None, telemetry=None, slowdown=None, batch_size=None,
                  timeout=DEFAULT_TIMEOUT_S, epoch_sync=True, share_epochs=None, aggregate=None):
@@ -319,6 +322,8 @@ class BalancedCallbackImpl(CheckpointState):
     gradient of the union of the ranks' batches.
     """
 
+    model: Any                         # set by Keras (set_model) before any hook runs
+
     def __init__(self, global_batch=None, max_batch=None, batch_size=None, process_set=None, telemetry=None,
                  slowdown=None, timeout=DEFAULT_TIMEOUT_S, min_batch=None):
         super().__init__()
@@ -365,10 +370,12 @@ class BalancedCallbackImpl(CheckpointState):
         """
         n, epoch = check_int("n", n, 1), check_int("epoch", epoch, 0)
         rank, size = self._ranks()
-        if self.strategy.global_batch is None:
+        if self.strategy.global_batch is None and self.batch_size is not None:
             self.strategy.use_batch(self.batch_size, size)
         self.strategy.check_size(size)
-        steps = steps_per_epoch(n, self.strategy.global_batch)
+        global_batch = self.strategy.global_batch
+        assert global_batch is not None          # given, or batch_size was (__init__): the ranks' batches
+        steps = steps_per_epoch(n, global_batch)
         if self.strategy.step % steps:
             raise ValueError(f"epoch_plan: {self.strategy.step} steps were taken, not a whole number of epochs of {steps} "
                              f"steps: train every epoch on its plan, to its end")
@@ -393,12 +400,12 @@ class BalancedCallbackImpl(CheckpointState):
         carry_state(self.model, self)
         hh = self._follow().current()
         hh.start()
-        _, mine, sizes = self._epoch
-        self._gradient.scale.assign(mine * len(sizes) / self.strategy.global_batch)
+        _, self._samples, sizes = self._epoch
+        self._gradient.scale.assign(self._samples * len(sizes) / self.strategy.global_batch)
 
     def on_train_batch_end(self, batch, logs=None):
         with self._follow().guard() as hh:
-            hh.telemetry.annotate(samples=self._epoch[1])
+            hh.telemetry.annotate(samples=self._samples)
             hh.after_step(comm_s=float(np.asarray(value(self._gradient.seconds))))
 
     def on_train_end(self, logs=None):
@@ -420,12 +427,15 @@ class SlowdownCallbackImpl:
     from its start to its end (the gradient average inside it included), the sleep follows it.
     ``batch_size``: this rank's batch, an int >= 1 (needed with ``HOROVOD_HETERO_SAMPLE_S``)."""
 
+    model: Any                         # set by Keras (set_model) before any hook runs
+
     def __init__(self, slowdown=None, batch_size=None):
         super().__init__()
         check_run_options(None, slowdown)
         self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
         check_samples_known(slowdown, self.batch_size)
-        self._slowdown, self._pacer = slowdown, None
+        self._slowdown = slowdown
+        self._pacer: Pacer | None = None
 
     def on_train_begin(self, logs=None):
         begin_training(self.model)
@@ -434,7 +444,9 @@ class SlowdownCallbackImpl:
         self._pacer = Pacer(slowdown if isinstance(slowdown, Slowdown) else Slowdown(hvd.rank(), slowdown, size=hvd.size()))
 
     def on_train_batch_begin(self, batch, logs=None):
-        self._pacer.start()
+        if self._pacer is not None:                  # made by on_train_begin
+            self._pacer.start()
 
     def on_train_batch_end(self, batch, logs=None):
-        self._pacer.pad(samples=self.batch_size)
+        if self._pacer is not None:
+            self._pacer.pad(samples=self.batch_size)

@@ -14,6 +14,7 @@ import json
 import os
 import warnings
 import zipfile
+from typing import Any
 
 import numpy as np
 
@@ -95,14 +96,16 @@ def restore(callback, state):
     return True
 
 
-_holder_classes = {}                     # Keras module name -> its StrategyState
+_holder_classes: dict[str, type] = {}    # Keras module name -> its StrategyState
 
 
 def _state_class():
     """``StrategyState``, a subclass of the running Keras' ``Layer`` (made once per Keras: it is chosen at run time)."""
     keras = keras_module()
     if keras.__name__ not in _holder_classes:
-        class StrategyState(keras.layers.Layer):
+        layer: Any = keras.layers.Layer     # the running Keras' (a variable: chosen at run time)
+
+        class StrategyState(layer):
             """No weights: what Keras' saving finds on the model, the strategy callback's state."""
 
             def __init__(self, callback):

@@ -7,6 +7,7 @@ Horovod 0.28.1 hooks Keras 2's optimizer methods and variable API: on Keras 3 it
 with the TensorFlow or PyTorch backend and on Keras 2, through the backend's ``Collectives``.
 """
 import logging
+from typing import Any
 
 import numpy as np
 
@@ -143,7 +144,7 @@ class GuardedTrainFunction:
     def restart(self):
         """Take the step count from the optimizer (a ``fit`` begins: it may have loaded a checkpoint)."""
         self._done = self._iterations()
-        per_call = getattr(self._model, "_steps_per_execution", None)       # Keras 2: a variable
+        per_call: Any = getattr(self._model, "_steps_per_execution", None)  # Keras 2: a variable
         if per_call is None:
             per_call = getattr(self._model, "steps_per_execution", 1)
         self._single = int(value(per_call) if hasattr(per_call, "value") else per_call) == 1
@@ -200,6 +201,8 @@ class BroadcastGlobalVariablesCallbackImpl:
     once: when training begins if they exist, else after the first batch (a model built by its
     first batch: put this callback first then). Random-generator states stay each rank's own."""
 
+    model: Any                         # set by Keras (set_model) before any hook runs
+
     def __init__(self, root_rank=0, process_set=None, timeout=DEFAULT_TIMEOUT_S):
         super().__init__()
         self.root_rank = check_int("root_rank", root_rank, 0)
@@ -238,6 +241,8 @@ class MetricAverageCallbackImpl:
     strategy callback of the same ``fit`` with ``epoch_sync`` syncs the model first, wherever it is
     in the list (``keras._backend.sync_epoch``)."""
 
+    model: Any                         # set by Keras (set_model) before any hook runs
+
     def __init__(self, timeout=DEFAULT_TIMEOUT_S):
         super().__init__()
         self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
@@ -263,6 +268,9 @@ class LearningRateWarmupCallbackImpl:
     ``tf_keras.optimizers.legacy``); elsewhere momentum is a constant of the compiled step, so it is
     skipped (logged once)."""
 
+    model: Any                         # set by Keras (set_model) before any hook runs
+    params: dict[str, Any]             # set by Keras (set_params)
+
     def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None, verbose=0):
         super().__init__()
         self.initial_lr = check_float("initial_lr", initial_lr, 0.0, min_exclusive=True)
@@ -287,6 +295,9 @@ class LearningRateWarmupCallbackImpl:
 
     def learning_rate(self, epoch):
         """Horovod's warm-up multiplier at fractional ``epoch`` times ``initial_lr``."""
+        if self.steps_per_epoch is None:
+            raise RuntimeError(f"{type(self).__name__}.learning_rate: the batches per epoch are known once fit() "
+                               f"begins; pass steps_per_epoch= to use it before")
         epoch += 1.0 / self.steps_per_epoch
         return self.initial_lr / self._size * (epoch * (self._size - 1) / self.warmup_epochs + 1)
 

@@ -1,4 +1,6 @@
 """``Collectives`` over ``horovod.tensorflow``."""
+from typing import Any
+
 import tensorflow as tf
 
 import horovod.tensorflow as hvd
@@ -26,7 +28,7 @@ class TensorFlowCollectives(HorovodCollectives):
     def _grouped(tensors, op, process_set, name, control=None):
         """One grouped allreduce per dtype; ``control`` rides with float64 tensors if any, else float32."""
         tensors = [tf.convert_to_tensor(t) for t in tensors]          # Keras 3 hands variables
-        by_dtype = {}
+        by_dtype: dict[Any, list[int]] = {}
         for i, t in enumerate(tensors):
             by_dtype.setdefault(t.dtype, []).append(i)
         ctl_dtype = tf.float64 if tf.float64 in by_dtype else tf.float32

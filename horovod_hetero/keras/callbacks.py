@@ -6,6 +6,7 @@ built: a ``TypeError``/``ValueError`` names it; what needs ``hvd.init()`` (proce
 factors per rank) is checked when training begins."""
 import inspect
 from collections.abc import Mapping
+from typing import Any
 
 from horovod_hetero.keras._backend import keras_module
 from horovod_hetero.keras._callback import BalancedCallbackImpl, HeteroSyncCallbackImpl, SlowdownCallbackImpl
@@ -14,7 +15,8 @@ from horovod_hetero.keras._horovod_api import (
 from horovod_hetero.strategies import ADSP, DSSP, ESync, ElasticBSP, LocalSGD, WAGMA
 from horovod_hetero.validation import check_options
 
-Callback = keras_module().callbacks.Callback
+#: the running Keras' ``Callback`` (Keras 2 or 3: chosen at run time)
+Callback: Any = keras_module().callbacks.Callback
 
 
 def _strategy_options(name, options, strategy, given):

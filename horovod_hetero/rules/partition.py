@@ -9,6 +9,7 @@ same speeds and compute the same partition without a message. Pure: the samplers
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -117,7 +118,7 @@ def _counts(n: int, step_s: npt.ArrayLike, multiple: int) -> npt.NDArray[np.int6
     return counts
 
 
-def resplit_rest(order: Sequence[int], counts: npt.ArrayLike, drawn: npt.ArrayLike, step_s: npt.ArrayLike,
+def resplit_rest(order: npt.ArrayLike, counts: npt.ArrayLike, drawn: npt.ArrayLike, step_s: npt.ArrayLike,
                  rank: int, multiple: int = 1) -> list[int]:
     """This rank's rest of an epoch that began split by ``counts`` (ranks' contiguous parts of
     ``order``, e.g. evenly before any speed was measured) once every rank has drawn at least
@@ -171,7 +172,8 @@ def steps_per_epoch(n: int, global_batch: int) -> int:
     return -(-n // global_batch)
 
 
-def step_batch(order: Sequence[int], step: int, sizes: Sequence[int], rank: int) -> list[int]:
+def step_batch(order: Sequence[int] | npt.NDArray[np.integer[Any]], step: int, sizes: Sequence[int],
+               rank: int) -> list[int]:
     """This rank's sample indices at ``step`` (0-based, within the epoch) when every step takes
     ``sum(sizes)`` samples of the epoch's ``order`` in turn and rank r the ``sizes[r]`` after the lower
     ranks'; the epoch's last global batch is completed from the start of ``order`` (every rank takes the

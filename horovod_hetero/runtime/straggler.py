@@ -332,6 +332,8 @@ class Pacer:
 
     _start: float
     _stop: float | None
+    #: the handles of framework hooks that drive it, if any (``hh.slow_down``'s torch hooks: ``.remove()`` them)
+    hooks: tuple[Any, ...] = ()
 
     def __init__(self, slowdown: Slowdown, clock: Callable[[], float] = time.perf_counter) -> None:
         if not isinstance(slowdown, Slowdown):

@@ -8,6 +8,7 @@ of the torch averager test on 2 cores and 4 ranks; none in 5 with polling)."""
 import itertools
 import pickle
 import time
+from typing import Any
 
 import torch
 
@@ -169,7 +170,8 @@ class TorchModel(Model):
     def _overlaps(self):
         """Which tensors share memory: ``({i: j}`` for a tensor that is exactly the earlier tensor j's
         memory (same bytes, dtype, shape, strides), ``{i, ...}`` for tensors that partly overlap)."""
-        spans, by_storage = [], {}
+        spans: list[tuple[Any, ...]] = []
+        by_storage: dict[int, list[int]] = {}
         for i, t in enumerate(self._sources):
             strided = t.layout == torch.strided
             first = t.storage_offset() * t.element_size() if strided else 0
@@ -177,7 +179,8 @@ class TorchModel(Model):
             ptr = t.untyped_storage().data_ptr() if strided else 0
             if ptr and t.numel():                              # meta and empty tensors overlap nothing
                 by_storage.setdefault(ptr, []).append(i)
-        alias_of, overlapping = {}, set()
+        alias_of: dict[int, int] = {}
+        overlapping: set[int] = set()
         for members in by_storage.values():                    # sweep each storage's byte ranges in order
             members.sort(key=lambda i: (spans[i][0], i))
             clusters, end = [], None
@@ -200,7 +203,8 @@ class TorchModel(Model):
     def _pack(self):
         """Copy the contiguous tensors into one flat tensor per (dtype, device), in order; rebind them."""
         alias_of, overlapping = self._overlaps()
-        groups, loose = {}, []
+        groups: dict[tuple[Any, Any], list[int]] = {}
+        loose: list[int] = []
         for i, t in enumerate(self._sources):
             if i in alias_of:
                 continue

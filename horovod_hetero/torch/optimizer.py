@@ -7,6 +7,8 @@ As in Horovod, the wrapper is a factory that builds a subclass of the user's opt
 import contextlib
 import time
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -95,6 +97,12 @@ class _Counters:
 
 class _HeteroMethods:
     """Methods shared by every optimizer kind; copied into the dynamic class."""
+
+    # what the dynamic class has from the optimizer it wraps, from its kind's class and from the builder
+    param_groups: list[dict[str, Any]]
+    _hh_grad_payload: int
+    _hh_sampler: Any
+    _hh_local_step: Callable[[Any], Any]
 
     def _hh_setup(self, membership, counts):
         """``membership``: the ``Membership`` that gives the controller for Horovod's current ranks;
@@ -202,7 +210,7 @@ class _HeteroMethods:
 
     def state_dict(self):
         self._hh_adopt()
-        state = super(self.__class__, self).state_dict()
+        state = super(self.__class__, self).state_dict()  # type: ignore[misc]  # the wrapped optimizer's
         state["param_groups"][0][_STATE_KEY] = self._hh.state_dict()      # a snapshot, not the live object
         return state
 
@@ -237,6 +245,11 @@ class _LocalOptimizer(_HeteroMethods):
 class _SynchronousOptimizer(_HeteroMethods):
     """Horovod's own optimizer (``_hh_base``: gradient averaging, or Adasum), plus telemetry,
     slowdown and ``sync_model()``; every method it does not name is Horovod's."""
+
+    # Horovod's: the class it builds on (set by the builder), the pending allreduces and parameter names
+    _hh_base: Any
+    _handles: dict[Any, Any]
+    _parameter_names: dict[Any, str]
 
     def _allreduce_grad_async(self, p):
         # Horovod's gradient hooks enqueue here during loss.backward(), outside step()'s guard: a
@@ -278,7 +291,7 @@ class _SynchronousOptimizer(_HeteroMethods):
             self._hh_names_session = session
 
     #: Horovod's names of the parameters (None until a session renames them) and the session they carry
-    _hh_names = None
+    _hh_names: dict[Any, str] | None = None
     _hh_names_session = ""
 
     def synchronize(self):
@@ -339,7 +352,7 @@ class _SynchronousOptimizer(_HeteroMethods):
             hh.close()
 
 
-class _WeightedGradients:
+class _WeightedGradients(_HeteroMethods):
     """Horovod's gradient sum with each rank's gradient scaled first by the strategy's weight for the
     step (``Balanced``: its share of the global batch; Horovod's ``op`` is ``Sum``), so the sum is the
     mean gradient of the union of the ranks' batches. The scale is one in-place pass over each gradient
@@ -499,8 +512,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
                              "runs on Gloo, where op must be hvd.Average or hvd.Sum")
         base = _DistributedAdasumOptimizer if adasum else _DistributedOptimizer
         mixins = (_WeightedGradients,) if weighted else ()
-        cls = type(name, (optimizer.__class__,), _methods(base, _HeteroMethods, _SynchronousOptimizer, *mixins))
-        cls._hh_base = base
+        cls = type(name, (optimizer.__class__,),
+                   dict(_methods(base, _HeteroMethods, _SynchronousOptimizer, *mixins), _hh_base=base))
         if adasum:
             opt = cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step)
         else:

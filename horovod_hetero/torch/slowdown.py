@@ -39,6 +39,9 @@ def slow_down(optimizer, slowdown=None, batch_size=None):
     batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
     check_samples_known(slowdown, batch_size)
     pacer = Pacer(slowdown if isinstance(slowdown, Slowdown) else Slowdown(hvd.rank(), slowdown, size=hvd.size()))
+    def after_step(*_):
+        pacer.pad(samples=batch_size)
+
     pacer.hooks = (optimizer.register_step_pre_hook(lambda *_: pacer.stop()),
-                   optimizer.register_step_post_hook(lambda *_: pacer.pad(samples=batch_size)))
+                   optimizer.register_step_post_hook(after_step))
     return pacer
