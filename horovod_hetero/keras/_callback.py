@@ -21,6 +21,7 @@ from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, Model
 from horovod_hetero.runtime.controller import HeteroController, check_state
 from horovod_hetero.runtime.straggler import Pacer, Slowdown
 from horovod_hetero.strategies.aggregation import check_aggregate
+from horovod_hetero.strategies.balanced import Balanced
 from horovod_hetero.strategies.base import GradientAveraging
 from horovod_hetero.strategies.registry import check_strategy
 from horovod_hetero.validation import check_bool, check_float, check_int
@@ -109,7 +110,51 @@ class _EpochShared(int):
 EPOCH_SHARED = _EpochShared(1)
 
 
-class HeteroSyncCallbackImpl(CheckpointState):
+class StrategyCallbackImpl(CheckpointState):
+    """What every strategy callback shares, whatever the strategy's kind: the strategy, the ranks it
+    synchronises (``process_set``), the controller for Horovod's current ranks (made at the first
+    ``fit``, after ``hvd.init()``; a new one after ``hvd.elastic``'s reset), its telemetry, and the
+    strategy's state in Keras checkpoints (``CheckpointState``)."""
+
+    model: Any                         # set by Keras (set_model) before any hook runs
+
+    def __init__(self, strategy, process_set=None, telemetry=None, slowdown=None, timeout=DEFAULT_TIMEOUT_S,
+                 aggregate=None):
+        super().__init__()
+        self.strategy = strategy
+        self.aggregate = check_aggregate(aggregate, strategy)
+        self.process_set = check_process_set(process_set)        # membership: at fit, after hvd.init()
+        self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
+        check_run_options(telemetry, slowdown)                   # built at fit (they need the rank)
+        self._telemetry, self._slowdown = telemetry, slowdown
+        self._membership = None                # built at fit: it needs hvd.init() and the model
+
+    @property
+    def _hh(self):
+        """The controller, or None before the first fit."""
+        return None if self._membership is None else self._membership.controller
+
+    def _build(self, telemetry):
+        """The controller for Horovod's current ranks (a new one after ``hvd.elastic``'s reset)."""
+        collectives = collectives_class()(self.process_set, self.timeout, owner=type(self).__name__)
+        return HeteroController(self.strategy, collectives, KerasModel(self.model), telemetry, self._slowdown,
+                                aggregate=self.aggregate)
+
+    def _follow(self):
+        """The ``Membership`` that gives the controller (made at the first fit: it needs ``hvd.init()``)."""
+        if self._membership is None:
+            self._membership = follow_ranks(collectives_class().hvd, self.process_set, self._telemetry, self._build)
+        return self._membership
+
+    def _hh_controller(self):
+        return self._follow().current()
+
+    @property
+    def telemetry(self):
+        return self._hh_controller().telemetry
+
+
+class HeteroSyncCallbackImpl(StrategyCallbackImpl):
     """Runs a model-averaging strategy from Keras batch hooks.
 
     After every training batch the strategy decides whether the model's floating-point
@@ -129,21 +174,16 @@ class HeteroSyncCallbackImpl(CheckpointState):
     batches (shards sized by hand) keep Keras' count.
     """
 
-    model: Any                         # set by Keras (set_model) before any hook runs
-
     def __init__(self, strategy, process_set=None, telemetry=None, slowdown=None, batch_size=None,
                  timeout=DEFAULT_TIMEOUT_S, epoch_sync=True, share_epochs=None, aggregate=None):
-        super().__init__()
-        self.strategy = check_strategy(strategy)
-        if isinstance(self.strategy, GradientAveraging):
-            raise ValueError(f"strategy={self.strategy!r} averages gradients, which a callback cannot do: for "
+        strategy = check_strategy(strategy)
+        if isinstance(strategy, GradientAveraging):
+            raise ValueError(f"strategy={strategy!r} averages gradients, which a callback cannot do: for "
                              f"synchronous training wrap the optimizer with hh.DistributedOptimizer (on Keras 2 "
                              f"that is hvd.DistributedOptimizer, which averages nothing on Keras 3), or pass a "
                              f"model-averaging strategy such as LocalSGD(period=8)")
-        self.aggregate = check_aggregate(aggregate, self.strategy)
-        self.process_set = check_process_set(process_set)        # membership: at fit, after hvd.init()
+        super().__init__(strategy, process_set, telemetry, slowdown, timeout, aggregate)
         self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
-        self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
         self.epoch_sync = check_bool("epoch_sync", epoch_sync)
         if share_epochs is not None and not isinstance(share_epochs, bool):
             raise TypeError(f"share_epochs must be True, False or None (the default: True with epoch_sync), got "
@@ -153,10 +193,7 @@ class HeteroSyncCallbackImpl(CheckpointState):
             raise ValueError("share_epochs=True shares each epoch's batches among ranks that meet at its end: "
                              "it needs epoch_sync=True (with epoch_sync=False no epoch ends together; "
                              "drop share_epochs)")
-        check_run_options(telemetry, slowdown)                   # built at fit (they need the rank)
         check_samples_known(slowdown, self.batch_size)
-        self._telemetry, self._slowdown = telemetry, slowdown
-        self._membership = None                # built at fit: it needs hvd.init() and the model
         self._pending_state = None
         self._loss_mean = None                 # (batches, Keras' running mean of the loss) this epoch
         self._synced_epoch = None              # the epoch whose end sync_model() ran (epoch_sync)
@@ -164,33 +201,12 @@ class HeteroSyncCallbackImpl(CheckpointState):
         self._start_up = None                  # (controller, the step times of its first measuring round)
         self._same_steps = False               # share_epochs, and every rank's fit has the same batches per epoch
 
-    @property
-    def _hh(self):
-        """The controller, or None before the first fit."""
-        return None if self._membership is None else self._membership.controller
-
     def _build(self, telemetry):
-        """The controller for Horovod's current ranks (a new one after ``hvd.elastic``'s reset)."""
-        collectives = collectives_class()(self.process_set, self.timeout, owner=type(self).__name__)
-        controller = HeteroController(self.strategy, collectives, KerasModel(self.model), telemetry, self._slowdown,
-                                      aggregate=self.aggregate)
-        if self._pending_state is not None:
+        controller = super()._build(telemetry)
+        if self._pending_state is not None:            # loaded before the first fit
             controller.load_state_dict(self._pending_state)
             self._pending_state = None
         return controller
-
-    def _follow(self):
-        """The ``Membership`` that gives the controller (made at the first fit: it needs ``hvd.init()``)."""
-        if self._membership is None:
-            self._membership = follow_ranks(collectives_class().hvd, self.process_set, self._telemetry, self._build)
-        return self._membership
-
-    def _hh_controller(self):
-        return self._follow().current()
-
-    @property
-    def telemetry(self):
-        return self._hh_controller().telemetry
 
     def on_train_begin(self, logs=None):
         begin_training(self.model, self.timeout)
@@ -308,7 +324,7 @@ class HeteroSyncCallbackImpl(CheckpointState):
         self._pending_state = state
 
 
-class BalancedCallbackImpl(CheckpointState):
+class BalancedCallbackImpl(StrategyCallbackImpl):
     """Runs ``Balanced`` for Keras: synchronous training with ``hh.DistributedOptimizer`` (gradients
     averaged inside the step), each rank's batch sized to its speed, planned per epoch.
 
@@ -320,44 +336,50 @@ class BalancedCallbackImpl(CheckpointState):
     (the first epoch, holding start-up and tracing, is not measured). Each rank's gradients are scaled by
     its share of the global batch (``GradientScale.scale``) before the average: the average is the
     gradient of the union of the ranks' batches.
-    """
 
-    model: Any                         # set by Keras (set_model) before any hook runs
+    Built from its arguments (``BalancedCallback(batch_size=32)``), or around a ``Balanced`` the user built
+    (``HeteroSyncCallback(hh.Balanced(...), batch_size=32)``: ``running``); either way a window is an
+    epoch (``rebalance_every`` becomes the epoch's steps).
+    """
 
     def __init__(self, global_batch=None, max_batch=None, batch_size=None, process_set=None, telemetry=None,
                  slowdown=None, timeout=DEFAULT_TIMEOUT_S, min_batch=None):
-        super().__init__()
-        from horovod_hetero.strategies.balanced import Balanced
-
         if global_batch is None and batch_size is None:
             raise ValueError("give batch_size= (one rank's batch; the global batch is the number of ranks times it) "
                              "or global_batch=")
-        self.strategy = Balanced(global_batch, rebalance_every=1, max_batch=max_batch, min_batch=min_batch)
+        self._setup(Balanced(global_batch, rebalance_every=1, max_batch=max_batch, min_batch=min_batch), batch_size,
+                    process_set, telemetry, slowdown, timeout)
+
+    @classmethod
+    def running(cls, strategy, process_set=None, telemetry=None, slowdown=None, batch_size=None,
+                timeout=DEFAULT_TIMEOUT_S, epoch_sync=None, share_epochs=None, aggregate=None):
+        """The callback that runs ``strategy``, a ``Balanced`` the user built, with ``HeteroSyncCallback``'s
+        arguments (``HeteroSyncCallback(hh.Balanced(...), ...)`` returns it). ``epoch_sync`` and
+        ``share_epochs`` do not apply (every epoch is one ``fit`` on ``epoch_plan``'s batches, which ends
+        with every rank at the same step), nor does an ``aggregate`` other than the mean."""
+        if not isinstance(strategy, Balanced):
+            raise TypeError(f"strategy={strategy!r} weighs gradients; the Keras callback runs Balanced, the one "
+                            f"GradientWeighting strategy it plans an epoch's batches for")
+        given = [name for name, value in (("epoch_sync", epoch_sync), ("share_epochs", share_epochs)) if value is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: options of model-averaging strategies' epochs; Balanced trains one "
+                             f"fit() per epoch on epoch_plan's batches, every rank to the same step: leave them out")
+        if strategy.global_batch is None and batch_size is None:
+            raise ValueError(f"strategy={strategy!r} has no global_batch: give batch_size= (one rank's batch; the "
+                             f"global batch is the number of ranks times it)")
+        callback = cls.__new__(cls)
+        callback._setup(strategy, batch_size, process_set, telemetry, slowdown, timeout, aggregate)
+        return callback
+
+    def _setup(self, strategy, batch_size, process_set, telemetry, slowdown, timeout, aggregate=None):
+        super().__init__(strategy, process_set, telemetry, slowdown, timeout, aggregate)
         self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
-        self.process_set = check_process_set(process_set)
-        self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
-        check_run_options(telemetry, slowdown)
-        self._telemetry, self._slowdown = telemetry, slowdown
-        self._membership = None
         self._epoch = None                    # (epoch, this rank's batch) of the latest epoch_plan
 
     def _ranks(self):
         hvd = collectives_class().hvd
         ps = self.process_set or hvd.global_process_set
         return ps.rank(), ps.size()
-
-    def _build(self, telemetry):
-        collectives = collectives_class()(self.process_set, self.timeout, owner=type(self).__name__)
-        return HeteroController(self.strategy, collectives, KerasModel(self.model), telemetry, self._slowdown)
-
-    def _follow(self):
-        if self._membership is None:
-            self._membership = follow_ranks(collectives_class().hvd, self.process_set, self._telemetry, self._build)
-        return self._membership
-
-    @property
-    def telemetry(self):
-        return self._follow().current().telemetry
 
     def epoch_plan(self, n, epoch, seed=0, shuffle=True):
         """``(indices, batch_size)`` of this rank for ``epoch`` of ``n`` samples: fit on ``x[indices]`` with

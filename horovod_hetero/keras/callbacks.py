@@ -12,7 +12,7 @@ from horovod_hetero.keras._backend import keras_module
 from horovod_hetero.keras._callback import BalancedCallbackImpl, HeteroSyncCallbackImpl, SlowdownCallbackImpl
 from horovod_hetero.keras._horovod_api import (
     BroadcastGlobalVariablesCallbackImpl, LearningRateWarmupCallbackImpl, MetricAverageCallbackImpl)
-from horovod_hetero.strategies import ADSP, DSSP, ESync, ElasticBSP, LocalSGD, WAGMA
+from horovod_hetero.strategies import ADSP, DSSP, ESync, ElasticBSP, GradientWeighting, LocalSGD, WAGMA
 from horovod_hetero.validation import check_options
 
 #: the running Keras' ``Callback`` (Keras 2 or 3: chosen at run time)
@@ -30,17 +30,24 @@ def _strategy_options(name, options, strategy, given):
 
 
 class HeteroSyncCallback(HeteroSyncCallbackImpl, Callback):
-    """Train with a model-averaging strategy: the general form every algorithm uses.
+    """Train with any strategy: the general form every algorithm uses.
 
-    The model is compiled with a plain local optimizer; after each batch the strategy decides
+    With a model-averaging strategy (``LocalSGD``, ``ESync``, ...) the model is compiled with a plain local
+    optimizer; after each batch the strategy decides
     whether the weights are averaged across ranks (one fused ``grouped_allreduce``) or within a
     group. At the end of training all replicas hold identical weights, even if ranks saw
     different numbers of batches, and what the strategy opened is closed. The strategy's state
     rides in the model's Keras checkpoints (``.weights.h5``, ``.keras``): resume it on every rank
     with ``callback.load_checkpoint_state(path)`` beside ``model.load_weights(path)``.
 
+    With ``Balanced`` (a ``GradientWeighting`` strategy: gradients averaged inside the step, each rank's
+    batch planned), it returns the ``BalancedCallback`` that runs it (``process_set``, ``telemetry``,
+    ``slowdown``, ``batch_size`` and ``timeout`` as below; ``epoch_sync`` and ``share_epochs`` do not
+    apply): compile with ``hh.DistributedOptimizer`` and train one ``fit`` per epoch on
+    ``callback.epoch_plan``'s batches. ``Synchronous`` is ``hh.DistributedOptimizer`` alone.
+
     Args:
-        strategy: a model-averaging strategy, e.g. ``LocalSGD(period=8)``.
+        strategy: a model-averaging strategy, e.g. ``LocalSGD(period=8)``, or ``Balanced(...)``.
         process_set: a Horovod ``ProcessSet`` or ``None`` (all ranks).
         telemetry: directory for per-rank step records, a str or ``os.PathLike`` that can be created and
             written to (default ``$HOROVOD_HETERO_TELEMETRY``), or a ``Telemetry``.
@@ -76,6 +83,12 @@ class HeteroSyncCallback(HeteroSyncCallbackImpl, Callback):
         model.fit(x, y, epochs=5, callbacks=[hh.callbacks.BroadcastGlobalVariablesCallback(0),
                                              hh.callbacks.HeteroSyncCallback(hh.LocalSGD(period=8))])
     """
+
+    def __new__(cls, strategy=None, *args, **options):
+        if not isinstance(strategy, GradientWeighting):
+            return super().__new__(cls)
+        given = inspect.signature(HeteroSyncCallbackImpl).bind(strategy, *args, **options).arguments
+        return BalancedCallback.running(**given)        # Balanced's path: its own callback class
 
 
 class LocalSGDCallback(HeteroSyncCallback):

@@ -25,13 +25,16 @@ def model_of(lr):
     return model
 
 
-def test_the_averaged_gradient_is_the_union_batchs_for_unequal_batches():
+@pytest.mark.parametrize("make", [lambda: hh.callbacks.BalancedCallback(global_batch=10),
+                                  lambda: hh.callbacks.HeteroSyncCallback(hh.Balanced(global_batch=10))],
+                         ids=["BalancedCallback", "HeteroSyncCallback"])
+def test_the_averaged_gradient_is_the_union_batchs_for_unequal_batches(make):
     """A global batch of 10 over 4 ranks (3, 3, 2, 2): one step of SGD (lr 1) gives every rank the weights a
-    single model gets from the mean loss over the union of the 10 samples."""
+    single model gets from the mean loss over the union of the 10 samples, with the callback built either way."""
     x, y = data(10)
     model = model_of(1.0)
     before = [np.array(w) for w in model.get_weights()]
-    balanced = hh.callbacks.BalancedCallback(global_batch=10)
+    balanced = make()
     idx, batch = balanced.epoch_plan(len(x), 0, shuffle=False)
     model.fit(x[idx], y[idx], batch_size=batch, shuffle=False, epochs=1, verbose=0, callbacks=[balanced])
     everyone = keras_helpers.gathered(([w.tolist() for w in model.get_weights()], batch), name="balanced.keras.one")

@@ -78,6 +78,27 @@ def test_keras_callbacks_check_their_arguments():
         keras_hh.callbacks.ESyncCallback(share_epochs="yes")
 
 
+def test_one_keras_callback_runs_every_strategy_each_kind_on_its_own_path():
+    keras_hh = pytest.importorskip("horovod_hetero.tensorflow.keras")
+    cb = keras_hh.callbacks
+    strategy = keras_hh.Balanced(global_batch=64, min_batch=4)
+    balanced = cb.HeteroSyncCallback(strategy, None, None, None, 16, 30.0)      # positional, as its signature
+    assert type(balanced) is cb.BalancedCallback and balanced.strategy is strategy
+    assert (balanced.batch_size, balanced.timeout) == (16, 30.0)
+    averaging = cb.HeteroSyncCallback(keras_hh.LocalSGD(4), aggregate=keras_hh.Normalized())
+    assert type(averaging) is cb.HeteroSyncCallback and averaging.aggregate == keras_hh.Normalized()
+    assert type(cb.LocalSGDCallback(4)) is cb.LocalSGDCallback
+    for given, error, match in [
+            ({"epoch_sync": True}, ValueError, "^epoch_sync: options of model-averaging strategies' epochs"),
+            ({"share_epochs": False}, ValueError, "^share_epochs: options of model-averaging"),
+            ({"aggregate": keras_hh.Normalized()}, ValueError, "Balanced averages gradients every step"),
+            ({"timeout": 0}, ValueError, "^timeout must be"), ({"steps": 3}, TypeError, "unexpected keyword")]:
+        with pytest.raises(error, match=match):
+            cb.HeteroSyncCallback(keras_hh.Balanced(global_batch=64), **given)
+    with pytest.raises(ValueError, match="has no global_batch: give batch_size="):
+        cb.HeteroSyncCallback(keras_hh.Balanced())
+
+
 def test_which_keras_runs_follows_tensorflows_rule(monkeypatch):
     from horovod_hetero.keras import _backend as _keras
 
