@@ -7,7 +7,7 @@ The simulator runs the library's own strategy objects (``hh.Synchronous()``, ``h
 ``hh.ESync()``, ``hh.WAGMA(...)``, ``hh.ElasticBSP(15)``, ``hh.DSSP((3, 15))`` or your own
 ``Strategy``): one per worker, started with a
 ``Context`` whose clock is virtual and whose transports are in-process (ESync's state service is
-the same ``rules.esync.ESyncState`` the real server keeps, queried without a socket). Each step's
+the same ``rules.esync_state.ESyncState`` the real server keeps, queried without a socket). Each step's
 duration is drawn from the cluster; the strategy's decisions are carried out as the runtime does:
 ``AVERAGE`` waits for every worker and costs one ring allreduce, ``GroupAverage`` costs a group
 allreduce (wait-avoiding, ideally: a group never waits for a slow member), and the ``RoundResult``
@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from horovod_hetero.rules.esync import ESyncState
+from horovod_hetero.rules.esync_state import ESyncState
 from horovod_hetero.strategies.base import (
     AVERAGE, MEASURE, Context, Decision, GradientAveraging, GradientWeighting, GroupAverage, RoundResult, RoundStats,
     StepReport, Strategy, check_decision, check_kind)

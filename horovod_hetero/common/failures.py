@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import NoReturn
 
-from horovod_hetero.runtime.collectives import background_failure, failure_seen
+from horovod_hetero.runtime.seams import background_failure, failure_seen
 from horovod_hetero.validation import check_float
 
 #: Seconds Horovod's failed background thread is held for the main thread to raise ``RankLostError``
@@ -51,7 +51,7 @@ def gil_limit_s() -> float:
 def guard_gil(running: Callable[[], object]) -> None:
     """End the process (exit code 1, every thread's traceback on stderr) if no Python code could run
     for ``gil_limit_s()`` seconds *after a failure*: while an enqueue of ours runs (``gil_guarded``), or
-    once this process has seen a collective fail (``runtime.collectives.failure_seen``, cleared when
+    once this process has seen a collective fail (``runtime.seams.failure_seen``, cleared when
     ``hvd.elastic`` has started Horovod again). Python's
     ``faulthandler`` watchdog, a C thread that needs no GIL, armed then and re-armed every second by a
     daemon thread of ours, which ends when Horovod shuts down (``running()``: ``hvd.is_initialized``;
@@ -114,7 +114,7 @@ def catch_background_abort(mpi: bool = False) -> None:
     a Gloo allgather outside the loop's ``try``, holding the process-set table's lock); a dead peer
     makes it throw ``gloo::IoException``, nothing catches it, and ``std::terminate`` aborts the process
     before any Python code learns of the failure. This installs a C++ terminate handler that, on a
-    thread other than the main thread, records the failure (``runtime.collectives.background_failure``:
+    thread other than the main thread, records the failure (``runtime.seams.background_failure``:
     every wait of ours, and every collective before it enqueues, then raises ``RankLostError``) and
     holds that thread. The process then exits with code 1: from the main thread's error (an ``atexit``
     hook ends it with ``os._exit(1)`` before Horovod's shutdown, which would wait for the held

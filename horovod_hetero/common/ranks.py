@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Union
 from horovod.common.exceptions import HorovodInternalError
 
 from horovod_hetero.errors import CollectiveTimeoutError, ElasticResetError, RankLostError
-from horovod_hetero.runtime.collectives import background_failure
+from horovod_hetero.runtime.seams import background_failure
 from horovod_hetero.runtime.membership import Membership
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ ELASTIC_WITH_PROCESS_SETS = (
     "fails, and Horovod cannot be initialised again in the process (horovod/horovod#3501, #4021); hosts "
     "added or removed through the discovery script reset as usual")
 #: Why a worker under ``hvd.elastic`` ends instead of resetting once Horovod's background thread failed
-#: (``runtime.collectives.background_failure``: only while process sets besides the global one exist)
+#: (``runtime.seams.background_failure``: only while process sets besides the global one exist)
 NO_RESET_WITH_PROCESS_SETS = f"Every rank stops: hvd.elastic cannot start this worker again, {ELASTIC_WITH_PROCESS_SETS}"
 
 

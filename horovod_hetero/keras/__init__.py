@@ -10,7 +10,7 @@ from horovod_hetero.keras._horovod_api import averaging_optimizer, check_keras_o
 from horovod_hetero.errors import (  # noqa: F401
     CollectiveTimeoutError, ElasticResetError, HeteroError, RankLostError, RoundMismatchError)
 from horovod_hetero.keras import callbacks  # noqa: F401
-from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S
+from horovod_hetero.runtime.seams import DEFAULT_TIMEOUT_S
 from horovod_hetero.strategies import (  # noqa: F401
     ADSP, Balanced, DSSP, ESync, ElasticBSP, GradientAveraging, GradientWeighting, LocalSGD, Mean, ModelAveraging,
     Normalized, OuterSGD, Steps, Strategy, Synchronous, WAGMA)

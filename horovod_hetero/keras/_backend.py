@@ -35,7 +35,7 @@ def collectives_class():
         from horovod_hetero.keras._tensorflow import TensorFlowCollectives
         return TensorFlowCollectives
     if backend == "torch":
-        from horovod_hetero.torch.collectives import TorchCollectives
+        from horovod_hetero.torch.adapter import TorchCollectives
         return TorchCollectives
     raise ValueError(f"Keras backend {backend!r} is not supported: horovod-hetero averages through Horovod's "
                      f"TensorFlow or PyTorch collectives; set KERAS_BACKEND=tensorflow or KERAS_BACKEND=torch")

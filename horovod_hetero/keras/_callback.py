@@ -17,7 +17,7 @@ from horovod_hetero.common.options import check_run_options, check_samples_known
 from horovod_hetero.common.process_sets import check_process_set
 from horovod_hetero.common.ranks import follow_ranks
 from horovod_hetero.rules.partition import epoch_indices, epoch_steps, step_batch, step_times_of, steps_per_epoch
-from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S, Model
+from horovod_hetero.runtime.seams import DEFAULT_TIMEOUT_S, Model
 from horovod_hetero.runtime.controller import HeteroController, check_state
 from horovod_hetero.runtime.straggler import Pacer, Slowdown
 from horovod_hetero.strategies.aggregation import check_aggregate

@@ -15,7 +15,7 @@ from horovod_hetero.keras._backend import collectives_class, keras_major, keras_
 from horovod_hetero.common import compat
 from horovod_hetero.common.process_sets import check_process_set
 from horovod_hetero.common.ranks import collective_failed, under_elastic
-from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S
+from horovod_hetero.runtime.seams import DEFAULT_TIMEOUT_S
 from horovod_hetero.runtime.controller import rank_lost_error
 from horovod_hetero.validation import check_bool, check_float, check_int
 

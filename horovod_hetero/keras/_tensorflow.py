@@ -5,8 +5,8 @@ import tensorflow as tf
 
 import horovod.tensorflow as hvd
 
-from horovod_hetero.common.collectives import HorovodCollectives
-from horovod_hetero.runtime.collectives import call_with_timeout
+from horovod_hetero.common.horovod_collectives import HorovodCollectives
+from horovod_hetero.runtime.seams import call_with_timeout
 
 
 class TensorFlowCollectives(HorovodCollectives):

@@ -18,15 +18,15 @@ import numpy.typing as npt
 
 from horovod_hetero.errors import CollectiveTimeoutError, RankLostError
 from horovod_hetero.rules.partition import latest_step_times
-from horovod_hetero.runtime.aggregation import Aggregator
-from horovod_hetero.runtime.collectives import Collectives, Model, failure_seen, scaled
+from horovod_hetero.runtime.aggregator import Aggregator
+from horovod_hetero.runtime.seams import Collectives, Model, failure_seen, scaled
 from horovod_hetero.runtime.rounds import RoundProtocol, check_counters
 from horovod_hetero.runtime.straggler import Slowdown, SlowdownFactors
 from horovod_hetero.runtime.telemetry import Telemetry
 from horovod_hetero.strategies.aggregation import Aggregation, check_aggregate
 from horovod_hetero.strategies.base import (AVERAGE, MEASURE, Context, GradientAveraging, GroupAverage,
                                             RoundResult, StepReport, Strategy, check_decision, check_kind)
-from horovod_hetero.runtime.transports import Transports
+from horovod_hetero.runtime.strategy_transports import Transports
 
 
 def ring_bytes(payload_bytes: int, size: int) -> int:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from horovod_hetero.errors import RoundMismatchError
-from horovod_hetero.runtime.collectives import Tensor, timeout_error
+from horovod_hetero.runtime.seams import Tensor, timeout_error
 from horovod_hetero.runtime.rounds import tag as exact_tag
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Generic, NoReturn, Protocol, TypeVar
 
-from horovod_hetero.runtime.collectives import forget_failure, requests_left
+from horovod_hetero.runtime.seams import forget_failure, requests_left
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from horovod_hetero.rules.adsp import CommitRateSearch, commit_period
+from horovod_hetero.rules.commit_rate import CommitRateSearch, commit_period
 from horovod_hetero.strategies.base import (
     AVERAGE, CONTINUE, Context, Decision, ModelAveraging, RoundResult, RoundStats, StepReport)
 from horovod_hetero.validation import check_float, check_int
@@ -72,7 +72,7 @@ class ADSP(ModelAveraging):
     Hu, Wang and Wu, "Distributed Machine Learning through Heterogeneous Edge Systems" (AAAI 2020).
     The paper's workers push their accumulated update to a parameter server on a timer, Γ/ΔC - O_i
     seconds apart (Algorithm 2), so that every worker makes the same number of commits ΔC_target per
-    check period Γ; a scheduler searches C_target online (Algorithm 1, ``rules.adsp``).
+    check period Γ; a scheduler searches C_target online (Algorithm 1, ``rules.commit_rate``).
 
     On Horovod a commit is an averaging round that every rank enters (one fused allreduce of the
     model). Every rank's commit rate is the same, so every rank's timer fires for the same round:

@@ -7,7 +7,7 @@ Heterogeneous Federated Optimization", NeurIPS 2020, FedNova). An ``Aggregation`
 model-averaging strategy (``LocalSGD``, ``ESync``, ``WAGMA``'s global averages, ``ElasticBSP``, ``DSSP``,
 ``ADSP``) as ``hh.DistributedOptimizer(..., aggregate=...)`` or the Keras callback's ``aggregate=``,
 changes how a global round combines the models; the arithmetic is the runtime's
-(``runtime.aggregation.Aggregator``), once for every framework and strategy.
+(``runtime.aggregator.Aggregator``), once for every framework and strategy.
 
 - ``Mean()`` (the default, ``aggregate=None``): the ranks' models are averaged, ``w = mean(w_i)``.
 - ``Normalized()``: FedNova's normalised averaging. Each rank's change since the round's

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from horovod_hetero.rules.balance import NOISE, StepModel, alike, choose_split, fit_step_model
+from horovod_hetero.rules.batch_split import NOISE, StepModel, alike, choose_split, fit_step_model
 from horovod_hetero.strategies.base import CONTINUE, MEASURE, Context, Decision, GradientWeighting, RoundResult, StepReport
 from horovod_hetero.validation import check_int
 
@@ -50,7 +50,7 @@ class Balanced(GradientWeighting):
     (``gradient_weight``): for a mean-reduced loss the sum is the mean gradient of the union batch. Each
     rank's step is modelled as ``t_i(b) = alpha_i + beta_i * b`` (Cannikin: a fixed part and a part per
     sample), fitted from the median step time and batch size of the last windows of ``rebalance_every``
-    steps (``rules.balance``; the median, so that one stall, a garbage collection or the OS, does not
+    steps (``rules.batch_split``; the median, so that one stall, a garbage collection or the OS, does not
     move the plan). Every ``rebalance_every`` steps a round carries every rank's measurements
     (the decision ``MEASURE``: the round's control vector alone, no model), so every rank fits the same
     models and computes the same integer sizes: the split of the global batch that equalises the
@@ -59,7 +59,7 @@ class Balanced(GradientWeighting):
     every batch with sizes already known. The first window holds the first step (start-up, tracing) and
     is not measured; the first three windows use an even split.
 
-    Never behind Synchronous by design (``rules.balance``): a fit from one batch size takes time as
+    Never behind Synchronous by design (``rules.batch_split``): a fit from one batch size takes time as
     proportional to the batch, a hypothesis the next windows test; where the step time does not rise
     with the batch by more than 5 % or its fit's scatter (a padded step, a GPU below saturation) the
     rank is modelled flat up to the largest batch it ran (proportional beyond), and a curve that is flat
@@ -225,7 +225,7 @@ class Balanced(GradientWeighting):
 
     def planning_models(self) -> list[StepModel]:
         """Per rank, the step-time model the plan is made from (fitted to the history). Ranks whose step
-        times the windows cannot tell apart (``rules.balance.alike``: their models' predictions at the even
+        times the windows cannot tell apart (``rules.batch_split.alike``: their models' predictions at the even
         share, within 3 standard errors of their noise over the windows) share one model, fitted to all
         their windows: the plan splits their samples evenly instead of following each one's noise."""
         models = self._models(self.history)

@@ -50,7 +50,7 @@ _T = TypeVar("_T")
 @runtime_checkable
 class StateService(Protocol):
     """ESync's state-server client as a strategy uses it: ``transports.StateClient`` over TCP, and the
-    simulator's in-process one over the same ``rules.esync.ESyncState``."""
+    simulator's in-process one over the same ``rules.esync_state.ESyncState``."""
 
     last_rtt: float | None
     slowest: bool
@@ -70,7 +70,7 @@ class StateService(Protocol):
 
 @runtime_checkable
 class StrategyTransports(Protocol):
-    """What a strategy may open (``Context.transports``): ``runtime.transports.Transports`` under
+    """What a strategy may open (``Context.transports``): ``runtime.strategy_transports.Transports`` under
     Horovod, the simulator's in-process ones on its virtual clock. The runtime closes what was opened."""
 
     def state_service(self, *, epsilon: float, overshoot: float, timeout: float,
@@ -82,7 +82,7 @@ class StrategyTransports(Protocol):
 
 @runtime_checkable
 class ObjectCollectives(Protocol):
-    """Object collectives over the ranks (``Context.collectives``; ``runtime.collectives.Collectives``)."""
+    """Object collectives over the ranks (``Context.collectives``; ``runtime.seams.Collectives``)."""
 
     def broadcast_object(self, obj: Any, *, what: str) -> Any: ...
 

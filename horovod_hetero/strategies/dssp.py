@@ -6,7 +6,7 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from horovod_hetero.rules.dssp import round_plan
+from horovod_hetero.rules.staleness import round_plan
 from horovod_hetero.strategies.planned import RoundPlanned
 from horovod_hetero.validation import check_float, check_int
 
@@ -30,7 +30,7 @@ class DSSP(RoundPlanned):
     extra (at most ``s_upper - s_lower``) after which it waits least.
 
     Zhao et al., "Dynamic Stale Synchronous Parallel Distributed Training for Deep Learning"
-    (Algorithms 1 and 2; ``rules.dssp``). In the paper every worker pushes its update to a
+    (Algorithms 1 and 2; ``rules.staleness``). In the paper every worker pushes its update to a
     parameter server after each iteration; a worker more than ``s_lower`` iterations ahead of the
     slowest waits, except that the fastest asks the synchronisation controller, which simulates the
     next ``s_upper - s_lower`` iterations of it and of the slowest and grants the r* extra ones
@@ -38,7 +38,7 @@ class DSSP(RoundPlanned):
 
     On Horovod the push and the pull become the averaging round (one fused allreduce of the
     model), which carries every rank's step time, so every rank computes the same decision
-    (``rules.dssp.round_plan``): without extra allowance the next round closes when the slowest
+    (``rules.staleness.round_plan``): without extra allowance the next round closes when the slowest
     ends its running iteration and the fastest runs what fits, at most ``s_lower + 1`` iterations;
     the controller's r* moves the round to the slowest's first iteration end at or after the
     fastest's stop; every other rank runs what fits before it. What that changes: updates are

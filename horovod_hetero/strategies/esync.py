@@ -21,7 +21,7 @@ class ESync(ModelAveraging):
     Li et al., "ESync: An Efficient Synchronous Parallel Algorithm for Distributed ML in
     Heterogeneous Clusters". On Horovod: the state server (``ctx.transports.state_service``:
     started on rank 0, its address shared with a Horovod broadcast) keeps the paper's records
-    (``rules.esync.ESyncState``); after each local step a worker asks it whether to aggregate
+    (``rules.esync_state.ESyncState``); after each local step a worker asks it whether to aggregate
     (QUERY-STATE; its capability is its measured step time plus the query round trip) and answers
     ``AVERAGE`` when it is ready. The aggregation is the runtime's averaging round, one fused
     allreduce of the models: w_{t+1} = mean(w_i). The paper's global learning rate epsilon,

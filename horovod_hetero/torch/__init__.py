@@ -1,7 +1,7 @@
 """PyTorch adapter: ``import horovod_hetero.torch as hh`` next to ``import horovod.torch as hvd``.
 
 ``hh.DistributedOptimizer`` loads its module on first use (PEP 562), so the Keras adapter on the
-PyTorch backend, which needs only ``horovod_hetero.torch.collectives``, does not load the optimizer.
+PyTorch backend, which needs only ``horovod_hetero.torch.adapter``, does not load the optimizer.
 """
 from typing import TYPE_CHECKING, Any
 
@@ -9,7 +9,7 @@ from horovod_hetero.common import compat  # noqa: F401  (checks Horovod's versio
 from horovod_hetero.common.process_sets import wagma_process_sets  # noqa: F401
 from horovod_hetero.errors import (  # noqa: F401
     CollectiveTimeoutError, ElasticResetError, HeteroError, RankLostError, RoundMismatchError)
-from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S  # noqa: F401
+from horovod_hetero.runtime.seams import DEFAULT_TIMEOUT_S  # noqa: F401
 from horovod_hetero.strategies import (  # noqa: F401
     ADSP, Balanced, DSSP, ESync, ElasticBSP, GradientAveraging, GradientWeighting, LocalSGD, Mean, ModelAveraging,
     Normalized, OuterSGD, Steps, Strategy, Synchronous, WAGMA)

@@ -18,12 +18,12 @@ from horovod.torch.compression import Compression
 from horovod_hetero.common.compat import torch_join_async, torch_optimizer_bases
 from horovod_hetero.common.options import check_run_options
 from horovod_hetero.common.ranks import follow_ranks
-from horovod_hetero.runtime.collectives import DEFAULT_TIMEOUT_S
+from horovod_hetero.runtime.seams import DEFAULT_TIMEOUT_S
 from horovod_hetero.runtime.controller import HeteroController, OutsideController, ring_bytes
 from horovod_hetero.strategies.aggregation import check_aggregate
 from horovod_hetero.strategies.base import GradientAveraging, GradientWeighting
 from horovod_hetero.strategies.registry import check_strategy
-from horovod_hetero.torch.collectives import TorchCollectives, TorchModel, wait, wait_done
+from horovod_hetero.torch.adapter import TorchCollectives, TorchModel, wait, wait_done
 from horovod_hetero.torch.sampler import DistributedSampler, register_optimizer
 from horovod_hetero.validation import check_bool, check_float, check_int
 

@@ -1,8 +1,8 @@
 """ESync's state server and its client: authenticated JSON Lines over TCP, from the standard library.
 
 The server is started on rank 0: one daemon thread serves every connection (``selectors``,
-non-blocking sockets); it keeps a ``rules.esync.ESyncState`` and answers every worker's QUERY-STATE.
-``runtime.transports.Transports.state_service`` opens both ends for a strategy and closes them.
+non-blocking sockets); it keeps a ``rules.esync_state.ESyncState`` and answers every worker's QUERY-STATE.
+``runtime.strategy_transports.Transports.state_service`` opens both ends for a strategy and closes them.
 A client is one TCP connection: ``query`` waits for the answer (blocking mode),
 ``send_query``/``poll`` let the worker train on while the answer travels (delayed-ACK mode).
 Messages are JSON objects, one per line; each query carries a sequence number so a late answer
@@ -54,7 +54,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from horovod_hetero.errors import StateServerError, StateServerTimeout
-from horovod_hetero.rules.esync import ESyncState
+from horovod_hetero.rules.esync_state import ESyncState
 from horovod_hetero.transports.auth import Channel, check_key, new_key
 from horovod_hetero.transports.listening import ACCEPT_PAUSE_S, Handshakes, read_some
 from horovod_hetero.validation import parse_address

@@ -72,7 +72,7 @@ def healthy_process():
     in Horovod, which holds the GIL while it waits, is ended). Afterwards the failure is forgotten, as
     ``hvd.elastic`` forgets it when it starts Horovod again, unless Horovod itself stopped: the next
     test's collective would then never end, and the armed watchdog ends the rank with its trace."""
-    from horovod_hetero.runtime.collectives import failure_seen, forget_failure, library_down
+    from horovod_hetero.runtime.seams import failure_seen, forget_failure, library_down
     yield
     if failure_seen.is_set() and not any(stopped() for stopped in library_down):
         forget_failure()

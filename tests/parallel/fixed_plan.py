@@ -24,7 +24,7 @@ class FixedPlan(ModelAveraging):
 def reference(grads, taus, rounds, aggregate="mean", outer=None, start=0.0):
     """The model every rank holds after each round, for constant per-rank gradients ``grads`` (lr 1)
     and ``taus`` local steps per round, computed here from the formulas (an independent reference of
-    ``runtime.aggregation``): ``(lr, momentum, nesterov)`` or ``None`` for ``outer``."""
+    ``runtime.aggregator``): ``(lr, momentum, nesterov)`` or ``None`` for ``outer``."""
     w, m, out = start, None, []
     for _ in range(rounds):
         changes = [-g * t for g, t in zip(grads, taus)]

@@ -44,12 +44,12 @@ def poll_horovod_waits():
     Horovod's wait is a loop of ``sched_yield``: with 4 ranks on CI's 2 cores, ranks waiting so keep
     the cores from the Horovod background threads that would end the wait, and Gloo's exchanges
     stall past their 30 s timeout (the library's own waits poll for that reason:
-    ``horovod_hetero.torch.collectives``). Tests wait in Horovod's loop wherever they gather or
+    ``horovod_hetero.torch.adapter``). Tests wait in Horovod's loop wherever they gather or
     broadcast results: the torch job failed about one run in ten, its ranks ended in such a wait.
     ``init`` calls it once per process."""
     from horovod.torch import mpi_ops
 
-    from horovod_hetero.torch.collectives import wait_done
+    from horovod_hetero.torch.adapter import wait_done
 
     lib = mpi_ops.mpi_lib
     spin = lib.horovod_torch_wait_and_clear

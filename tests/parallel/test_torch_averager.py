@@ -59,7 +59,7 @@ from torch.distributed.algorithms.model_averaging import utils as averaging_util
 
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
-from horovod_hetero.torch.collectives import wait
+from horovod_hetero.torch.adapter import wait
 import job
 
 job.init(hvd, hh)

@@ -12,7 +12,7 @@ import horovod.torch as hvd
 import horovod_hetero.torch as hh
 import job
 from horovod_hetero.rules.grouping import butterfly_groups
-from horovod_hetero.torch.collectives import TorchCollectives
+from horovod_hetero.torch.adapter import TorchCollectives
 
 job.init(hvd, hh)                 # HH_TEST_PROCESS_SETS=dynamic: the groups added by the strategy
 DYNAMIC = job.DYNAMIC

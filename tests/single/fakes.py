@@ -4,9 +4,9 @@ import time
 
 import numpy as np
 
-from horovod_hetero.runtime.collectives import Collectives, Model
+from horovod_hetero.runtime.seams import Collectives, Model
 from horovod_hetero.strategies.base import Context, RoundResult, RoundStats
-from horovod_hetero.runtime.transports import Transports
+from horovod_hetero.runtime.strategy_transports import Transports
 
 
 class ThreadAllreduce:

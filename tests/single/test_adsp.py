@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from horovod_hetero.rules.adsp import CommitRateSearch, commit_period, fit_loss_curve, loss_model, reward
+from horovod_hetero.rules.commit_rate import CommitRateSearch, commit_period, fit_loss_curve, loss_model, reward
 from horovod_hetero.simulate import Cluster, simulate
 from horovod_hetero.strategies import (
     ADSP, AVERAGE, CONTINUE, Context, RoundResult, RoundStats, StepReport, Steps, check_strategy)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fakes import ArrayCollectives, ArrayModel, ThreadAllreduce, run_ranks
-from horovod_hetero.runtime.aggregation import Aggregator
+from horovod_hetero.runtime.aggregator import Aggregator
 from horovod_hetero.runtime.controller import HeteroController
 from horovod_hetero.strategies import (
     ADSP, AGGREGATES, DSSP, WAGMA, Aggregation, Balanced, ElasticBSP, ESync, LocalSGD, Mean, ModelAveraging, Normalized,

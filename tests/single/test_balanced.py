@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from fakes import round_result
-from horovod_hetero.rules.balance import (StepModel, alike, choose_split, fit_step_model, fit_step_time, longest_step,
+from horovod_hetero.rules.batch_split import (StepModel, alike, choose_split, fit_step_model, fit_step_time, longest_step,
                                           plan_split)
 from horovod_hetero.rules.partition import step_batch, steps_per_epoch
 from horovod_hetero.simulate import Cluster, simulate

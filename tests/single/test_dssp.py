@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from horovod_hetero.rules.dssp import DSSPServer, simulated_waits, synchronization_controller
+from horovod_hetero.rules.staleness import DSSPServer, simulated_waits, synchronization_controller
 
 
 def test_figure_2_the_fastest_runs_three_more_iterations():

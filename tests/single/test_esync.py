@@ -1,6 +1,6 @@
 import pytest
 
-from horovod_hetero.rules.esync import ESyncState
+from horovod_hetero.rules.esync_state import ESyncState
 
 
 class Clock:

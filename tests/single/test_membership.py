@@ -4,7 +4,7 @@ import pytest
 
 from fakes import ArrayCollectives, ArrayModel
 from horovod_hetero.runtime.controller import HeteroController
-from horovod_hetero.runtime.collectives import failure_seen
+from horovod_hetero.runtime.seams import failure_seen
 from horovod_hetero.runtime.membership import Membership
 from horovod_hetero.strategies import DSSP, WAGMA, Context, ElasticBSP, LocalSGD, Plan
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from horovod_hetero.rules.dssp import round_plan
+from horovod_hetero.rules.staleness import round_plan
 from horovod_hetero.rules.zipline import brute_force, predict_ends
 from horovod_hetero.strategies import (
     AVERAGE, CONTINUE, DSSP, Context, ElasticBSP, Plan, RoundResult, RoundStats, check_strategy)

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from fakes import ArrayCollectives, ArrayModel
-from horovod_hetero.common import collectives as common_collectives, failures, ranks
+from horovod_hetero.common import failures, horovod_collectives as common_collectives, ranks
 from horovod_hetero.errors import CollectiveTimeoutError, HeteroError, RankLostError
-from horovod_hetero.runtime import collectives as runtime_collectives
-from horovod_hetero.runtime.collectives import call_with_timeout
+from horovod_hetero.runtime import seams as runtime_collectives
+from horovod_hetero.runtime.seams import call_with_timeout
 from horovod_hetero.runtime.controller import HeteroController
 from horovod_hetero.runtime.membership import Membership
 from horovod_hetero.strategies import LocalSGD, Synchronous
@@ -194,7 +194,7 @@ def test_with_process_sets_an_enqueue_is_refused_once_a_rank_of_this_host_died(m
     enqueue holds the GIL: a rank of this host that died is seen before the enqueue, a stopped one is not."""
     import socket
 
-    from horovod_hetero.torch.collectives import TorchCollectives
+    from horovod_hetero.torch.adapter import TorchCollectives
     monkeypatch.setattr(common_collectives, "guard_gil", lambda running: None)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -237,7 +237,7 @@ def test_the_gil_watchdog_follows_horovod_and_ends_only_a_process_whose_python_c
         """A process with the watchdog running (limit from the environment) whose main thread then runs
         ``body``; ``ctypes.PyDLL(None).sleep(n)`` holds the GIL in C for n s."""
         code = ("import ctypes, time\nfrom horovod_hetero.common import failures\nfrom horovod_hetero.runtime import "
-                "collectives\nfailures.guard_gil(lambda: True)\ntime.sleep(0.2)\n" + body + "\nprint('survived')")
+                "seams as collectives\nfailures.guard_gil(lambda: True)\ntime.sleep(0.2)\n" + body + "\nprint('survived')")
         env = {**os.environ, failures.ENV_GIL_LIMIT: str(limit)}
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
 
@@ -277,7 +277,7 @@ def test_a_rank_of_this_host_still_exiting_is_named_once_it_is_a_zombie(monkeypa
     import socket
     import time
 
-    from horovod_hetero.torch.collectives import TorchCollectives
+    from horovod_hetero.torch.adapter import TorchCollectives
     c = object.__new__(TorchCollectives)
     c.rank = 0
     c._peers = [(socket.gethostname(), 0), (socket.gethostname(), 4242), ("another-host", 7)]
@@ -344,8 +344,8 @@ def test_after_a_failed_collective_under_hvd_elastic_every_rank_resets_once_more
 
     from horovod.common.exceptions import HorovodInternalError
 
-    from horovod_hetero.runtime.collectives import requests_left
-    from horovod_hetero.torch.collectives import TorchCollectives
+    from horovod_hetero.runtime.seams import requests_left
+    from horovod_hetero.torch.adapter import TorchCollectives
 
     class Controller:
         closed, telemetry = False, None
@@ -409,8 +409,8 @@ def test_under_hvd_elastic_a_held_background_thread_ends_the_worker_with_why(mon
 
     from horovod.common.exceptions import HorovodInternalError
 
-    from horovod_hetero.runtime.collectives import background_failure, requests_left
-    from horovod_hetero.torch.collectives import TorchCollectives
+    from horovod_hetero.runtime.seams import background_failure, requests_left
+    from horovod_hetero.torch.adapter import TorchCollectives
 
     class Controller:
         closed, telemetry = False, None

@@ -12,7 +12,7 @@ import pytest
 
 from fakes import context, round_result, run_ranks, shared_broadcast
 from horovod_hetero.errors import StateServerError, StateServerTimeout
-from horovod_hetero.rules.esync import ESyncState
+from horovod_hetero.rules.esync_state import ESyncState
 from horovod_hetero.strategies import AVERAGE, ESync, StepReport
 from horovod_hetero.transports import state_server
 from horovod_hetero.transports.auth import Channel, new_key

@@ -81,8 +81,8 @@ def test_the_runtime_and_the_simulator_provide_the_seams_strategies_are_typed_ag
     import inspect
 
     from horovod_hetero import simulate
-    from horovod_hetero.runtime.collectives import Collectives
-    from horovod_hetero.runtime.transports import Transports
+    from horovod_hetero.runtime.seams import Collectives
+    from horovod_hetero.runtime.strategy_transports import Transports
     from horovod_hetero.strategies.base import ObjectCollectives, StateService, StrategyTransports
     from horovod_hetero.transports.state_server import StateClient
 

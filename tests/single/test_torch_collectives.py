@@ -14,7 +14,7 @@ import torch
 import horovod.torch as hvd
 from horovod_hetero.runtime.controller import HeteroController
 from horovod_hetero.strategies import LocalSGD
-from horovod_hetero.torch.collectives import TorchCollectives, TorchModel
+from horovod_hetero.torch.adapter import TorchCollectives, TorchModel
 
 
 class RecordingHorovod:

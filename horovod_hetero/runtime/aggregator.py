@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from horovod_hetero.runtime.collectives import Tensor
+from horovod_hetero.runtime.seams import Tensor
 from horovod_hetero.strategies.aggregation import Aggregation
 
 

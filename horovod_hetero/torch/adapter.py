@@ -14,9 +14,9 @@ import torch
 
 import horovod.torch as hvd
 
-from horovod_hetero.common.collectives import HorovodCollectives
+from horovod_hetero.common.horovod_collectives import HorovodCollectives
 from horovod_hetero.common.failures import gil_guarded
-from horovod_hetero.runtime.collectives import Model, check_background, timeout_error
+from horovod_hetero.runtime.seams import Model, check_background, timeout_error
 
 
 def wait(handle, timeout_s, what):

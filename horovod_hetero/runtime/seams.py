@@ -5,7 +5,7 @@ transports) is written once in the runtime over these interfaces, with Python's 
 operators on the framework's tensors (``t * w``, ``s / n``, ``g + lr * (w - g)`` work the same on
 torch tensors, TensorFlow tensors and NumPy arrays).
 
-- ``Collectives``: Horovod's collectives for one framework (``horovod_hetero.torch.collectives``,
+- ``Collectives``: Horovod's collectives for one framework (``horovod_hetero.torch.adapter``,
   ``horovod_hetero.keras._tensorflow``; shared Horovod logic in ``horovod_hetero.common``).
 - ``Model``: how the user's model is read and written (torch parameters, Keras variables).
 """
@@ -203,7 +203,7 @@ PROBE_AFTER_S = 1.0
 #: Seconds a wait gives a fresh ask to answer before it goes on waiting (an ask usually takes microseconds)
 PROBE_ANSWER_S = 0.05
 #: ``() -> str | None``: why the collectives' library can complete no collective any more (Horovod's
-#: background loop ended after a failed collective), or None; an adapter sets it (``common.collectives``)
+#: background loop ended after a failed collective), or None; an adapter sets it (``common.horovod_collectives``)
 library_down: list[Callable[[], str | None]] = []
 
 

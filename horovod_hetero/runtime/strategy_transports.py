@@ -12,7 +12,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
-from horovod_hetero.runtime.collectives import Collectives, Tensor, scaled
+from horovod_hetero.runtime.seams import Collectives, Tensor, scaled
 from horovod_hetero.runtime.group_exchange import GroupExchange
 from horovod_hetero.transports.activations import Activations
 from horovod_hetero.transports.auth import check_key, new_key

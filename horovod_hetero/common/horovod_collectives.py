@@ -20,7 +20,7 @@ from horovod_hetero.common.failures import catch_background_abort, guard_gil
 from horovod_hetero.common.process_sets import check_process_set, registered_ids
 from horovod_hetero.common.ranks import ELASTIC_WITH_PROCESS_SETS, StaleRequestsReset, process_state, under_elastic
 from horovod_hetero.errors import RankLostError
-from horovod_hetero.runtime.collectives import (DEFAULT_TIMEOUT_S, Collectives, call_with_timeout, check_background,
+from horovod_hetero.runtime.seams import (DEFAULT_TIMEOUT_S, Collectives, call_with_timeout, check_background,
                                                 library_down, requests_left)
 from horovod_hetero.transports.addresses import server_host
 from horovod_hetero.validation import check_float
