@@ -14,6 +14,7 @@ import json
 import os
 import pathlib
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -187,6 +188,10 @@ def zygote():
     return _zygote[0]
 
 
+#: the rest of a marker line (``say``): a class name or a count, then a number (a time, a checksum); or a number
+_MARKER_END = re.compile(r"(?:[A-Za-z_]\w* |\d+ )?[-+]?\d[\d.e+-]*")
+
+
 class Rank:
     """One rank's process and its timestamped output."""
 
@@ -210,7 +215,20 @@ class Rank:
         self.ended = time.time()
 
     def find(self, prefix):
-        return [line[len(prefix):].strip() for _, line in list(self.lines) if line.startswith(prefix)]
+        """What follows ``prefix`` (a worker's marker, ``say``) on each line that starts with it, or that
+        ends with it in full: stdout and stderr share the pipe, and Horovod's C++ log writes a line in
+        pieces from its own thread, so a marker can end a line that a log piece began (seen:
+        ``282351: E ERROR RankLostError 1795883838.284``). There only the markers' own shape counts
+        (words or a number, then a number): a log's ``UNKNOWN ERROR (303)`` is not one."""
+        found = []
+        for _, line in list(self.lines):
+            if line.startswith(prefix):
+                found.append(line[len(prefix):].strip())
+                continue
+            at = line.rfind(" " + prefix)
+            if at >= 0 and _MARKER_END.fullmatch(line[at + 1 + len(prefix):].strip()):
+                found.append(line[at + 1 + len(prefix):].strip())
+        return found
 
     def progress(self):
         """[(step, unix time)] from its PROGRESS lines."""

@@ -22,7 +22,9 @@ BATCH, PAD_S = 16, 0.01
 
 
 def say(*words):
-    print(*words, flush=True)
+    """One marker line, written whole (one write, so no C++ log line of another thread lands inside it)."""
+    sys.stdout.write(" ".join(map(str, words)) + "\n")
+    sys.stdout.flush()
 
 
 def strategy(hh):
