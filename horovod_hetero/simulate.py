@@ -309,6 +309,7 @@ def simulate(cluster: Cluster, strategy: Strategy, duration: float) -> SimResult
     events: list[tuple[float, int]]
     round_steps: list[np.ndarray]
     barrier, past, events, rounds, end, round_steps = {}, set(), [], 0, 0.0, []
+    gradients = isinstance(strategy, GradientAveraging)     # the kind, once: an allreduce after every step
 
     def begin(q: int, t: float) -> None:
         worker = workers[q]
@@ -335,7 +336,6 @@ def simulate(cluster: Cluster, strategy: Strategy, duration: float) -> SimResult
         if t >= duration:
             past.add(q)
         # a gradient allreduce after every step (GradientAveraging), a round when the strategy says so
-        gradients = isinstance(strategy, GradientAveraging)
         if gradients or decision is AVERAGE or decision is MEASURE:
             barrier[q] = (t, decision)
             if len(barrier) < n:
