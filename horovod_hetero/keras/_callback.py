@@ -420,7 +420,7 @@ class BalancedCallbackImpl(StrategyCallbackImpl):
                              "callback.epoch_plan(len(x), epoch)'s indices and batch size")
         self._gradient = state
         carry_state(self.model, self)
-        hh = self._follow().current()
+        hh = self._hh_controller()
         hh.start()
         _, self._samples, sizes = self._epoch
         self._gradient.scale.assign(self._samples * len(sizes) / self.strategy.global_batch)
@@ -432,7 +432,7 @@ class BalancedCallbackImpl(StrategyCallbackImpl):
 
     def on_train_end(self, logs=None):
         self._epoch = None                     # the next fit needs the next epoch's plan
-        self._follow().current().close()
+        self._hh_controller().close()
 
     def state_dict(self):
         """The plans, the measurements and the step count (the strategy's), to resume on the same sizes."""
