@@ -1,4 +1,5 @@
 """``Collectives`` over ``horovod.tensorflow``."""
+import functools
 from typing import Any
 
 import tensorflow as tf
@@ -16,6 +17,12 @@ class TensorFlowCollectives(HorovodCollectives):
     the control vector riding with float64 tensors if any, else float32 ones (exact for the
     round protocol's tags and counts). Eager ops cannot be polled, so each eager collective runs
     under ``call_with_timeout``; ``mean`` runs inside Keras' compiled train step.
+
+    Horovod matches collectives by name, and an eager TensorFlow op has none (every eager grouped
+    allreduce is ``HorovodGroupedAllreduce``): two ranks would pair whichever they enqueued next,
+    and a responder thread's group average could collide with the main thread's. So an eager
+    grouped allreduce runs as a compiled function of its name (``_named_allreduce``, compiled once
+    per name, op and process set), whose node carries the name.
     """
 
     hvd = hvd
@@ -39,7 +46,10 @@ class TensorFlowCollectives(HorovodCollectives):
             group = [tensors[i] for i in index]
             if control is not None and dtype == ctl_dtype:
                 group.append(tf.constant(control, dtype=dtype))
-            reduced = hvd.grouped_allreduce(group, op=op, process_set=process_set, name=f"{name}.{dtype.name}")
+            if tf.executing_eagerly():
+                reduced = _named_allreduce(f"{name}.{dtype.name}", op, process_set)(group)
+            else:                                           # in a compiled step: the node has the name
+                reduced = hvd.grouped_allreduce(group, op=op, process_set=process_set, name=f"{name}.{dtype.name}")
             for i, r in zip(index, reduced):
                 out[i] = r
             if control is not None and dtype == ctl_dtype:
@@ -71,3 +81,19 @@ class TensorFlowCollectives(HorovodCollectives):
         with tf.control_dependencies(out):
             end = tf.timestamp()
         return out, end - start
+
+
+#: Compiled grouped allreduces kept (names are few: the rounds' and the group averages' name slots)
+NAMED_KEPT = 256
+
+
+@functools.lru_cache(maxsize=NAMED_KEPT)
+def _named_allreduce(name, op, process_set):
+    """A compiled ``hvd.grouped_allreduce`` whose Horovod name is ``name`` (eager ops have none). A
+    partial, not a closure: TensorFlow counts the traces of one code object as retracing, and warns."""
+    return tf.function(functools.partial(_grouped_allreduce, op=op, process_set=process_set, name=name),
+                       autograph=False)
+
+
+def _grouped_allreduce(tensors, *, op, process_set, name):
+    return hvd.grouped_allreduce(tensors, op=op, process_set=process_set, name=name)

@@ -49,6 +49,11 @@ if TYPE_CHECKING:
 CLOSE_WAIT_S = 5.0
 #: Group averages the responder serves at once (one thread each); activations beyond are dropped.
 MAX_SERVING = 16
+#: Collective names a group average cycles through (``tag % NAME_SLOTS``): a framework that compiles
+#: one collective per name (TensorFlow's eager ops carry none) compiles a bounded number. The control
+#: sum carries the exact tag; two members can only meet on one name with different tags if the
+#: protocol broke, and then ``RoundMismatchError`` names it.
+NAME_SLOTS = 4 * MAX_SERVING
 
 log = logging.getLogger("horovod_hetero")
 
@@ -125,7 +130,7 @@ class GroupExchange:
     def _run(self, tag: int, group: tuple[int, ...], model: Sequence[Tensor],
              weight: float) -> tuple[list[Tensor], float]:
         control = [weight, 1.0, float(exact_tag(tag, len(group)))]
-        summed, ctl = self._allreduce(model, weight, control, group, f"horovod_hetero.group.{tag}")
+        summed, ctl = self._allreduce(model, weight, control, group, f"horovod_hetero.group.{tag % NAME_SLOTS}")
         if round(ctl[1]) != len(group) or ctl[2] != control[2] * len(group):
             raise RoundMismatchError(f"group average {tag}: the members of {group} entered different "
                                      f"group averages (control sums {ctl}); every rank must step with the "

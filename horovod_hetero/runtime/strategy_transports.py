@@ -93,8 +93,9 @@ class Transports:
             return collectives.allreduce_sum(scaled(model, weight), control, ranks=group, name=name,
                                              what="group average")
 
+        # the whole job is a group too (S = P: Horovod's global process set, never registered)
         self.groups = self._open(GroupExchange(self.rank, allreduce, activations, patience, timeout,
-                                               groups=rank_lists))
+                                               groups=[*rank_lists, range(self.size)]))
         return self.groups
 
     def close(self) -> None:

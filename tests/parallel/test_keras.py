@@ -82,3 +82,30 @@ def test_esync_callback_slowest_runs_one_batch_per_round_all_identical_at_the_en
     steady = [r[1:while_slow] for r in rounds]
     assert len(steady[3]) >= 3 and set(steady[3]) == {1}        # the slowest: one batch per round
     assert all(np.mean(steady[r]) >= 2.0 for r in range(3)), rounds
+
+
+def test_collectives_pair_by_name_not_by_the_order_ranks_enqueue_them():
+    """Horovod matches collectives by name, and TensorFlow's eager ops carry none: the backend's
+    collectives must still name theirs. Even ranks enqueue "a" then "b", odd ranks "b" then "a"
+    (the first from a second thread, as the group responder does): each sum holds only its own name's
+    values (paired by order, "a" on rank 0 would meet "b" on rank 1)."""
+    import threading
+    import time
+
+    from horovod_hetero.keras._backend import collectives_class
+
+    collectives = collectives_class()(None, 60.0, owner="test")
+    first, second = ("a", "b") if RANK % 2 == 0 else ("b", "a")
+    value = {"a": float(1 + RANK), "b": float(100 * (1 + RANK))}
+    sums = {}
+
+    def run(name):
+        sums[name] = collectives.allreduce_sum([], [value[name]], name=f"test.by_name.{name}", what=name)[1]
+
+    thread = threading.Thread(target=run, args=(first,))
+    thread.start()
+    time.sleep(0.5)                     # the first is enqueued everywhere before the second
+    run(second)
+    thread.join(60)
+    total = SIZE * (SIZE + 1) / 2
+    assert sums == {"a": [total], "b": [100 * total]}

@@ -31,10 +31,13 @@ def test_group_batches_hold_the_exact_pair_mean_global_batches_all_identical():
         assert not np.array_equal(post[0, batch], post[3, batch])    # different groups differ
 
 
-def test_wait_avoiding_ranks_with_different_numbers_of_batches_end_identical():
+@pytest.mark.parametrize("group_size", [2, 4], ids=["pairs", "the_whole_job"])
+def test_wait_avoiding_ranks_with_different_numbers_of_batches_end_identical(group_size):
+    """A rank whose epoch ended serves its peers' group averages (weight 0) while they go on; also
+    with S = P (groups of the whole job, as a job shrunk to S ranks has)."""
     model = make_model(RANK)
     x, y = rank_data(RANK, 8 * (3 + RANK))                                 # 3, 4, 5, 6 batches per epoch
-    callback = hh.callbacks.WAGMACallback(group_size=2, sync_period=4, timeout=120)
+    callback = hh.callbacks.WAGMACallback(group_size=group_size, sync_period=4, timeout=60)
     model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[callback])
     final = keras_helpers.gathered([w.tolist() for w in keras_helpers.weights(model)], name="keras.wagma.final")
     assert all(np.array_equal(final[0][i], final[r][i]) for r in range(SIZE) for i in range(len(final[0])))

@@ -97,12 +97,14 @@ def test_straggler_is_served_stale_its_peer_does_not_wait_and_line_13_holds():
     assert finals[0] == pytest.approx((8.0 + 9.0 + 10.5 + expected3[3] + 4.0) / 4, rel=1e-15)
 
 
-def test_uneven_steps_with_wait_avoidance_end_identical():
+@pytest.mark.parametrize("group_size", [2, 4], ids=["pairs", "the_whole_job"])
+def test_uneven_steps_with_wait_avoidance_end_identical(group_size):
     """Rank r runs 5 + 3r steps; ranks that stop keep serving group averages (weight 0) and
-    joining global ones: nobody hangs, and every rank ends with the same model."""
+    joining global ones: nobody hangs, and every rank ends with the same model. Also with S = P
+    (groups of the whole job, over Horovod's global process set, as a job shrunk to S ranks has)."""
     torch.manual_seed(RANK)
     p = torch.nn.Parameter(torch.randn(5, dtype=torch.float64))
-    opt = wagma_opt(p, sync_period=3)
+    opt = wagma_opt(p, group_size, sync_period=3, timeout=60)
     for _ in range(5 + 3 * RANK):
         step(opt, p, sleep_s=0.01 * RANK)
     opt.sync_model()
