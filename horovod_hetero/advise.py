@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from horovod_hetero import simulate as sim
-from horovod_hetero.bench import rounds_of
+from horovod_hetero.runtime.telemetry import rounds_of
 from horovod_hetero.strategies.base import GradientWeighting, Strategy
 
 #: steps a rank records before the first one measured (start-up: tracing, the first allreduces)
@@ -109,7 +109,7 @@ def measure(by_rank: Mapping[int, Sequence[Mapping[str, Any]]], skip: int = SKIP
     transient = transient_share >= TRANSIENT_SHARE
     kind = {(True, True): "both", (True, False): "persistent", (False, True): "transient",
             (False, False): "even"}[(bool(slow_ranks), transient)]
-    rounds = rounds_of(recs)    # {rank: comm_s} of each collective every rank took part in (bench's reading)
+    rounds = rounds_of(recs)    # {rank: comm_s} of each collective every rank took part in (the telemetry's reading)
     sent = [x["bytes_sent"] for r in ranks for x in recs[r] if x.get("bytes_sent")]
     n = len(ranks)
     comm_s = float(np.median([min(v.values()) for v in rounds])) if rounds else 0.0

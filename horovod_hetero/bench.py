@@ -46,7 +46,7 @@ import horovod_hetero
 from horovod_hetero import simulate as sim
 from horovod_hetero.data import TASKS, check_split, check_task, class_shares
 from horovod_hetero.runtime.straggler import parse_random_delay, parse_slowdown
-from horovod_hetero.runtime.telemetry import load, summarize
+from horovod_hetero.runtime.telemetry import load, round_cost_and_wait, summarize
 from horovod_hetero.strategies.base import GradientAveraging, GradientWeighting
 from horovod_hetero.strategies.registry import REGISTRY, bench_options, check_names
 from horovod_hetero.validation import check_bool, check_float, check_int
@@ -380,40 +380,6 @@ def quality_at(curve, metric, step):
     if not curve or step > curve[-1]["step"]:
         return None
     return float(np.interp(step, [p["step"] for p in curve], [p[metric] for p in curve]))
-
-
-def rounds_of(by_rank, every_step=False):
-    """``{key: {rank: comm_s}}`` of the collective events every rank took part in: global rounds
-    (records with ``round``), or, with no round at all or ``every_step`` (gradients averaged every step;
-    ``Balanced``'s statistics rounds are not the cost), every step."""
-    events: dict[Any, Any] = {}
-    with_rounds = not every_step and any("round" in r for recs in by_rank.values() for r in recs)
-    for rank, recs in by_rank.items():
-        for r in recs:
-            if with_rounds and "round" in r:
-                events.setdefault(r["round"], {})[rank] = r["comm_s"]
-            elif not with_rounds and r.get("bytes_sent", 0) > 0:
-                events.setdefault(r["step"], {})[rank] = r["comm_s"]
-    full = [v for v in events.values() if len(v) == len(by_rank)]
-    return full[1:]                  # the first waits for every process to start
-
-
-def round_cost_and_wait(by_rank, every_step=False):
-    """``(cost, wait)``: the mean seconds of one global round for the rank that arrived last (it
-    waits for nobody: pure communication), and every rank's mean time waiting for others in a round
-    (its time in the round minus that).
-
-    Example:
-        >>> recs = {0: [{"round": i, "comm_s": 0.3} for i in range(3)], 1: [{"round": i, "comm_s": 0.1} for i in range(3)]}
-        >>> [round(v, 3) for v in round_cost_and_wait(recs)]
-        [0.1, 0.1]
-    """
-    full = rounds_of(by_rank, every_step)
-    if not full:
-        return None, None
-    cost = statistics.fmean(min(v.values()) for v in full)
-    waits = [c - min(v.values()) for v in full for c in v.values()]
-    return cost, statistics.fmean(waits)
 
 
 def predict(by_rank, strategy, wall, batch_size, round_cost):

@@ -143,6 +143,42 @@ def summarize(by_rank: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[int, d
     return out
 
 
+def rounds_of(by_rank: Mapping[int, Sequence[Mapping[str, Any]]],
+              every_step: bool = False) -> list[dict[int, float]]:
+    """``{key: {rank: comm_s}}`` of the collective events every rank took part in: global rounds
+    (records with ``round``), or, with no round at all or ``every_step`` (gradients averaged every step;
+    ``Balanced``'s statistics rounds are not the cost), every step."""
+    events: dict[Any, dict[int, float]] = {}
+    with_rounds = not every_step and any("round" in r for recs in by_rank.values() for r in recs)
+    for rank, recs in by_rank.items():
+        for r in recs:
+            if with_rounds and "round" in r:
+                events.setdefault(r["round"], {})[rank] = r["comm_s"]
+            elif not with_rounds and r.get("bytes_sent", 0) > 0:
+                events.setdefault(r["step"], {})[rank] = r["comm_s"]
+    full = [v for v in events.values() if len(v) == len(by_rank)]
+    return full[1:]                  # the first waits for every process to start
+
+
+def round_cost_and_wait(by_rank: Mapping[int, Sequence[Mapping[str, Any]]],
+                        every_step: bool = False) -> tuple[float | None, float | None]:
+    """``(cost, wait)``: the mean seconds of one global round for the rank that arrived last (it
+    waits for nobody: pure communication), and every rank's mean time waiting for others in a round
+    (its time in the round minus that).
+
+    Example:
+        >>> recs = {0: [{"round": i, "comm_s": 0.3} for i in range(3)], 1: [{"round": i, "comm_s": 0.1} for i in range(3)]}
+        >>> [round(v, 3) for v in round_cost_and_wait(recs)]
+        [0.1, 0.1]
+    """
+    full = rounds_of(by_rank, every_step)
+    if not full:
+        return None, None
+    cost = statistics.fmean(min(v.values()) for v in full)
+    waits = [c - min(v.values()) for v in full for c in v.values()]
+    return cost, statistics.fmean(waits)
+
+
 def format_summary(summary: Mapping[int, Mapping[str, Any]]) -> str:
     """The summary as a text table, one row per rank."""
     head = (f"{'rank':>4} {'steps':>6} {'syncs':>6} {'samples/s':>10} {'compute':>8} {'wait':>6} {'MB sent':>8}"

@@ -14,6 +14,7 @@ from horovod_hetero import bench, report
 from horovod_hetero.cli import cli
 from horovod_hetero.data import TASKS, available, noniid_shard, score, task_data
 from horovod_hetero.examples import Curve, add_strategy_arguments, aggregation
+from horovod_hetero.runtime.telemetry import round_cost_and_wait
 from horovod_hetero.strategies import ESync, Mean, Normalized, OuterSGD, Synchronous
 
 
@@ -77,10 +78,10 @@ def records(step_s, comm, rounds=True, steps=20):
 
 def test_round_cost_and_wait_from_rounds_or_steps():
     for rounds in (True, False):
-        cost, wait = bench.round_cost_and_wait(records([0.1, 0.1, 0.1, 0.4], 0.01, rounds))
+        cost, wait = round_cost_and_wait(records([0.1, 0.1, 0.1, 0.4], 0.01, rounds))
         assert cost == pytest.approx(0.01)
         assert wait == pytest.approx(3 * 0.3 / 4)          # three ranks wait 0.3 s, the slow one nothing
-    assert bench.round_cost_and_wait({0: [{"step": 1, "comm_s": 0.0, "bytes_sent": 0}]}) == (None, None)
+    assert round_cost_and_wait({0: [{"step": 1, "comm_s": 0.0, "bytes_sent": 0}]}) == (None, None)
 
 
 def test_prediction_replays_the_measured_step_times():
