@@ -6,7 +6,7 @@ Next to ``import horovod.tensorflow as hvd`` (TensorFlow backend, Keras 2 or 3) 
 """
 from horovod_hetero.common.process_sets import check_process_set, wagma_process_sets  # noqa: F401
 from horovod_hetero.keras._backend import collectives_class, keras_major, keras_module  # noqa: F401
-from horovod_hetero.keras._horovod_api import averaging_optimizer, check_keras_optimizer
+from horovod_hetero.keras._optimizer import averaging_optimizer, check_keras_optimizer
 from horovod_hetero.errors import (  # noqa: F401
     CollectiveTimeoutError, ElasticResetError, HeteroError, RankLostError, RoundMismatchError)
 from horovod_hetero.keras import callbacks  # noqa: F401

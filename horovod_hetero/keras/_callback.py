@@ -12,7 +12,7 @@ import numpy as np
 
 from horovod_hetero.keras._backend import collectives_class, strategy_callbacks, to_numpy, to_tensor, value, weights
 from horovod_hetero.keras._checkpoint import CheckpointState, carry_state
-from horovod_hetero.keras._horovod_api import begin_training
+from horovod_hetero.keras._train_guard import begin_training
 from horovod_hetero.common.options import check_run_options, check_samples_known
 from horovod_hetero.common.process_sets import check_process_set
 from horovod_hetero.common.ranks import follow_ranks

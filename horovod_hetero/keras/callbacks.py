@@ -10,7 +10,7 @@ from typing import Any
 
 from horovod_hetero.keras._backend import keras_module
 from horovod_hetero.keras._callback import BalancedCallbackImpl, HeteroSyncCallbackImpl, SlowdownCallbackImpl
-from horovod_hetero.keras._horovod_api import (
+from horovod_hetero.keras._horovod_callbacks import (
     BroadcastGlobalVariablesCallbackImpl, LearningRateWarmupCallbackImpl, MetricAverageCallbackImpl)
 from horovod_hetero.strategies import ADSP, DSSP, ESync, ElasticBSP, GradientWeighting, LocalSGD, WAGMA
 from horovod_hetero.validation import check_options
@@ -206,7 +206,7 @@ class BroadcastGlobalVariablesCallback(BroadcastGlobalVariablesCallbackImpl, Cal
     """Start every rank from ``root_rank``'s model and optimizer state (Horovod's callback of the
     same name, for any Keras and backend). Put it first among the callbacks. Like every hh callback,
     when training begins it makes a lost rank in ``hh.DistributedOptimizer``'s gradient average a
-    ``RankLostError`` (``keras._horovod_api.guard_train_function``).
+    ``RankLostError`` (``keras._train_guard.guard_train_function``).
 
     Args:
         root_rank: the (global) rank whose variables every rank takes.

@@ -13,7 +13,8 @@ import pytest
 from horovod.common.exceptions import HorovodInternalError
 
 from horovod_hetero.keras._backend import keras_module
-from horovod_hetero.keras._horovod_api import GuardedTrainFunction, averaging_optimizer, begin_training
+from horovod_hetero.keras._optimizer import averaging_optimizer
+from horovod_hetero.keras._train_guard import GuardedTrainFunction, begin_training
 from horovod_hetero.errors import CollectiveTimeoutError, RankLostError
 
 keras = keras_module()

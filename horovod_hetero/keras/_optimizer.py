@@ -1,0 +1,113 @@
+"""Synchronous training for any Keras: ``hh.DistributedOptimizer``'s gradient average inside the
+compiled step, and the refusal of optimizers that would let ranks train apart silently.
+
+Horovod 0.28.1 hooks Keras 2's optimizer methods: on Keras 3 its ``DistributedOptimizer`` averages
+nothing. This works on Keras 3 with the TensorFlow or PyTorch backend and on Keras 2, through the
+backend's ``Collectives``.
+"""
+from horovod_hetero.common import compat
+from horovod_hetero.keras._backend import collectives_class, keras_major, keras_module, value
+from horovod_hetero.runtime.seams import DEFAULT_TIMEOUT_S
+
+
+def optimizer_variables(optimizer):
+    """The optimizer's variables, a list (none for ``None``)."""
+    if optimizer is None:
+        return []
+    found = optimizer.variables      # a method on Keras 2's OptimizerV2, a property elsewhere
+    return list(found() if callable(found) else found)
+
+
+def _averages(optimizer):
+    return getattr(type(optimizer), "_hh_averaging", False)
+
+
+def check_optimizer(model):
+    """Refuse, by name, optimizers that would let ranks train apart or fall out of step on Keras 3:
+    ``hvd.DistributedOptimizer`` (averages nothing there), a loss-scale optimizer around
+    ``hh.DistributedOptimizer`` (each rank would skip the average when its own gradients overflow),
+    and ``hh.DistributedOptimizer`` under XLA on TensorFlow (Horovod's ops do not compile)."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None or keras_major() < 3:
+        return
+    if type(optimizer).__module__.startswith("horovod."):
+        raise TypeError("model.optimizer is hvd.DistributedOptimizer, which averages nothing under Keras 3 (Horovod "
+                        "0.28.1 hooks Keras 2's optimizer methods, which Keras 3's fit never calls): ranks would "
+                        "train apart silently. Wrap the optimizer with hh.DistributedOptimizer "
+                        "(import horovod_hetero.keras as hh)")
+    if _averages(getattr(optimizer, "inner_optimizer", None)):
+        raise TypeError("model.optimizer is a LossScaleOptimizer around hh.DistributedOptimizer (compile wraps it so "
+                        "under mixed_float16): a rank whose own gradients overflow would skip the average and ranks "
+                        "would fall out of step. Wrap the other way round: "
+                        "hh.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(optimizer))")
+    if _averages(optimizer) and keras_module().backend.backend() == "tensorflow" and getattr(model, "jit_compile", False):
+        raise ValueError("hh.DistributedOptimizer averages with Horovod's TensorFlow ops, which do not run under XLA: "
+                         "compile the model with jit_compile=False (Keras turns XLA on by default on GPUs)")
+
+
+def check_keras_optimizer(optimizer, name="optimizer"):
+    """``optimizer`` if it is an optimizer of the Keras that runs (Keras 2: also a legacy one), else a
+    ``TypeError`` naming ``name``."""
+    optimizers = keras_module().optimizers
+    kinds = tuple(k for k in (optimizers.Optimizer, getattr(getattr(optimizers, "legacy", None), "Optimizer", None))
+                  if isinstance(k, type))
+    if not isinstance(optimizer, kinds):
+        raise TypeError(f"{name} must be a Keras optimizer (an instance of {kinds[0].__module__.split('.')[0]}."
+                        f"optimizers.Optimizer, e.g. keras.optimizers.SGD(0.05)), got {optimizer!r} "
+                        f"({type(optimizer).__name__})")
+    return optimizer
+
+
+class GradientScale:
+    """What ``hh.DistributedOptimizer``'s average reads and writes each step, beside the model's variables
+    (not tracked by Keras, so never saved): ``scale``, each gradient's factor before the mean (1; a
+    ``BalancedCallback`` sets its rank's share of the global batch times the number of ranks, so the mean
+    is the union batch's gradient), and ``seconds``, the time the last average took (the wait for the
+    other ranks, which the step's own compute excludes). Both are Keras variables: a compiled step reads
+    and assigns them."""
+
+    def __init__(self):
+        keras = keras_module()
+        self.scale = keras.Variable(1.0, trainable=False, dtype="float32", name="hh_gradient_scale")
+        self.seconds = keras.Variable(0.0, trainable=False, dtype="float32", name="hh_gradient_seconds")
+
+
+def averaging_optimizer(optimizer, collectives):
+    """``optimizer`` (a Keras 3 optimizer), whose ``apply`` now first averages the gradients over
+    ``collectives``: synchronous data-parallel SGD.
+
+    The instance is kept (its state, learning-rate schedule and options) and its class becomes a
+    subclass with the same name and module, so ``isinstance`` holds and a saved model reloads with
+    the plain optimizer. A missing gradient is averaged as zeros, so every rank averages the same
+    list of tensors (as Horovod's torch optimizer does). Each gradient is multiplied by the class's
+    ``GradientScale.scale`` (1 unless a ``BalancedCallback`` weighs the ranks) and the average timed."""
+    base = type(optimizer)
+    if _averages(optimizer):
+        return optimizer
+    ops = keras_module().ops
+    state = GradientScale()
+
+    def apply(self, grads, trainable_variables=None):
+        targets = self._trainable_variables if trainable_variables is None else trainable_variables
+        scale = ops.convert_to_tensor(value(state.scale))
+        grads = [ops.zeros_like(v) if g is None else g * ops.cast(scale, g.dtype) for g, v in zip(grads, targets)]
+        averaged, seconds = collectives.timed_mean(grads, name="horovod_hetero.gradients")
+        state.seconds.assign(ops.cast(seconds, "float32"))
+        return base.apply(self, averaged, trainable_variables)
+
+    return compat.subclass_in_place(optimizer, {
+        "apply": apply, "_hh_averaging": True, "_hh_collectives": collectives, "_hh_gradient": state})
+
+
+def step_collectives(optimizer, timeout=DEFAULT_TIMEOUT_S):
+    """The ``Collectives`` that average gradients inside ``optimizer``'s update, hence inside Keras'
+    compiled train step: ``hh.DistributedOptimizer``'s, or for Horovod's Keras 2
+    ``hvd.DistributedOptimizer`` ones over its process set (made once, ``timeout`` for their object
+    collectives); None for an optimizer that averages nothing."""
+    found = getattr(optimizer, "_hh_collectives", None)
+    if found is None and compat.is_horovod_keras2_optimizer(optimizer):
+        found = collectives_class()(optimizer.process_set, timeout, owner="hvd.DistributedOptimizer",
+                                    members_only=False)
+        optimizer._hh_collectives = found
+    return found if found is not None and found.included else None
+
