@@ -46,10 +46,11 @@ class TensorFlowCollectives(HorovodCollectives):
             group = [tensors[i] for i in index]
             if control is not None and dtype == ctl_dtype:
                 group.append(tf.constant(control, dtype=dtype))
+            named = f"{name}.{dtype.name}"
             if tf.executing_eagerly():
-                reduced = _named_allreduce(f"{name}.{dtype.name}", op, process_set)(group)
+                reduced = _named_allreduce(named, op, process_set)(group)
             else:                                           # in a compiled step: the node has the name
-                reduced = hvd.grouped_allreduce(group, op=op, process_set=process_set, name=f"{name}.{dtype.name}")
+                reduced = hvd.grouped_allreduce(group, op=op, process_set=process_set, name=named)
             for i, r in zip(index, reduced):
                 out[i] = r
             if control is not None and dtype == ctl_dtype:
@@ -91,9 +92,5 @@ NAMED_KEPT = 256
 def _named_allreduce(name, op, process_set):
     """A compiled ``hvd.grouped_allreduce`` whose Horovod name is ``name`` (eager ops have none). A
     partial, not a closure: TensorFlow counts the traces of one code object as retracing, and warns."""
-    return tf.function(functools.partial(_grouped_allreduce, op=op, process_set=process_set, name=name),
+    return tf.function(functools.partial(hvd.grouped_allreduce, op=op, process_set=process_set, name=name),
                        autograph=False)
-
-
-def _grouped_allreduce(tensors, *, op, process_set, name):
-    return hvd.grouped_allreduce(tensors, op=op, process_set=process_set, name=name)
