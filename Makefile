@@ -7,7 +7,7 @@ comma := ,
 
 .PHONY: bench-converge-plateau bench-publish-converge bench-publish-converge-more demo docs test test-single test-parallel test-elastic test-faults test-multihost test-mpi test-bench test-elastic-kill bench-publish $(addprefix bench-publish-,$(PUBLISH_RUNS)) bench-publish-planner bench bench-peers bench-wagma bench-planned bench-epochs bench-scripts bench-state-server env clean
 
-$(READY): tools/bootstrap.sh tools/fetch_data.py tools/requirements.txt pyproject.toml
+$(READY): tools/bootstrap.sh tools/fetch_data.py tools/requirements.txt pyproject.toml lab/pyproject.toml
 	VENV=$(VENV) bash tools/bootstrap.sh
 
 env: $(READY)
@@ -45,7 +45,7 @@ test-parallel-quick: $(READY)
 
 test-single: $(READY)
 	$(PY) -m pytest -q -p no:cacheprovider tests/single
-	$(PY) -m pytest -q -p no:cacheprovider --doctest-modules horovod_hetero
+	$(PY) -m pytest -q -p no:cacheprovider --doctest-modules horovod_hetero lab/horovod_hetero_lab
 
 #: mypy on the whole package, as pyproject.toml's [tool.mypy] sets it (the core: every definition annotated)
 .PHONY: typecheck

@@ -1,4 +1,4 @@
-"""Time per epoch in Horovod's PyTorch MNIST script (``examples.torch_mnist``): Synchronous with
+"""Time per epoch in Horovod's PyTorch MNIST script (the checkout's ``examples/torch_mnist.py``): Synchronous with
 torch's ``DistributedSampler`` against the strategies with ``hh.DistributedSampler``, same run.
 
     PYTHONPATH=. .venv/bin/python benchmarks/epochs.py [--repeats 2] [--slowdown 1,1,1,4]
@@ -17,12 +17,14 @@ import subprocess
 import sys
 import tempfile
 
+from horovod_hetero_lab import example
+
 
 def run(strategy, sampler, args):
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         env = dict(os.environ, HOROVOD_HETERO_SLOWDOWN=args.slowdown, HOROVOD_HETERO_BASE_STEP_S=str(args.base_step))
         cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", str(args.np), "-H",
-               f"localhost:{args.np}", "--gloo", sys.executable, "-m", "horovod_hetero.examples.torch_mnist",
+               f"localhost:{args.np}", "--gloo", sys.executable, str(example("torch_mnist")),
                "--strategy", strategy, "--sampler", sampler, "--epochs", str(args.epochs), "--result", out.name]
         subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return json.load(open(out.name))

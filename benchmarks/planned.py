@@ -30,9 +30,9 @@ import tempfile
 import numpy as np
 
 from horovod_hetero import strategies as lib
-from horovod_hetero.cli import DEMO_STRATEGIES
 from horovod_hetero.runtime.telemetry import load
 from horovod_hetero.simulate import Cluster, simulate
+from horovod_hetero_lab.commands import DEMO_STRATEGIES
 
 SIMULATED = {"sync": lib.Synchronous, "esync": lib.ESync, "localsgd": lambda: lib.LocalSGD(8),
              "elasticbsp": lambda: lib.ElasticBSP(15), "dssp": lambda: lib.DSSP((3, 15)),

@@ -169,7 +169,7 @@ EVALUATE = """
 import glob, os, sys
 import numpy as np
 from horovod_hetero.keras import keras_module
-from horovod_hetero.data import fashion_mnist
+from horovod_hetero_lab.data import fashion_mnist
 keras = keras_module()
 last = max(glob.glob("checkpoint-*.h5"), key=lambda p: int(p.split("-")[1].split(".")[0]))
 model = keras.models.load_model(last, compile=False)

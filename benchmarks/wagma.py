@@ -26,7 +26,7 @@ import horovod.torch as hvd
 import horovod_hetero.torch as hh
 from horovod_hetero.rules.grouping import butterfly_groups, resolve_group_size
 from horovod_hetero.runtime.straggler import Slowdown, delayed_ranks
-from horovod_hetero.data import digits
+from horovod_hetero_lab.data import digits
 
 DELAYED = 2          # ranks drawn at random and delayed at every step, as in the paper's ResNet experiment
 

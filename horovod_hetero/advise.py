@@ -131,7 +131,7 @@ def cluster(measured: Measured, seed: int = 0) -> sim.Cluster:
 
 def predict(measured: Measured, strategies: Mapping[str, Strategy],
             duration: float | None = None) -> list[tuple[str, sim.SimResult]]:
-    """Simulate ``{name: Strategy}`` (e.g. ``bench.strategy_object(name)``) on ``measured``'s cluster;
+    """Simulate ``{name: Strategy}`` (e.g. ``registry.configured(name)``) on ``measured``'s cluster;
     ``[(name, SimResult)]``, the most samples/s first. ``duration``: simulated seconds (default: 300 of the slowest rank's typical steps)."""
     duration = duration or 300 * max(measured.step_s)
     c = cluster(measured)

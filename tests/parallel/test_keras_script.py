@@ -11,7 +11,7 @@ import pytest
 
 import keras_helpers
 from keras_helpers import hh, keras
-from horovod_hetero.data import digits
+from horovod_hetero_lab.data import digits
 
 RANK, SIZE = keras_helpers.init()
 pytestmark = pytest.mark.skipif(SIZE != 4, reason="written for 4 ranks")

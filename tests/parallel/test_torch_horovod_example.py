@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
 import job
-from horovod_hetero.data import digits
+from horovod_hetero_lab.data import digits
 
 job.init(hvd, hh)
 RANK, SIZE = hvd.rank(), hvd.size()

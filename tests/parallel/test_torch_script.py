@@ -1,17 +1,21 @@
-"""Horovod's PyTorch MNIST script (``examples.torch_mnist``), each strategy changed by one line:
+"""Horovod's PyTorch MNIST script (the checkout's ``examples/torch_mnist.py``), each strategy changed by one line:
 sharded epochs, metric averaging in ``test()``, checkpoints by rank 0 and a resume through rank 0 +
 ``hvd.broadcast_parameters``/``hvd.broadcast_optimizer_state``. Every run must finish with identical
 models and metrics on every rank."""
+import importlib.util
 import tempfile
 
 import pytest
 
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
+import horovod_hetero_lab
 import job
-from horovod_hetero.examples import torch_mnist
 
 job.init(hvd, hh)
+_spec = importlib.util.spec_from_file_location("torch_mnist", horovod_hetero_lab.example("torch_mnist"))
+torch_mnist = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(torch_mnist)
 RANK, SIZE = hvd.rank(), hvd.size()
 pytestmark = pytest.mark.skipif(SIZE != 4, reason="written for 4 ranks")
 

@@ -6,9 +6,9 @@ import pytest
 from click.testing import CliRunner
 
 from horovod_hetero import advise
-from horovod_hetero.bench import strategy_object
 from horovod_hetero.cli import cli
 from horovod_hetero.simulate import Cluster
+from horovod_hetero.strategies.registry import configured
 
 
 def records(step_s, steps=60, comm=(0.01, 0.03), ring_bytes=1_500_000, samples=32, delayed=None):
@@ -59,7 +59,7 @@ def test_too_little_telemetry_fails_naming_what_is_needed():
 
 def test_prediction_ranks_by_samples_per_s_and_the_baseline_is_synchronous():
     m = advise.measure(records([0.1, 0.1, 0.1, 0.4]))
-    results = advise.predict(m, {n: strategy_object(n) for n in ("sync", "localsgd", "elasticbsp", "balanced")})
+    results = advise.predict(m, {n: configured(n) for n in ("sync", "localsgd", "elasticbsp", "balanced")})
     rates = {name: r.samples_per_s for name, r in results}
     assert [name for name, _ in results][-1] == "sync"
     assert [r.samples_per_s for _, r in results] == sorted(rates.values(), reverse=True)

@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from horovod_hetero import bench, report
 from horovod_hetero.cli import cli
-from horovod_hetero.data import TASKS, available, noniid_shard, score, task_data
-from horovod_hetero.examples import Curve, add_strategy_arguments, aggregation
 from horovod_hetero.runtime.telemetry import round_cost_and_wait
 from horovod_hetero.strategies import ESync, Mean, Normalized, OuterSGD, Synchronous
+from horovod_hetero.strategies.registry import configured
+import horovod_hetero_lab
+from horovod_hetero_lab import bench, report
+from horovod_hetero_lab.data import TASKS, available, noniid_shard, score, task_data
+from horovod_hetero_lab.harness import Curve, add_strategy_arguments, aggregation
 
 
 def test_plan_runs_synchronous_first_and_interleaves_repeats():
@@ -218,6 +220,19 @@ def test_bench_refuses_bad_options_before_running(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_bench_runs_the_checkouts_example_scripts_and_says_how_to_get_them(monkeypatch, tmp_path):
+    root = pathlib.Path(__file__).resolve().parents[2]
+    job = bench.plan(["keras"], ["digits"], ["1,4"], ["esync"], 1)[0]
+    cmd, env = bench.job_command(job, bench.settings_of(2, 0.05, 8.0), tmp_path)
+    assert cmd[cmd.index(sys.executable) + 1] == str(root / "examples" / "keras_digits.py")
+    assert env["PYTHONPATH"].split(os.pathsep)[:2] == [str(root), str(root / "lab")]   # the same copies
+    monkeypatch.setattr(horovod_hetero_lab, "EXAMPLES", tmp_path / "elsewhere")
+    refused = CliRunner().invoke(cli, ["bench", "--np", "2", "--profile", "1,4", "--out", str(tmp_path / "o")])
+    assert refused.exit_code == 1 and "keras_digits.py" not in refused.output
+    assert "elsewhere/torch_digits.py not found" in refused.output and "pip install -e lab" in refused.output
+    assert not (tmp_path / "o").exists()
+
+
 def test_misses_count_as_beyond_the_budget_and_speedups_against_synchronous_only(tmp_path):
     jobs = bench.plan(["torch"], ["digits"], ["1,4"], ["sync", "esync", "wagma"], 3)
     s = {("sync", 0): summary(4.0, 100), ("esync", 0): summary(1.0, 300), ("wagma", 0): summary(None, 200),
@@ -332,7 +347,7 @@ def test_the_bench_runs_every_strategy_the_examples_build_each_from_its_own_opti
     assert list(bench.STRATEGIES) == list(REGISTRY)
     for name, (label, options) in bench.STRATEGIES.items():
         assert options[:2] == ["--strategy", name]
-        assert label.startswith(type(bench.strategy_object(name)).__name__), (name, label)
+        assert label.startswith(type(configured(name)).__name__), (name, label)
 
 
 def test_plan_runs_every_split_and_each_model_averaging_strategy_once_per_aggregation():
@@ -417,7 +432,7 @@ def test_each_slowdown_sets_its_variables_and_clears_the_others(monkeypatch, mod
 
 
 def test_a_curve_with_stop_at_evaluates_when_it_snapshots_and_tells_every_rank_once_reached(tmp_path, monkeypatch):
-    import horovod_hetero.examples as examples
+    import horovod_hetero_lab.harness as examples
     now = [100.0]
     monkeypatch.setattr(examples.time, "perf_counter", lambda: now[0])
     path, stop = tmp_path / "curve.jsonl", tmp_path / "curve.jsonl.stop"

@@ -6,8 +6,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from horovod_hetero import data
-from horovod_hetero.data import (
+from horovod_hetero_lab import data
+from horovod_hetero_lab.data import (
     TASKS, available, check_split, class_shares, dirichlet_shard, plays_of, split_indices, task_data)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

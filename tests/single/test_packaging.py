@@ -1,4 +1,5 @@
-"""Packaging as a Horovod user installs it: declared dependencies, ``pip install .``, the demo outside the checkout."""
+"""Packaging as a Horovod user installs it: declared dependencies, ``pip install .`` (the library, without the
+lab's dependencies), then the lab from the checkout and the demo outside it."""
 import ast
 import importlib.metadata
 import os
@@ -9,12 +10,16 @@ import sys
 import sysconfig
 import tomllib
 
+import pytest
+
 import horovod_hetero
+import horovod_hetero_lab
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-PACKAGE = pathlib.Path(horovod_hetero.__file__).parent
 #: Installed by the user before this package (Horovod is built for their framework and network).
 PREREQUISITES = {"horovod", "torch", "tensorflow", "keras"}
+#: what the lab's packages must not make the library's install pull in
+LAB_ONLY = {"scikit-learn", "rich", "matplotlib"}
 
 
 def import_time_modules(tree):
@@ -36,24 +41,44 @@ def normalise(name):
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def test_every_import_time_dependency_is_declared():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    declared = {normalise(re.split(r"[<>=!~ \[;]", d)[0]) for d in project["dependencies"]}
+def declared(pyproject):
+    project = tomllib.loads(pyproject.read_text())["project"]
+    return {normalise(re.split(r"[<>=!~ \[;]", d)[0]) for d in project["dependencies"]}
+
+
+@pytest.mark.parametrize("package, pyproject", [(horovod_hetero, ROOT / "pyproject.toml"),
+                                                (horovod_hetero_lab, ROOT / "lab" / "pyproject.toml")],
+                         ids=["library", "lab"])
+def test_every_import_time_dependency_is_declared(package, pyproject):
+    package_dir = pathlib.Path(package.__file__).parent
+    dependencies = declared(pyproject)
     distributions = importlib.metadata.packages_distributions()
     missing = {}
-    for path in PACKAGE.rglob("*.py"):
+    for path in package_dir.rglob("*.py"):
         for name in import_time_modules(ast.parse(path.read_text())):
-            if name in sys.stdlib_module_names or name in PREREQUISITES or name == "horovod_hetero":
+            if name in sys.stdlib_module_names or name in PREREQUISITES or name == package.__name__:
                 continue
             dists = {normalise(d) for d in distributions.get(name, [name])}
-            if not dists & declared:
-                missing.setdefault(name, []).append(path.relative_to(PACKAGE).as_posix())
-    assert missing == {}, f"imported at load time but not in pyproject.toml's dependencies: {missing}"
+            if not dists & dependencies:
+                missing.setdefault(name, []).append(path.relative_to(package_dir).as_posix())
+    assert missing == {}, f"imported at load time but not in {pyproject}'s dependencies: {missing}"
+
+
+def test_the_library_imports_nothing_of_the_lab_and_pulls_none_of_its_dependencies():
+    package_dir = pathlib.Path(horovod_hetero.__file__).parent
+    imported = {name for path in package_dir.rglob("*.py") for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, (ast.Import, ast.ImportFrom))
+                for name in ([a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""])}
+    assert not {name for name in imported if name.split(".")[0] == "horovod_hetero_lab"}
+    assert declared(ROOT / "pyproject.toml") & LAB_ONLY == set()
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert set(extras) == {"torch", "tensorflow", "plots", "adsp"}
 
 
 def test_pip_install_then_import_and_demo_from_outside_the_checkout(tmp_path):
     """A fresh environment that sees this one's packages (Horovod, torch, TensorFlow) but not the
-    checkout, a non-editable ``pip install .``, then imports and the demo run from elsewhere."""
+    checkout, a non-editable ``pip install .``, then imports and the core commands run from elsewhere,
+    the lab's commands are refused with the way to install them; then ``pip install -e lab`` and the demo."""
     env_dir = tmp_path / "env"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
     python = env_dir / "bin" / "python"
@@ -69,6 +94,14 @@ def test_pip_install_then_import_and_demo_from_outside_the_checkout(tmp_path):
                             "print(horovod_hetero.__file__)"], capture_output=True, text=True, check=True,
                            cwd=tmp_path, env=env).stdout.strip()
     assert where.startswith(site), where
+    command = env_dir / "bin" / "horovod-hetero"
+    simulated = subprocess.run([command, "simulate", "--speeds", "1,1,1,4", "--strategy", "localsgd", "--duration", "30"],
+                               capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert simulated.returncode == 0 and "LocalSGD" in simulated.stdout, simulated.stdout + simulated.stderr
+    refused = subprocess.run([command, "demo"], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert refused.returncode == 2 and "pip install -e lab" in refused.stderr, refused.stderr
+    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--disable-pip-version-check", "-e", str(ROOT / "lab")], check=True, cwd=tmp_path)
     demo = subprocess.run([env_dir / "bin" / "horovod-hetero", "demo", "--np", "2", "--budget", "2",
                            "--strategies", "localsgd"], capture_output=True, text=True, cwd=tmp_path, env=env,
                           timeout=240)

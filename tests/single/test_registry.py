@@ -4,9 +4,10 @@ import inspect
 
 import pytest
 
-from horovod_hetero import bench, cli, strategies
-from horovod_hetero.examples import add_strategy_arguments, build_strategy
-from horovod_hetero.strategies.registry import REGISTRY, bench_options, build
+from horovod_hetero import cli, strategies
+from horovod_hetero.strategies.registry import REGISTRY, bench_options, build, configured
+from horovod_hetero_lab import bench
+from horovod_hetero_lab.harness import add_strategy_arguments, build_strategy
 
 
 def examples_parser():
@@ -64,5 +65,5 @@ def test_build_gives_each_class_its_own_options_and_bench_options_build_what_ben
     assert bench_options("dssp") == ["--strategy", "dssp", "--staleness", "3", "15"]
     for name, entry in REGISTRY.items():
         built = build_strategy(examples_parser().parse_args(bench_options(name)))
-        assert type(built) is entry.cls and repr(built) == repr(entry.cls(**entry.bench)), name
+        assert type(built) is entry.cls and repr(built) == repr(configured(name)), name
         assert entry.label.split("(")[0] == entry.cls.__name__

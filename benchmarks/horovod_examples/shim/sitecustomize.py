@@ -11,7 +11,7 @@ MODULES = {"keras.src.datasets.mnist", "tf_keras.src.datasets.mnist"}
 
 
 def load_data(path="mnist.npz"):
-    from horovod_hetero.data import fashion_mnist
+    from horovod_hetero_lab.data import fashion_mnist
 
     x, y, x_test, y_test = fashion_mnist()
     keep = int(os.environ.get("HH_EXAMPLE_TRAIN_SAMPLES", len(x)))

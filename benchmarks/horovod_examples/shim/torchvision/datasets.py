@@ -4,7 +4,7 @@ import os
 
 import torch
 
-from horovod_hetero.data import _standardise, fashion_mnist
+from horovod_hetero_lab.data import _standardise, fashion_mnist
 
 
 class MNIST(torch.utils.data.TensorDataset):

@@ -2,12 +2,12 @@
 
 A bench is a plan of jobs (framework x task x split x slowdown profile x repeat x strategy x aggregation,
 Synchronous first in each group, repeats interleaved so that a drift of the machine's speed spreads over
-every strategy), each one ``horovodrun`` of ``horovod_hetero.examples.torch_digits`` or ``keras_digits``
+every strategy), each one ``horovodrun`` of the checkout's ``examples/torch_digits.py`` or ``keras_digits.py``
 to a wall-clock budget. The aggregations (``--aggregate mean,normalized,normalized+nesterov``) apply to
 the model-averaging strategies: each runs once per aggregation, Synchronous once. Every job leaves, under ``DIR/jobs/<id>/``: the per-rank telemetry
 (``telemetry/rank<r>.jsonl``), rank 0's evaluation curve (``curve.jsonl``: test quality against
 seconds since the common start barrier and against rank 0's local steps, evaluated right after a
-global averaging round, evaluation time left out of the clock; see ``examples.Curve``), the example's
+global averaging round, evaluation time left out of the clock; see ``harness.Curve``), the example's
 ``result.json``, the job's output (``output.log``) and ``summary.json``. ``DIR/results.json`` holds
 the command line, the versions, the settings and every planned job with its status (``planned``,
 ``running``, ``done``, ``failed``, ``interrupted``) and summary; it is written before the first job
@@ -44,17 +44,20 @@ import numpy as np
 
 import horovod_hetero
 from horovod_hetero import simulate as sim
-from horovod_hetero.data import TASKS, check_split, check_task, class_shares
 from horovod_hetero.runtime.straggler import parse_random_delay, parse_slowdown
 from horovod_hetero.runtime.telemetry import load, round_cost_and_wait, summarize
 from horovod_hetero.strategies.base import GradientAveraging, GradientWeighting
-from horovod_hetero.strategies.registry import REGISTRY, bench_options, check_names
+from horovod_hetero.strategies.registry import REGISTRY, bench_options, check_names, configured
 from horovod_hetero.validation import check_bool, check_float, check_int
+import horovod_hetero_lab
+from horovod_hetero_lab.data import TASKS, check_split, check_task, class_shares
 
-#: The directory holding the ``horovod_hetero`` package this command runs (a checkout or site-packages):
-#: the jobs' workers import the same copy.
-PACKAGE_PARENT = pathlib.Path(horovod_hetero.__file__).resolve().parent.parent
-MODULES = {"torch": "horovod_hetero.examples.torch_digits", "keras": "horovod_hetero.examples.keras_digits"}
+#: The directories holding the ``horovod_hetero`` and ``horovod_hetero_lab`` packages this command runs:
+#: the jobs' workers import the same copies.
+PACKAGE_PARENTS = list(dict.fromkeys(pathlib.Path(str(p.__file__)).resolve().parent.parent
+                                     for p in (horovod_hetero, horovod_hetero_lab)))
+#: framework -> the example script a job runs (``examples/<name>.py`` of the checkout)
+SCRIPTS = {"torch": "torch_digits", "keras": "keras_digits"}
 #: name -> (row label, the examples' options that build it), from ``strategies.registry``
 STRATEGIES = {name: (entry.label, bench_options(name)) for name, entry in REGISTRY.items()}   # Synchronous first
 RESULTS = "results.json"
@@ -173,9 +176,9 @@ def plan(frameworks, tasks, profiles, strategies, repeats, splits=None, aggregat
         check_names(strategies, STRATEGIES)
     except ValueError as e:
         raise ValueError(f"strategies: {e}") from None
-    bad = [f for f in frameworks if f not in MODULES]
+    bad = [f for f in frameworks if f not in SCRIPTS]
     if bad:
-        raise ValueError(f"framework must be one of {', '.join(MODULES)}, got {', '.join(bad)}")
+        raise ValueError(f"framework must be one of {', '.join(SCRIPTS)}, got {', '.join(bad)}")
     if not aggregates:
         raise ValueError(f"--aggregate must be a comma list of {', '.join(AGGREGATES)}, got an empty list")
     aggregates = [check_aggregate(a) for a in dict.fromkeys(aggregates)]
@@ -234,7 +237,7 @@ def job_command(job, settings, job_dir, budget=None):
     """``(argv, env)`` of one job; ``budget``: its seconds of training (default the setting's)."""
     profile = parse_profile(job.profile, settings["np"], settings["base_step"])
     env = dict(os.environ, PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(PACKAGE_PARENT), os.environ.get("PYTHONPATH")])),
+               PYTHONPATH=os.pathsep.join(filter(None, [*map(str, PACKAGE_PARENTS), os.environ.get("PYTHONPATH")])),
                HOROVOD_HETERO_TELEMETRY=str(job_dir / "telemetry"))
     env.update(dict(profile.env))        # a variable of the other kind set in the environment adds to it
     env.pop("HOROVOD_HETERO_SAMPLE_S", None)
@@ -248,7 +251,7 @@ def job_command(job, settings, job_dir, budget=None):
         env.pop("HOROVOD_HETERO_BASE_STEP_S", None)
     aggregation = [] if gradient_averaging(job.strategy) else aggregate_options(job.aggregate, settings.get("outer", OUTER))
     cmd = horovodrun(settings["np"], settings.get("hosts")) + [
-        sys.executable, "-m", MODULES[job.framework], *STRATEGIES[job.strategy][1], *aggregation,
+        sys.executable, str(horovod_hetero_lab.example(SCRIPTS[job.framework])), *STRATEGIES[job.strategy][1], *aggregation,
         "--task", job.task, "--split", job.split,
         "--seed", str(job.repeat), "--time-budget", str(settings["budget"] if budget is None else budget),
         "--epochs", "1000000",
@@ -404,22 +407,10 @@ def predict(by_rank, strategy, wall, batch_size, round_cost):
     return (steady.samples.sum() + n * batch_size) / wall
 
 
-def strategy_object(name):
-    """The strategy object a job of ``name`` runs (built from the same options as the example; the
-    aggregation goes beside it and does not change its schedule)."""
-    import argparse
-
-    from horovod_hetero.examples import add_strategy_arguments, build_strategy
-
-    parser = argparse.ArgumentParser()
-    add_strategy_arguments(parser)
-    return build_strategy(parser.parse_args(STRATEGIES[name][1]))
-
-
 def gradient_averaging(name):
     """True for the strategies that average gradients every step (Synchronous, Balanced): they run once per
     group, whatever ``--aggregate`` says."""
-    return isinstance(strategy_object(name), GradientAveraging)
+    return isinstance(configured(name), GradientAveraging)
 
 
 def slowest_rank(profile, num_proc):
@@ -480,7 +471,7 @@ def summarize_job(job, job_dir, settings):
            "predicted_samples_per_s": None, "bound_samples_per_s": None, "share_of_bound": None,
            "median_rtt_s": None}
     if len(by_rank) == settings["np"]:
-        strategy = strategy_object(job.strategy)
+        strategy = configured(job.strategy)
         if isinstance(strategy, GradientWeighting):      # its global batch: the ranks' batches, as in the job
             strategy.use_batch(settings["batch_size"], settings["np"])
         cost, wait = round_cost_and_wait(by_rank, every_step=isinstance(strategy, GradientAveraging))

@@ -1,7 +1,7 @@
 """Horovod's PyTorch MNIST example (``examples/pytorch/pytorch_mnist.py``), digits for MNIST, with
 horovod-hetero's changes marked ``# hh``: the wrapper line, the sampler, ``sync_model()`` per epoch.
 
-    horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.torch_mnist --strategy esync
+    horovodrun -np 4 -H localhost:4 --gloo python examples/torch_mnist.py --strategy esync
 
 As in Horovod's example: every epoch trains on a shard of the data, ``test()`` averages its metrics
 with ``hvd.allreduce``; as in Horovod's ImageNet example, rank 0 saves a checkpoint after every
@@ -23,8 +23,8 @@ import torch.utils.data
 
 import horovod.torch as hvd
 import horovod_hetero.torch as hh                                            # hh
-from horovod_hetero.data import digits
-from horovod_hetero.examples import add_strategy_arguments, aggregation, build_strategy  # hh
+from horovod_hetero_lab.data import digits
+from horovod_hetero_lab.harness import add_strategy_arguments, aggregation, build_strategy  # hh
 
 
 class Net(torch.nn.Module):

@@ -1,13 +1,14 @@
-"""Runnable examples, shipped with the package (``horovod-hetero demo`` runs ``torch_digits``)::
+"""What the checkout's example scripts share (``examples/`` at its top level; ``horovod-hetero demo`` and
+``bench`` run ``torch_digits.py`` and ``keras_digits.py``)::
 
-    horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.torch_digits --strategy esync
-    horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.keras_digits --strategy localsgd
+    horovodrun -np 4 -H localhost:4 --gloo python examples/torch_digits.py --strategy esync
+    horovodrun -np 4 -H localhost:4 --gloo python examples/keras_digits.py --strategy localsgd
 
 Both take the same strategy options (``add_strategy_arguments``: ``--strategy`` of
 ``strategies.registry.REGISTRY`` and every strategy's options) and build the same strategy objects
 (``build_strategy``) and aggregation (``aggregation``): the torch example hands them to
 ``hh.DistributedOptimizer``, the Keras one to ``hh.callbacks.HeteroSyncCallback``. Both take the same task and evaluation options
-(``add_run_arguments``: ``--task`` of ``horovod_hetero.data.TASKS``, ``--split``, ``--curve``, ``--eval-interval``,
+(``add_run_arguments``: ``--task`` of ``horovod_hetero_lab.data.TASKS``, ``--split``, ``--curve``, ``--eval-interval``,
 ...) and record rank 0's evaluation curve with the same ``Curve`` (what ``horovod-hetero bench`` reads).
 """
 import contextlib
@@ -18,8 +19,8 @@ import time
 import numpy as np
 
 from horovod_hetero import strategies
-from horovod_hetero.data import TASKS
 from horovod_hetero.strategies.registry import REGISTRY, build
+from horovod_hetero_lab.data import TASKS
 
 #: the options ``add_strategy_arguments`` adds that go to the strategy's class as they are (each class takes
 #: its own: ``registry.build``); ``--aggregate`` and the outer optimiser's go beside it (``aggregation``)
@@ -65,7 +66,7 @@ def build_strategy(args):
 
 def add_run_arguments(parser):
     """The task, training-length and evaluation options both examples take."""
-    parser.add_argument("--task", choices=list(TASKS), default="digits", help="what to train (horovod_hetero.data.TASKS)")
+    parser.add_argument("--task", choices=list(TASKS), default="digits", help="what to train (horovod_hetero_lab.data.TASKS)")
     parser.add_argument("--split", default=None,
                         help="how the training data is sharded: iid, skew, dirichlet:ALPHA or plays (default: the task's)")
     parser.add_argument("--skew", type=float, default=0.8, help="skew split: share of a shard drawn from its own classes")

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from horovod_hetero.bench import FORMAT, RESULTS, STRATEGIES, median_range, quality_at, read_curve
-from horovod_hetero.data import TASKS
+from horovod_hetero_lab.bench import FORMAT, RESULTS, STRATEGIES, median_range, quality_at, read_curve
+from horovod_hetero_lab.data import TASKS
 
 COLUMNS = ["strategy", "time to target s", "speedup", "final", "slow classes", "at equal steps", "samples/s", "vs sync",
            "simulated", "share of bound", "MB/s", "compute ratio per worker", "wait/round ms"]
@@ -448,10 +448,7 @@ def _slow_classes(directory, results, path):
 
 def plots(directory, results, out=None, prefix="bench-"):
     """Draw the figures into ``out`` (default: ``directory``); return their paths."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise ReportError("the plots need matplotlib: pip install 'horovod-hetero[plots]'") from None
+    import matplotlib
 
     matplotlib.use("Agg")
     out = pathlib.Path(out or directory)

@@ -1,9 +1,9 @@
 """Train a bench task with horovod-hetero (Keras 3 with TensorFlow or PyTorch, or Keras 2): an MLP on scikit-learn's
 digits (the default), a CNN on Fashion-MNIST (``--task fashion-cnn``, ``--split``).
 
-    horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.keras_digits --strategy localsgd --period 8
-    KERAS_BACKEND=torch horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.keras_digits --strategy esync
-    TF_USE_LEGACY_KERAS=1 horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.keras_digits --strategy wagma
+    horovodrun -np 4 -H localhost:4 --gloo python examples/keras_digits.py --strategy localsgd --period 8
+    KERAS_BACKEND=torch horovodrun -np 4 -H localhost:4 --gloo python examples/keras_digits.py --strategy esync
+    TF_USE_LEGACY_KERAS=1 horovodrun -np 4 -H localhost:4 --gloo python examples/keras_digits.py --strategy wagma
 
 The model is compiled with a plain local optimizer (``--strategy sync``: ``hh.DistributedOptimizer``,
 gradients averaged every step); a callback averages it as the strategy decides and leaves identical
@@ -19,8 +19,8 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import horovod_hetero.keras as hh  # noqa: E402
-from horovod_hetero.data import TASKS, class_accuracy, score, task_data  # noqa: E402
-from horovod_hetero.examples import (  # noqa: E402
+from horovod_hetero_lab.data import TASKS, class_accuracy, score, task_data  # noqa: E402
+from horovod_hetero_lab.harness import (  # noqa: E402
     Curve, add_run_arguments, add_strategy_arguments, aggregation, build_strategy, curve_subset)
 
 keras: Any = hh.keras_module()
@@ -102,7 +102,7 @@ def main():
     if isinstance(build_strategy(args), hh.GradientWeighting):
         raise SystemExit("--strategy balanced: the Keras example trains one fit() for the whole budget, and Balanced's "
                          "Keras callback plans a batch size per fit() (an epoch): see hh.callbacks.BalancedCallback; "
-                         "horovod_hetero.examples.torch_digits runs it")
+                         "examples/torch_digits.py runs it")
 
     if args.strategy == "wagma":         # WAGMA's group process sets are registered at init
         hvd.init(process_sets=hh.wagma_process_sets(group_size=args.group_size))

@@ -1,9 +1,9 @@
 """Train any bench task with horovod-hetero (PyTorch): an MLP on scikit-learn's digits (the default), a CNN on
 Fashion-MNIST, a character transformer on Shakespeare (``--task``, ``--split``).
 
-    horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.torch_digits --strategy localsgd --period 8
-    horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.torch_digits --strategy wagma --period 8
-    horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.examples.torch_digits --strategy elasticbsp \\
+    horovodrun -np 4 -H localhost:4 --gloo python examples/torch_digits.py --strategy localsgd --period 8
+    horovodrun -np 4 -H localhost:4 --gloo python examples/torch_digits.py --strategy wagma --period 8
+    horovodrun -np 4 -H localhost:4 --gloo python examples/torch_digits.py --strategy elasticbsp \\
         --task fashion-cnn --split dirichlet:0.1 --aggregate normalized
 
 ``--stop-at QUALITY`` (with ``--curve``) ends training once rank 0's curve reaches it (the bench's
@@ -23,8 +23,8 @@ import torch.nn.functional as F
 
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
-from horovod_hetero.data import TASKS, TEXT_WINDOW, class_accuracy, score, shakespeare, task_data
-from horovod_hetero.examples import (
+from horovod_hetero_lab.data import TASKS, TEXT_WINDOW, class_accuracy, score, shakespeare, task_data
+from horovod_hetero_lab.harness import (
     Curve, add_run_arguments, add_strategy_arguments, aggregation, build_strategy, curve_subset)
 
 
