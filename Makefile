@@ -47,7 +47,8 @@ test-single: $(READY)
 	$(PY) -m pytest -q -p no:cacheprovider tests/single
 	$(PY) -m pytest -q -p no:cacheprovider --doctest-modules horovod_hetero lab/horovod_hetero_lab
 
-#: mypy on the whole package, as pyproject.toml's [tool.mypy] sets it (the core: every definition annotated)
+#: mypy on the whole package, the lab (lab/) and examples/, as pyproject.toml's [tool.mypy] sets it (the core:
+#: every definition annotated)
 .PHONY: typecheck
 typecheck: $(READY)
 	$(PY) -m mypy

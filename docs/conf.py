@@ -3,6 +3,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.abspath(".."))
+sys.path.insert(0, os.path.abspath("../lab"))          # the lab's modules the API reference documents
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 project = "horovod-hetero"

@@ -18,7 +18,8 @@ LAB_COMMANDS = ("bench", "report", "demo")
 
 class Commands(click.Group):
     """``horovod-hetero``'s group: its own commands, and those of the ``horovod_hetero.commands`` entry points,
-    each imported only when it is run (or listed by ``--help``)."""
+    each imported only when it is run (or listed by ``--help``, which leaves out one that cannot be imported;
+    running that one names the error)."""
 
     @staticmethod
     def installed() -> dict:
@@ -33,16 +34,27 @@ class Commands(click.Group):
 
     def get_command(self, ctx, name):
         command = super().get_command(ctx, name)
-        installed = self.installed()
-        if command is not None or (name not in installed and name not in LAB_COMMANDS):
+        entry = self.installed().get(name)
+        if command is not None or entry is None:
             return command
-        hint = "; from a checkout, pip install -e lab (make does it)" if name in LAB_COMMANDS else ""
-        if name not in installed:
-            ctx.fail(f"{name!r} is a command of horovod-hetero's lab, not installed here{hint}")
         try:
-            return installed[name].load()
-        except ImportError as e:
-            ctx.fail(f"{name!r} ({installed[name].value}) cannot be imported: {e}{hint}")
+            return entry.load()
+        except ImportError:
+            return None
+
+    def resolve_command(self, ctx, args):
+        name = args[0] if args else ""
+        if not ctx.resilient_parsing and super().get_command(ctx, name) is None:
+            hint = "; from a checkout, pip install -e lab (make does it)" if name in LAB_COMMANDS else ""
+            entry = self.installed().get(name)
+            if entry is None and hint:
+                ctx.fail(f"{name!r} is a command of horovod-hetero's lab, not installed here{hint}")
+            if entry is not None:
+                try:
+                    entry.load()
+                except ImportError as e:
+                    ctx.fail(f"{name!r} ({entry.value}) cannot be imported: {e}{hint}")
+        return super().resolve_command(ctx, args)
 
 
 @click.group(cls=Commands)

@@ -32,6 +32,7 @@ export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" HOROVOD_HETERO_DATA="$R
 log "building Horovod with NCCL"
 PY=python3 bash tools/build_horovod_gpu.sh "$DIR/horovod-0.28.1.tar.gz"
 python3 -m pip install -q --no-deps --no-build-isolation -e "$ROOT"
+python3 -m pip install -q --no-deps --no-build-isolation -e "$ROOT/lab"    # the shim's Fashion-MNIST
 log "make test-gpu"
 PY=python3 bash tools/test_gpu.sh
 log "Horovod's pytorch_mnist.py, mixed precision, on the GPU"

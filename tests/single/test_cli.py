@@ -69,3 +69,32 @@ def test_telemetry_summary(tmp_path):
     result = run("telemetry", str(tmp_path))
     assert result.exit_code == 0
     assert result.output.splitlines()[1].split()[:6] == ["0", "4", "2", "25.0", "0.75", "0.25"]
+
+
+def test_the_lab_commands_come_from_entry_points_and_a_missing_or_broken_one_is_named(monkeypatch):
+    from importlib import metadata
+
+    from horovod_hetero.cli import COMMANDS, Commands
+
+    lab = Commands.installed()
+    assert {name: entry.value for name, entry in lab.items()} == {
+        "bench": "horovod_hetero_lab.commands:bench_command", "demo": "horovod_hetero_lab.commands:demo",
+        "report": "horovod_hetero_lab.commands:report_command"}
+    assert "Tables (Markdown) and plots" in run("report", "--help").output
+
+    monkeypatch.setattr(Commands, "installed", staticmethod(dict))              # the library alone
+    missing = CliRunner().invoke(cli, ["demo"])
+    assert missing.exit_code == 2
+    assert "'demo' is a command of horovod-hetero's lab, not installed here; from a checkout, pip install -e lab" \
+        in missing.output
+    assert "No such command 'nope'" in CliRunner().invoke(cli, ["nope"]).output
+    assert "demo" not in run("--help").output and "simulate" in run("--help").output
+
+    broken = metadata.EntryPoint(name="broken", value="horovod_hetero_no_such_module:command", group=COMMANDS)
+    monkeypatch.setattr(Commands, "installed", staticmethod(lambda: {"broken": broken}))
+    listing = run("--help")                                          # listed without it, not refused
+    assert listing.exit_code == 0 and "broken" not in listing.output and "advise" in listing.output
+    failed = CliRunner().invoke(cli, ["broken"])
+    assert failed.exit_code == 2
+    assert "'broken' (horovod_hetero_no_such_module:command) cannot be imported: No module named" in failed.output
+    assert "pip install -e lab" not in failed.output
