@@ -11,7 +11,6 @@ weights on every rank at the end, whatever batch each rank stopped at (``--time-
 ``--strategy sync`` rank 0 decides when the budget is spent and every rank stops at that batch).
 """
 import argparse
-import json
 import os
 import time
 from typing import Any
@@ -21,7 +20,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import horovod_hetero.keras as hh  # noqa: E402
 from horovod_hetero_lab.data import TASKS, class_accuracy, score, task_data  # noqa: E402
 from horovod_hetero_lab.harness import (  # noqa: E402
-    Curve, add_run_arguments, add_strategy_arguments, aggregation, build_strategy, curve_subset)
+    Curve, add_run_arguments, add_strategy_arguments, aggregation, build_strategy, curve_subset, write_result)
 
 keras: Any = hh.keras_module()
 if keras.backend.backend() == "torch":
@@ -156,12 +155,7 @@ def main():
                   "keras": f"{keras.__version__} ({keras.backend.backend()})", task.metric: final[task.metric],
                   "steps_rank0": budget.steps, "samples": samples, "wall_s": wall, "samples_per_s": samples / wall,
                   "eval_s": curve.eval_s}
-        if task.classes:
-            result["classes"] = final["classes"]
-        print(json.dumps(result), flush=True)
-        if args.result:
-            with open(args.result, "w") as f:
-                json.dump(result, f)
+        write_result(result, task, final, args.result)
 
 
 if __name__ == "__main__":

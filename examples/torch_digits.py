@@ -13,7 +13,6 @@ unequal data): each calls
 done, so every rank ends with the same model.
 """
 import argparse
-import json
 import math
 import os
 import time
@@ -25,7 +24,7 @@ import horovod.torch as hvd
 import horovod_hetero.torch as hh
 from horovod_hetero_lab.data import TASKS, TEXT_WINDOW, class_accuracy, score, shakespeare, task_data
 from horovod_hetero_lab.harness import (
-    Curve, add_run_arguments, add_strategy_arguments, aggregation, build_strategy, curve_subset)
+    Curve, add_run_arguments, add_strategy_arguments, aggregation, build_strategy, curve_subset, write_result)
 
 
 class CharTransformer(torch.nn.Module):
@@ -179,12 +178,7 @@ def main():
         result = {"strategy": repr(opt.strategy), "task": task.name, "split": args.split or task.split,
                   **{task.metric: final[task.metric]}, "steps_rank0": steps, "samples": samples, "wall_s": wall,
                   "samples_per_s": samples / wall, "eval_s": curve.eval_s}
-        if task.classes:
-            result["classes"] = final["classes"]
-        print(json.dumps(result), flush=True)
-        if args.result:
-            with open(args.result, "w") as f:
-                json.dump(result, f)
+        write_result(result, task, final, args.result)
 
 
 if __name__ == "__main__":

@@ -32,28 +32,28 @@ class Commands(click.Group):
     def list_commands(self, ctx):
         return sorted({*super().list_commands(ctx), *self.installed()})
 
+    def plugin(self, name):
+        """``(command, why)``: the command entry point ``name`` gives, or ``None`` and why there is none
+        (``None`` too for a name that is no plugin's and no lab command: click's own message says so)."""
+        entry = self.installed().get(name)
+        hint = "; from a checkout, pip install -e lab (make does it)" if name in LAB_COMMANDS else ""
+        if entry is None:
+            return None, hint and f"{name!r} is a command of horovod-hetero's lab, not installed here{hint}"
+        try:
+            return entry.load(), None
+        except ImportError as e:
+            return None, f"{name!r} ({entry.value}) cannot be imported: {e}{hint}"
+
     def get_command(self, ctx, name):
         command = super().get_command(ctx, name)
-        entry = self.installed().get(name)
-        if command is not None or entry is None:
-            return command
-        try:
-            return entry.load()
-        except ImportError:
-            return None
+        return command if command is not None else self.plugin(name)[0]
 
     def resolve_command(self, ctx, args):
         name = args[0] if args else ""
         if not ctx.resilient_parsing and super().get_command(ctx, name) is None:
-            hint = "; from a checkout, pip install -e lab (make does it)" if name in LAB_COMMANDS else ""
-            entry = self.installed().get(name)
-            if entry is None and hint:
-                ctx.fail(f"{name!r} is a command of horovod-hetero's lab, not installed here{hint}")
-            if entry is not None:
-                try:
-                    entry.load()
-                except ImportError as e:
-                    ctx.fail(f"{name!r} ({entry.value}) cannot be imported: {e}{hint}")
+            why = self.plugin(name)[1]
+            if why:
+                ctx.fail(why)
         return super().resolve_command(ctx, args)
 
 

@@ -81,6 +81,17 @@ def add_run_arguments(parser):
                         help="seconds at least between two snapshots of the curve")
 
 
+def write_result(result, task, final, path=None):
+    """Rank 0's summary of a run: ``result`` with every class's final score (``final["classes"]``, for a
+    classification task), printed as one JSON line and written to ``path`` (``--result``) if given."""
+    if task.classes:
+        result["classes"] = final["classes"]
+    print(json.dumps(result), flush=True)
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f)
+
+
 def curve_subset(task, y_test, per_class=200):
     """Indices of the test samples the curve's points are evaluated on: for Fashion-MNIST the first
     ``per_class`` of each class (2,000 of the 10,000; the final quality takes all), else every one."""
