@@ -3,4 +3,4 @@
 ``import horovod_hetero.torch as hh`` (PyTorch) or ``import horovod_hetero.tensorflow.keras as hh``
 (Keras) reads like the Horovod module it extends.
 """
-__version__ = "0.1.0"
+__version__ = "0.2.0"
