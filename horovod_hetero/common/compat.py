@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import horovod
+from horovod_hetero.errors import troubleshooting
 
 if TYPE_CHECKING:
     from horovod.common.process_sets import ProcessSet
@@ -63,12 +64,14 @@ def check_horovod_version(version: str | None = None) -> None:
         return
     raise HorovodVersionError(
         f"horovod_hetero uses private parts of Horovod {', '.join(HOROVOD_VERSIONS)}, which Horovod {version} may "
-        f"have changed: install horovod=={HOROVOD_TESTED} (or set {ENV_ANY_HOROVOD}=1 to try anyway)")
+        f"have changed: install horovod=={HOROVOD_TESTED} (or set {ENV_ANY_HOROVOD}=1 to try anyway)\n"
+        f"{troubleshooting('troubleshooting-horovod-version')}")
 
 
 def _missing(what: str, error: BaseException) -> HorovodVersionError:
     return HorovodVersionError(f"Horovod {horovod.__version__} lacks {what}, which horovod_hetero uses "
-                               f"(written for Horovod {', '.join(HOROVOD_VERSIONS)}): {error}")
+                               f"(written for Horovod {', '.join(HOROVOD_VERSIONS)}): {error}\n"
+                               f"{troubleshooting('troubleshooting-horovod-version')}")
 
 
 check_horovod_version()

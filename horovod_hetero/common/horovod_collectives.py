@@ -24,6 +24,7 @@ from horovod_hetero.runtime.seams import (DEFAULT_TIMEOUT_S, Collectives, call_w
                                                 library_down, requests_left)
 from horovod_hetero.transports.addresses import server_host
 from horovod_hetero.validation import check_float
+from horovod_hetero.errors import troubleshooting
 
 if TYPE_CHECKING:
     import psutil
@@ -65,7 +66,8 @@ class HorovodCollectives(Collectives):
         self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
         check_process_set(process_set)
         if not hvd.is_initialized():
-            raise RuntimeError(f"{owner}: Horovod is not initialized; call hvd.init() first")
+            raise RuntimeError(f"{owner}: Horovod is not initialized; call hvd.init() first\n"
+                               f"{troubleshooting('troubleshooting-not-initialized')}")
         #: Horovod's controller is MPI (asked once; the adapters read it here)
         self.mpi = bool(hvd.mpi_enabled())
         catch_background_abort(mpi=self.mpi)

@@ -9,6 +9,7 @@ from horovod.common.process_sets import ProcessSet
 
 from horovod_hetero.rules.grouping import process_set_ranks
 from horovod_hetero.validation import check_int
+from horovod_hetero.errors import troubleshooting
 
 #: Environment variables launchers set to the world size, checked in this order.
 SIZE_VARIABLES = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
@@ -65,5 +66,6 @@ def registered_ids(table: Mapping[int, Sequence[int]], rank_lists: Sequence[Sequ
     if missing:
         raise ValueError(f"the process sets of the strategy's groups are not registered (missing {missing}); "
                          f"initialise Horovod with {init_call}, or with hvd.init(process_sets=\"dynamic\") "
-                         f"(needed with hvd.elastic: its reset keeps only the global process set)")
+                         f"(needed with hvd.elastic: its reset keeps only the global process set)\n"
+                         f"{troubleshooting('troubleshooting-wagma-process-sets')}")
     return {tuple(ranks): ids[tuple(ranks)] for ranks in rank_lists}

@@ -92,7 +92,7 @@ def follow_ranks(hvd: Any, process_set: ProcessSet | None, telemetry: Telemetry 
         # collective of the user's between rounds, which a reset would only repeat, endlessly)
         if isinstance(error, (HorovodInternalError, CollectiveTimeoutError)):
             return None
-        return ElasticRankLostError(str(error))     # ours (a dead rank seen first): the same reset
+        return ElasticRankLostError(*error.args)   # ours (a dead rank seen first): the same reset
 
     return Membership(rebuild, lambda: (hvd.rank(), hvd.size()), HorovodInternalError, lost)
 

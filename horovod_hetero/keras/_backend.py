@@ -6,6 +6,7 @@ import weakref
 from typing import Any
 
 import numpy as np
+from horovod_hetero.errors import troubleshooting
 
 #: model -> the strategy callbacks training it (``strategy_callbacks``).
 _strategy_callbacks: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
@@ -38,7 +39,8 @@ def collectives_class():
         from horovod_hetero.torch.adapter import TorchCollectives
         return TorchCollectives
     raise ValueError(f"Keras backend {backend!r} is not supported: horovod-hetero averages through Horovod's "
-                     f"TensorFlow or PyTorch collectives; set KERAS_BACKEND=tensorflow or KERAS_BACKEND=torch")
+                     f"TensorFlow or PyTorch collectives; set KERAS_BACKEND=tensorflow or KERAS_BACKEND=torch\n"
+                     f"{troubleshooting('troubleshooting-keras-backend')}")
 
 
 def value(variable):

@@ -25,6 +25,7 @@ from horovod_hetero.strategies.balanced import Balanced
 from horovod_hetero.strategies.base import GradientAveraging
 from horovod_hetero.strategies.registry import check_strategy
 from horovod_hetero.validation import check_bool, check_float, check_int
+from horovod_hetero.errors import troubleshooting
 
 
 def _is_float(variable):
@@ -414,10 +415,11 @@ class BalancedCallbackImpl(StrategyCallbackImpl):
         state = getattr(type(getattr(self.model, "optimizer", None)), "_hh_gradient", None)
         if state is None:
             raise TypeError("BalancedCallback weighs every rank's gradient in the average: compile the model with "
-                            "hh.DistributedOptimizer(optimizer) (Keras 3)")
+                            "hh.DistributedOptimizer(optimizer) (Keras 3)\n" + troubleshooting("troubleshooting-balanced-sampler"))
         if self._epoch is None:
             raise ValueError("BalancedCallback plans every rank's batch: fit each epoch on "
-                             "callback.epoch_plan(len(x), epoch)'s indices and batch size")
+                             "callback.epoch_plan(len(x), epoch)'s indices and batch size\n"
+                             + troubleshooting("troubleshooting-balanced-sampler"))
         self._gradient = state
         carry_state(self.model, self)
         hh = self._hh_controller()

@@ -8,6 +8,7 @@ backend's ``Collectives``.
 from horovod_hetero.common import compat
 from horovod_hetero.keras._backend import collectives_class, keras_major, keras_module, value
 from horovod_hetero.runtime.seams import DEFAULT_TIMEOUT_S
+from horovod_hetero.errors import troubleshooting
 
 
 def optimizer_variables(optimizer):
@@ -34,15 +35,17 @@ def check_optimizer(model):
         raise TypeError("model.optimizer is hvd.DistributedOptimizer, which averages nothing under Keras 3 (Horovod "
                         "0.28.1 hooks Keras 2's optimizer methods, which Keras 3's fit never calls): ranks would "
                         "train apart silently. Wrap the optimizer with hh.DistributedOptimizer "
-                        "(import horovod_hetero.keras as hh)")
+                        "(import horovod_hetero.keras as hh)\n" + troubleshooting("troubleshooting-keras3-horovod-optimizer"))
     if _averages(getattr(optimizer, "inner_optimizer", None)):
         raise TypeError("model.optimizer is a LossScaleOptimizer around hh.DistributedOptimizer (compile wraps it so "
                         "under mixed_float16): a rank whose own gradients overflow would skip the average and ranks "
                         "would fall out of step. Wrap the other way round: "
-                        "hh.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(optimizer))")
+                        "hh.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(optimizer))\n"
+                        + troubleshooting("troubleshooting-keras3-horovod-optimizer"))
     if _averages(optimizer) and keras_module().backend.backend() == "tensorflow" and getattr(model, "jit_compile", False):
         raise ValueError("hh.DistributedOptimizer averages with Horovod's TensorFlow ops, which do not run under XLA: "
-                         "compile the model with jit_compile=False (Keras turns XLA on by default on GPUs)")
+                         "compile the model with jit_compile=False (Keras turns XLA on by default on GPUs)\n"
+                         + troubleshooting("troubleshooting-keras3-horovod-optimizer"))
 
 
 def check_keras_optimizer(optimizer, name="optimizer"):

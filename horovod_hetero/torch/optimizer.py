@@ -26,6 +26,7 @@ from horovod_hetero.strategies.registry import check_strategy
 from horovod_hetero.torch.adapter import TorchCollectives, TorchModel, wait, wait_done
 from horovod_hetero.torch.sampler import DistributedSampler, register_optimizer
 from horovod_hetero.validation import check_bool, check_float, check_int
+from horovod_hetero.errors import troubleshooting
 
 _STATE_KEY = "horovod_hetero"
 #: sync_model() warns once (no ``hh.DistributedSampler`` bound) when a rank waited there for more than this
@@ -371,7 +372,7 @@ class _WeightedGradients(_HeteroMethods):
             raise ValueError(f"{type(self._hh.strategy).__name__} plans every rank's batch, but no batch was drawn "
                              f"from the bound sampler: build the loader as DataLoader(dataset, batch_sampler=sampler) "
                              f"(not sampler=), with the hh.DistributedSampler(dataset, batch_size=...) given to "
-                             f"hh.DistributedOptimizer(..., sampler=sampler)")
+                             f"hh.DistributedOptimizer(..., sampler=sampler)\n{troubleshooting('troubleshooting-balanced-sampler')}")
         return _HeteroMethods.step(self, closure)
 
 
@@ -475,7 +476,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
     weighted = isinstance(strategy, GradientWeighting)
     if not gradients and op != hvd.Average:
         raise ValueError(f"op must be hvd.Average with {type(strategy).__name__} (models are averaged); "
-                         f"op=hvd.Adasum or hvd.Sum apply to gradients, with strategy=hh.Synchronous()")
+                         f"op=hvd.Adasum or hvd.Sum apply to gradients, with strategy=hh.Synchronous()\n"
+                         f"{troubleshooting('troubleshooting-gradient-options')}")
     if not gradients:
         given = [name for name, changed in (("compression", compression is not Compression.none),
                                             ("gradient_predivide_factor", gradient_predivide_factor != 1.0),
@@ -486,7 +488,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
             raise ValueError(f"{', '.join(given)}: Horovod's options for the gradient allreduce, which "
                              f"{type(strategy).__name__} does not run (each rank steps with its own gradients and the "
                              f"model itself is averaged, in its own dtype): leave them at Horovod's defaults, or "
-                             f"use strategy=hh.Synchronous()")
+                             f"use strategy=hh.Synchronous()\n{troubleshooting('troubleshooting-gradient-options')}")
     params, buffers, counts = _named_tensors(optimizer, named_parameters, named_buffers)
     adasum = gradients and op == hvd.Adasum
     if adasum and process_set is not None and process_set != hvd.global_process_set:
@@ -499,7 +501,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
                              f"every rank's gradient by its share of the global batch: leave them at hvd.Average, 1.0")
         if sampler is None or sampler.batch_size is None:
             raise ValueError(f"{type(strategy).__name__} plans every rank's batch size: give sampler=hh.DistributedSampler("
-                             f"dataset, batch_size=B) and build the loader as DataLoader(dataset, batch_sampler=sampler)")
+                             f"dataset, batch_size=B) and build the loader as DataLoader(dataset, batch_sampler=sampler)\n"
+                             f"{troubleshooting('troubleshooting-balanced-sampler')}")
     owner = "horovod_hetero.torch.DistributedOptimizer"
     collectives = TorchCollectives(process_set, timeout, owner=owner, members_only=False)
     named_parameters = None if named_parameters is None else params
@@ -509,7 +512,7 @@ def DistributedOptimizer(optimizer, named_parameters=None, strategy=None,
         if adasum and not collectives.mpi:              # Horovod would fail at the first step, by name only
             raise ValueError("op=hvd.Adasum needs Horovod's MPI controller (Horovod runs Adasum over MPI only): "
                              "launch with horovodrun --mpi or mpirun, with a Horovod built with MPI; this job "
-                             "runs on Gloo, where op must be hvd.Average or hvd.Sum")
+                             "runs on Gloo, where op must be hvd.Average or hvd.Sum\n" + troubleshooting("troubleshooting-adasum-gloo"))
         base = _DistributedAdasumOptimizer if adasum else _DistributedOptimizer
         mixins = (_WeightedGradients,) if weighted else ()
         cls = type(name, (optimizer.__class__,),

@@ -13,6 +13,7 @@ from horovod_hetero.rules.partition import (epoch_indices, epoch_split, rank_par
 from horovod_hetero.strategies.balanced import even_split
 from horovod_hetero.strategies.base import GradientWeighting
 from horovod_hetero.validation import check_bool, check_int
+from horovod_hetero.errors import troubleshooting
 
 
 #: every ``hh.DistributedOptimizer`` of this process (weakly: an optimizer the user dropped is not held)
@@ -32,7 +33,8 @@ def _the_optimizer():
     if len(live) > 1:
         raise ValueError(f"this hh.DistributedSampler is bound to no optimizer, and {len(live)} "
                          f"hh.DistributedOptimizers live in this process: bind it to the one that trains on its "
-                         f"batches, hh.DistributedOptimizer(..., sampler=sampler)")
+                         f"batches, hh.DistributedOptimizer(..., sampler=sampler)\n"
+                         f"{troubleshooting('troubleshooting-sampler-unbound')}")
     return live[0] if live else None
 
 

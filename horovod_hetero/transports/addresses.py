@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from horovod_hetero.validation import check_host
+from horovod_hetero.errors import troubleshooting
 
 #: The address servers bind and advertise when ranks span machines (default: see ``server_host``).
 ENV_SERVER_HOST = "HOROVOD_HETERO_STATE_SERVER_HOST"
@@ -47,7 +48,7 @@ def server_host(all_local: bool) -> str:
     raise ValueError(f"ranks run on several hosts, but no address other hosts reach this one at was found "
                      f"({ENV_GLOO_IFACE} unset or without an IPv4 address, this host's name resolves to "
                      f"loopback, several interfaces): set {ENV_SERVER_HOST} to this host's address on the "
-                     f"network the ranks share, e.g. {ENV_SERVER_HOST}=10.0.0.5")
+                     f"network the ranks share, e.g. {ENV_SERVER_HOST}=10.0.0.5\n{troubleshooting('troubleshooting-server-host')}")
 
 def _interfaces() -> dict[str, list[Any]]:
     """``psutil.net_if_addrs()`` (psutil comes with Horovod, which requires it and finds its interfaces with it)."""

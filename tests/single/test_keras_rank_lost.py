@@ -15,7 +15,7 @@ from horovod.common.exceptions import HorovodInternalError
 from horovod_hetero.keras._backend import keras_module
 from horovod_hetero.keras._optimizer import averaging_optimizer
 from horovod_hetero.keras._train_guard import GuardedTrainFunction, begin_training
-from horovod_hetero.errors import CollectiveTimeoutError, RankLostError
+from horovod_hetero.errors import CollectiveTimeoutError, RankLostError, troubleshooting
 
 keras = keras_module()
 pytestmark = pytest.mark.skipif(keras.backend.backend() != "tensorflow" or int(keras.__version__[0]) < 3,
@@ -90,7 +90,8 @@ def test_a_failed_gradient_average_in_fit_is_a_rank_lost_error_naming_the_step_a
     assert message.startswith("the gradient allreduce of step 3 (round 0, step 3) failed on rank 2: a rank was "
                               "lost (rank 1 died). Every rank stops;"), message
     # the line that says what happened, not TensorFlow's heading ("Graph execution error:") or the op's stack
-    cause = message.split(" Cause: ")[1]
+    cause, link = message.split(" Cause: ")[1].rsplit("\n", 1)
+    assert link == troubleshooting("troubleshooting-rank-lost")
     assert cause.startswith("InvalidArgumentError: ") and said in cause and "\n" not in cause, cause
     assert isinstance(raised.value.__context__, tf.errors.InvalidArgumentError)   # Keras drops __cause__
     # compiled, the optimizer's increment of the failed step need not wait for the average: the step is counted
@@ -106,7 +107,7 @@ def test_steps_count_on_across_fits_and_the_train_function_is_wrapped_once():
     with pytest.raises(RankLostError, match=r"^the gradient allreduce of step 4 \(round 0, step 4\)") as raised:
         fit(model, 3)
     assert model.train_function is first and collectives.peers_known == 1
-    assert str(raised.value).endswith(f"Cause: HorovodInternalError: {SHUTDOWN}")
+    assert str(raised.value).endswith(f"Cause: HorovodInternalError: {SHUTDOWN}\n{troubleshooting('troubleshooting-rank-lost')}")
     assert isinstance(raised.value.__context__, HorovodInternalError)
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from fakes import ArrayCollectives, ArrayModel
 from horovod_hetero.common import failures, horovod_collectives as common_collectives, ranks
-from horovod_hetero.errors import CollectiveTimeoutError, HeteroError, RankLostError
+from horovod_hetero.errors import CollectiveTimeoutError, HeteroError, RankLostError, troubleshooting
 from horovod_hetero.runtime import seams as runtime_collectives
 from horovod_hetero.runtime.seams import call_with_timeout
 from horovod_hetero.runtime.controller import HeteroController
@@ -47,7 +47,8 @@ def test_the_error_names_the_round_the_step_and_the_lost_ranks():
     assert type(error) is RankLostError
     assert str(error).startswith("model averaging round (round 1, step 3) failed on rank 2: a rank was lost "
                                  "(rank 1 stopped, rank 3 died)")
-    assert str(error).endswith("Cause: OSError: Connection closed by peer [127.0.0.1]:1234")
+    assert str(error).endswith("Cause: OSError: Connection closed by peer [127.0.0.1]:1234\n"
+                               + troubleshooting("troubleshooting-rank-lost"))
 
 
 def test_a_timeout_with_no_rank_of_this_host_lost_says_so_and_keeps_its_cause():
@@ -60,7 +61,8 @@ def test_a_timeout_with_no_rank_of_this_host_lost_says_so_and_keeps_its_cause():
     assert type(error) is CollectiveTimeoutError
     assert str(error).startswith("model averaging round (round 1, step 3) failed on rank 3: no rank of this host "
                                  "was lost: a rank on another host was lost, or a rank waits elsewhere. ")
-    assert str(error).endswith("a rank is in a collective of its own (a metric hvd.allreduce, MetricAverageCallback, ...)")
+    assert str(error).endswith("a rank is in a collective of its own (a metric hvd.allreduce, MetricAverageCallback, ...)\n"
+                               + troubleshooting("troubleshooting-collective-timeout"))
     lost = rank_lost_error(OSError("closed"), "model averaging round", 1, 3, 3, {})
     assert "a rank was lost (which rank is not known here)" in str(lost)
 
@@ -212,7 +214,8 @@ def test_with_process_sets_an_enqueue_is_refused_once_a_rank_of_this_host_died(m
         c.check_enqueue("the test round")                    # stopped: it may come back
         stopped.kill()
         stopped.wait()
-        with pytest.raises(RankLostError, match=r"^the test round cannot complete: rank 1, rank 3 of this host died$"):
+        with pytest.raises(RankLostError, match=r"^the test round cannot complete: rank 1, rank 3 of this host died\n"
+                                                 r"Troubleshooting: docs/troubleshooting\.md#troubleshooting-rank-lost$"):
             c.check_enqueue("the test round")
     finally:
         if stopped.poll() is None:
@@ -305,7 +308,7 @@ def test_under_hvd_elastic_a_rank_lost_error_of_ours_takes_horovods_reset(monkey
         closed, telemetry = False, None
 
         def rank_lost(self, error):
-            return RankLostError(f"named: {error}")
+            return RankLostError(f"named: {error.args[0]}")
 
         def close(self):
             self.closed = True
@@ -314,7 +317,8 @@ def test_under_hvd_elastic_a_rank_lost_error_of_ours_takes_horovods_reset(monkey
     membership = ranks.follow_ranks(hvd, None, None, lambda telemetry: Controller())
     first = membership.current()
     monkeypatch.setenv("HOROVOD_ELASTIC", "1")
-    with pytest.raises(ranks.ElasticRankLostError, match="^group average cannot complete: rank 0 of this host died$") as e:
+    with pytest.raises(ranks.ElasticRankLostError, match="^group average cannot complete: rank 0 of this host died\n"
+                                                         "Troubleshooting: docs/troubleshooting.md#troubleshooting-rank-lost$") as e:
         with membership.guard():
             raise RankLostError("group average cannot complete: rank 0 of this host died")
     assert isinstance(e.value, HorovodInternalError) and isinstance(e.value, RankLostError)
@@ -323,12 +327,13 @@ def test_under_hvd_elastic_a_rank_lost_error_of_ours_takes_horovods_reset(monkey
         with membership.guard():
             raise HorovodInternalError("Horovod has been shut down")
     assert type(e.value) is HorovodInternalError
-    with pytest.raises(CollectiveTimeoutError, match="^the user's allreduce between rounds$") as e:
+    with pytest.raises(CollectiveTimeoutError, match="^the user's allreduce between rounds\nTroubleshooting: "
+                                                      "docs/troubleshooting.md#troubleshooting-collective-timeout$") as e:
         with membership.guard():                                     # a timeout stays one: a reset would repeat it
             raise CollectiveTimeoutError("the user's allreduce between rounds")
     assert not isinstance(e.value, HorovodInternalError)
     monkeypatch.delenv("HOROVOD_ELASTIC")
-    with pytest.raises(RankLostError, match="^named: a timeout$") as e:
+    with pytest.raises(RankLostError, match="^named: a timeout\nTroubleshooting: docs/troubleshooting.md#troubleshooting-rank-lost$") as e:
         with membership.guard():
             raise CollectiveTimeoutError("a timeout")
     assert not isinstance(e.value, HorovodInternalError)
