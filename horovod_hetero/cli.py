@@ -1,5 +1,5 @@
 """The ``horovod-hetero`` command: ``simulate``, ``advise`` (strategies ranked from a run's telemetry),
-``plan`` and ``telemetry``; and the commands installed packages add through the ``horovod_hetero.commands``
+``plan``, ``telemetry`` and ``doctor`` (what will and will not work in this environment); and the commands installed packages add through the ``horovod_hetero.commands``
 entry points: the lab's ``bench``, ``report`` and ``demo`` (lab/ in a checkout; ``make`` installs it)."""
 import pathlib
 import sys
@@ -7,6 +7,7 @@ from importlib import metadata
 
 import click
 
+import horovod_hetero.doctor as doctor_checks
 from horovod_hetero.runtime.telemetry import format_summary, load, summarize
 from horovod_hetero.strategies.registry import REGISTRY, build, check_names, configured
 
@@ -279,6 +280,51 @@ def telemetry(directory):
     if not by_rank:
         raise click.ClickException(f"no rank*.jsonl files in {directory}")
     click.echo(format_summary(summarize(by_rank)))
+
+
+#: how ``doctor`` shows each status
+STATUS_COLOURS = {"OK": "green", "WARN": "yellow", "FAIL": "red"}
+
+
+@cli.command()
+@click.option("-np", "--num-proc", "np", type=click.IntRange(min=1), default=None,
+              help="ranks of the launch to check, as horovodrun's -np (default: report the cores only)")
+@click.option("-H", "--hosts", default=None,
+              help="the launch's hosts and slots, as horovodrun's -H: H1:2,H2:2 (more than one host: multi-host)")
+@click.option("--framework", type=click.Choice(doctor_checks.FRAMEWORK_CHOICES), default="any", show_default=True,
+              help="the framework the job needs")
+@click.option("--strategy", type=click.Choice(list(REGISTRY)), default=None, help="the strategy the job runs")
+@click.option("--elastic", is_flag=True, help="the job runs under hvd.elastic")
+def doctor(np, hosts, framework, strategy, elastic):
+    """Say what will and will not work in this environment, and why.
+
+    As horovodrun --check-build does for Horovod (Horovod is not initialised): Horovod's version and
+    build, the frameworks and Keras, process sets, Gloo's timeout, this host's name, ranks against cores,
+    the optional packages and MPI. Each line is OK, WARN (works, with a cost or a limit) or FAIL, with
+    the fix. Exits 1 when a line is FAIL: a launch as configured cannot work."""
+    try:
+        parsed = doctor_checks.parse_hosts(hosts) if hosts else None
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="-H/--hosts") from None
+    checks = doctor_checks.run_checks(np, parsed, framework, strategy, elastic)
+    asked = " ".join(part for part in (f"-np {np}" if np else "", f"-H {hosts}" if hosts else "",
+                                       f"--framework {framework}" if framework != "any" else "",
+                                       f"--strategy {strategy}" if strategy else "", "--elastic" if elastic else "")
+                     if part)
+    click.echo(f"horovod-hetero doctor{f' ({asked})' if asked else ''}")
+    width = max(len(c.name) for c in checks)
+    for check in checks:
+        status = click.style(f"{check.status:<4}", fg=STATUS_COLOURS[check.status], bold=check.status != "OK")
+        click.echo(f"  {status}  {check.name:<{width}}  {check.detail}")
+        if check.fix or check.anchor:
+            see = f"see docs/{check.anchor}" if check.anchor else ""
+            click.echo(f"  {'':<4}  {'':<{width}}  -> {'; '.join(p for p in (check.fix, see) if p)}")
+    counts = {s: sum(c.status == s for c in checks) for s in STATUS_COLOURS}
+    code = doctor_checks.exit_status(checks)
+    verdict = ("a launch as configured cannot work: fix the FAIL lines" if code else
+               "a launch as configured can work" + (" (see the WARN lines)" if counts["WARN"] else ""))
+    click.echo(f"{counts['OK']} OK, {counts['WARN']} WARN, {counts['FAIL']} FAIL: {verdict}")
+    raise SystemExit(code)
 
 
 def main():
