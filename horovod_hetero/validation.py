@@ -173,6 +173,37 @@ def check_options(name: str, value: object, accepted: Iterable[str]) -> dict[str
     return dict(value)
 
 
+#: Keyword arguments removed in 0.2.0, with what replaces them (CHANGELOG.md): ``check_removed`` names it.
+REMOVED_ARGUMENTS = {
+    "global_lr": "ESync's global learning rate is now an outer step given beside the strategy: "
+                 "hh.DistributedOptimizer(..., aggregate=hh.Mean(outer=hh.OuterSGD(lr=global_lr))), or the Keras "
+                 "callback's aggregate=",
+    "aggregate": "how global rounds combine the models is now given beside the strategy: "
+                 "hh.DistributedOptimizer(..., aggregate=hh.Normalized()) (or hh.Mean()), or the Keras callback's "
+                 "aggregate=",
+    "outer": "the outer optimiser is now part of the aggregation given beside the strategy: "
+             "aggregate=hh.Mean(outer=hh.OuterSGD(...)) (or hh.Normalized(outer=...)) to hh.DistributedOptimizer or "
+             "the Keras callback",
+}
+
+
+def check_removed(owner: str, given: Iterable[str], accepted: Iterable[str] = ()) -> None:
+    """Raise a ``TypeError`` naming the replacement if ``given`` (keyword names passed to ``owner``) holds an
+    argument removed in 0.2.0 (``REMOVED_ARGUMENTS``) that ``owner`` does not take (``accepted``).
+
+    Example:
+        >>> check_removed("ESync", ["mode", "global_lr"])
+        Traceback (most recent call last):
+        ...
+        TypeError: ESync(global_lr=...) was removed in horovod-hetero 0.2.0: ESync's global learning rate is now an outer step given beside the strategy: hh.DistributedOptimizer(..., aggregate=hh.Mean(outer=hh.OuterSGD(lr=global_lr))), or the Keras callback's aggregate= (see CHANGELOG.md)
+    """
+    accepted = set(accepted)
+    for key in given:
+        if key in REMOVED_ARGUMENTS and key not in accepted:
+            raise TypeError(f"{owner}({key}=...) was removed in horovod-hetero 0.2.0: {REMOVED_ARGUMENTS[key]} "
+                            f"(see CHANGELOG.md)")
+
+
 def check_directory(name: str, value: object) -> str | None:
     """``value`` as a path string if it is a directory that exists or can be created, and written to;
     ``None`` or ``""`` gives ``None``. Raises a ``TypeError``/``ValueError`` naming ``name``; nothing

@@ -13,7 +13,7 @@ from horovod_hetero.keras._callback import BalancedCallbackImpl, HeteroSyncCallb
 from horovod_hetero.keras._horovod_callbacks import (
     BroadcastGlobalVariablesCallbackImpl, LearningRateWarmupCallbackImpl, MetricAverageCallbackImpl)
 from horovod_hetero.strategies import ADSP, DSSP, ESync, ElasticBSP, GradientWeighting, LocalSGD, WAGMA
-from horovod_hetero.validation import check_options
+from horovod_hetero.validation import check_options, check_removed
 
 #: the running Keras' ``Callback`` (Keras 2 or 3: chosen at run time)
 Callback: Any = keras_module().callbacks.Callback
@@ -23,6 +23,7 @@ def _strategy_options(name, options, strategy, given):
     """``options`` checked as keyword arguments of ``strategy`` other than those in ``given`` (the
     callback's own arguments)."""
     accepted = [p for p in inspect.signature(strategy).parameters if p not in given]
+    check_removed(name, options if isinstance(options, Mapping) else (), accepted)
     for key in given:
         if isinstance(options, Mapping) and key in options:
             raise TypeError(f"{name} holds {key!r}, an argument of the callback itself: pass {key}= directly")
@@ -85,6 +86,8 @@ class HeteroSyncCallback(HeteroSyncCallbackImpl, Callback):
     """
 
     def __new__(cls, strategy=None, *args, **options):
+        check_removed(cls.__name__, options, {*inspect.signature(cls.__init__).parameters,
+                                              *inspect.signature(HeteroSyncCallbackImpl.__init__).parameters})
         if not isinstance(strategy, GradientWeighting):
             return super().__new__(cls)
         given = inspect.signature(HeteroSyncCallbackImpl).bind(strategy, *args, **options).arguments

@@ -30,6 +30,7 @@ touches tensors, sockets or threads: the same objects run under ``horovodrun`` a
 from __future__ import annotations
 
 import abc
+import inspect
 import math
 import operator
 import time
@@ -40,7 +41,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from horovod_hetero.validation import check_int
+from horovod_hetero.validation import check_int, check_removed
 
 _T = TypeVar("_T")
 
@@ -286,6 +287,11 @@ class Strategy(abc.ABC):
     A strategy derives from one of the two kinds below, ``ModelAveraging`` or ``GradientAveraging``
     (``GradientWeighting``); the adapters and the runtime choose their path by that type.
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Strategy:
+        if kwargs:                                 # an argument removed in 0.2.0 is named with its replacement
+            check_removed(cls.__name__, kwargs, inspect.signature(cls).parameters)
+        return super().__new__(cls)
 
     def __init__(self) -> None:
         self.step = 0

@@ -68,7 +68,10 @@ class ESync(ModelAveraging):
         super().__init__()
         if not isinstance(mode, str) or mode not in self.MODES:
             error = ValueError if isinstance(mode, str) else TypeError
-            raise error(f"mode must be one of {', '.join(map(repr, self.MODES))}, got {mode!r}")
+            was = (" (ESync's first argument was global_lr before 0.2.0: give it as hh.DistributedOptimizer(..., "
+                   "aggregate=hh.Mean(outer=hh.OuterSGD(lr=...))), see CHANGELOG.md)"
+                   if isinstance(mode, (int, float)) and not isinstance(mode, bool) else "")
+            raise error(f"mode must be one of {', '.join(map(repr, self.MODES))}, got {mode!r}{was}")
         self.mode = mode
         self.epsilon = check_float("epsilon", epsilon, 0.0)
         self.overshoot = check_float("overshoot", overshoot, 0.0, 1.0)

@@ -1,8 +1,11 @@
 """Bad input to the adapters fails before any collective: Horovod is imported, never initialised."""
+import re
+
 import pytest
 import torch
 
 import horovod.torch as hvd
+import horovod_hetero.strategies as hh_strategies
 import horovod_hetero.torch as hh
 
 
@@ -76,6 +79,14 @@ def test_keras_callbacks_check_their_arguments():
     with pytest.raises(TypeError, match=r"share_epochs must be True, False or None \(the default: True with "
                                         r"epoch_sync\), got 'yes' \(str\)"):
         keras_hh.callbacks.ESyncCallback(share_epochs="yes")
+    for build, removed in [(lambda: keras_hh.callbacks.ESyncCallback(global_lr=0.5), "ESyncCallback(global_lr=...)"),
+                           (lambda: keras_hh.callbacks.LocalSGDCallback(8, outer=None), "LocalSGDCallback(outer=...)"),
+                           (lambda: keras_hh.callbacks.HeteroSyncCallback(keras_hh.ESync(), global_lr=0.5),
+                            "HeteroSyncCallback(global_lr=...)"),
+                           (lambda: keras_hh.callbacks.ESyncCallback(esync_options={"aggregate": "normalized"}),
+                            "esync_options(aggregate=...)")]:
+        with pytest.raises(TypeError, match=rf"^{re.escape(removed)} was removed in horovod-hetero 0\.2\.0: "):
+            build()
 
 
 def test_one_keras_callback_runs_every_strategy_each_kind_on_its_own_path():
@@ -149,3 +160,38 @@ def test_named_tensors_that_are_not_pairs_name_the_argument(named):
     from horovod_hetero.torch.optimizer import _named
     with pytest.raises(ValueError, match=r"named_parameters must be a sequence of \(name, tensor\) tuples"):
         _named(named, "named_parameters", [])
+
+
+# --- arguments removed in 0.2.0: a TypeError that names what replaces them -----------------------------------
+
+@pytest.mark.parametrize("build, removed, replacement", [
+    (lambda: hh_strategies.ESync(global_lr=0.5), "ESync(global_lr=...)", "aggregate=hh.Mean(outer=hh.OuterSGD(lr=global_lr))"),
+    (lambda: hh_strategies.LocalSGD(8, aggregate="normalized"), "LocalSGD(aggregate=...)", "aggregate=hh.Normalized()"),
+    (lambda: hh_strategies.ElasticBSP(outer=None), "ElasticBSP(outer=...)", "aggregate=hh.Mean(outer=hh.OuterSGD(...))"),
+    (lambda: hh_strategies.WAGMA(aggregate="mean"), "WAGMA(aggregate=...)", "hh.DistributedOptimizer(..., aggregate="),
+    (lambda: hh_strategies.DSSP(outer=None), "DSSP(outer=...)", "hh.Normalized(outer=...)"),
+    (lambda: hh_strategies.ADSP(aggregate="normalized"), "ADSP(aggregate=...)", "the Keras callback's aggregate="),
+])
+def test_a_removed_strategy_argument_names_its_replacement(build, removed, replacement):
+    with pytest.raises(TypeError) as error:
+        build()
+    message = str(error.value)
+    assert message.startswith(f"{removed} was removed in horovod-hetero 0.2.0: ") and replacement in message
+    assert message.endswith("(see CHANGELOG.md)")
+
+
+def test_esync_s_old_first_argument_is_named():
+    with pytest.raises(TypeError, match=r"got 0\.5 \(ESync's first argument was global_lr before 0\.2\.0: give it as "
+                                        r"hh\.DistributedOptimizer\(\.\.\., aggregate=hh\.Mean\(outer=hh\.OuterSGD"):
+        hh_strategies.ESync(0.5)
+    with pytest.raises(ValueError, match=r"^mode must be one of 'blocking', 'delayed_ack', got 'fast'$"):
+        hh_strategies.ESync("fast")
+
+
+def test_a_strategy_that_takes_a_removed_name_itself_keeps_it():
+    class Outer(hh_strategies.ModelAveraging):
+        def __init__(self, outer):
+            super().__init__()
+            self.outer = outer
+
+    assert Outer(outer=3).outer == 3

@@ -140,8 +140,11 @@ def test_a_gradient_averaging_strategy_takes_no_aggregation_but_plain_averaging(
                                   lambda **kw: ElasticBSP(**kw), lambda **kw: DSSP(**kw), lambda **kw: ADSP(**kw)])
 def test_the_aggregation_is_given_beside_a_strategy_never_to_it(make):
     for given in ({"aggregate": Normalized()}, {"outer": OuterSGD(0.7)}, {"global_lr": 0.5}):
-        with pytest.raises(TypeError, match="unexpected keyword argument"):
+        name = type(make()).__name__
+        with pytest.raises(TypeError, match=rf"^{name}\({next(iter(given))}=\.\.\.\) was removed in horovod-hetero "
+                                            rf"0\.2\.0: .* \(see CHANGELOG\.md\)$") as error:
             make(**given)
+        assert "hh.DistributedOptimizer" in str(error.value) and "aggregate=hh." in str(error.value)
     assert not hasattr(make(), "aggregate") and not hasattr(make(), "outer")
 
 
