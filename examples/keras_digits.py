@@ -1,6 +1,9 @@
 """Train a bench task with horovod-hetero (Keras 3 with TensorFlow or PyTorch, or Keras 2): an MLP on scikit-learn's
 digits (the default), a CNN on Fashion-MNIST (``--task fashion-cnn``, ``--split``).
 
+The bench's training script: needs horovod-hetero's lab beside the library (datasets, options, results):
+from a checkout, ``pip install -e lab`` (``make`` does it).
+
     horovodrun -np 4 -H localhost:4 --gloo python examples/keras_digits.py --strategy localsgd --period 8
     KERAS_BACKEND=torch horovodrun -np 4 -H localhost:4 --gloo python examples/keras_digits.py --strategy esync
     TF_USE_LEGACY_KERAS=1 horovodrun -np 4 -H localhost:4 --gloo python examples/keras_digits.py --strategy wagma

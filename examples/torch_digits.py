@@ -1,6 +1,9 @@
 """Train any bench task with horovod-hetero (PyTorch): an MLP on scikit-learn's digits (the default), a CNN on
 Fashion-MNIST, a character transformer on Shakespeare (``--task``, ``--split``).
 
+The bench's training script: needs horovod-hetero's lab beside the library (datasets, options, results):
+from a checkout, ``pip install -e lab`` (``make`` does it).
+
     horovodrun -np 4 -H localhost:4 --gloo python examples/torch_digits.py --strategy localsgd --period 8
     horovodrun -np 4 -H localhost:4 --gloo python examples/torch_digits.py --strategy wagma --period 8
     horovodrun -np 4 -H localhost:4 --gloo python examples/torch_digits.py --strategy elasticbsp \\

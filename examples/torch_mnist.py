@@ -1,5 +1,11 @@
-"""Horovod's PyTorch MNIST example (``examples/pytorch/pytorch_mnist.py``), digits for MNIST, with
-horovod-hetero's changes marked ``# hh``: the wrapper line, the sampler, ``sync_model()`` per epoch.
+"""A training script shaped like Horovod's PyTorch MNIST example (``examples/pytorch/pytorch_mnist.py``:
+epochs over a sampler, metrics averaged with ``hvd.allreduce``, a checkpoint on rank 0), on scikit-learn's
+8x8 digits with a small MLP, CPU only. horovod-hetero's changes are marked ``# hh``: the wrapper line, the
+sampler, ``sync_model()`` per epoch. Horovod's own script, unchanged, is in ``benchmarks/horovod_examples/``;
+the README shows the diff that ports it.
+
+Needs horovod-hetero's lab beside the library (the dataset and the ``--strategy`` options): from a
+checkout, ``pip install -e lab`` (``make`` does it).
 
     horovodrun -np 4 -H localhost:4 --gloo python examples/torch_mnist.py --strategy esync
 

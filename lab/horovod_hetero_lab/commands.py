@@ -14,8 +14,10 @@ import horovod_hetero_lab
 from horovod_hetero_lab import bench
 from horovod_hetero_lab.data import TASKS, check_available, task_data
 
-#: demo rows: name -> (row label, framework, strategy); the strategies are bench's
+#: demo rows: name -> (row label, framework, strategy); the strategies are bench's. Each row's "vs sync" is
+#: against the Synchronous row of its own framework (the first of that framework when it has none)
 DEMO_STRATEGIES = {**{name: (label, "torch", name) for name, (label, _) in bench.STRATEGIES.items()},
+                   "keras-sync": ("Sync, Keras 3", "keras", "sync"),
                    "keras-esync": ("ESync, Keras 3", "keras", "esync")}
 #: the demo's rows unless --strategies says otherwise: Balanced sizes batches to speed, and the demo's padded
 #: steps take the same time whatever their batch (bench --slowdown proportional measures it)
@@ -170,7 +172,8 @@ def report_command(directory, html_path, png_dir, prefix):
 @click.option("--budget", default=25.0, show_default=True, help="wall-clock seconds of training per strategy")
 @click.option("--keep", type=click.Path(file_okay=False), default=None, help="keep the results in this (new) folder")
 @click.option("--strategies", default=",".join(DEMO_DEFAULT), show_default=True,
-              help=f"comma list of {', '.join(DEMO_STRATEGIES)} (the first is the baseline)")
+              help=f"comma list of {', '.join(DEMO_STRATEGIES)} (each framework's baseline: its Synchronous row, "
+                   f"else its first)")
 def demo(num_proc, slowdown, base_step, budget, keep, strategies):
     """Compare strategies on this machine: digits MLP, simulated stragglers, fixed time budget
     (a preset of ``bench``: one repeat, the rows in the order given)."""
@@ -197,14 +200,18 @@ def demo(num_proc, slowdown, base_step, budget, keep, strategies):
     for job in results["jobs"]:
         s = job["summary"]
         fast = [r for w, r in enumerate(s["compute_ratio"] or []) if factors[w] == min(factors)]
-        rows.append((job["label"], s["samples_per_s"], s["final"], sum(fast) / len(fast) if fast else None,
-                     s["median_rtt_s"]))
-    base = rows[0][1]
+        rows.append((job["label"], job["framework"], job["strategy"], s["samples_per_s"], s["final"],
+                     sum(fast) / len(fast) if fast else None, s["median_rtt_s"]))
+    base: dict[str, float] = {}                    # each framework's baseline: its Synchronous row, else its first
+    for _, framework, strategy, sps, *_ in rows:
+        base.setdefault(framework, sps)
+    base.update({framework: sps for _, framework, strategy, sps, *_ in rows if strategy == "sync"})
     click.echo("")
     click.echo(f"{'strategy':<14} {'samples/s':>10} {'vs sync':>8} {'test acc':>9} "
                f"{'fast workers compute ratio':>29} {'state server RTT':>17}")
-    for label, sps, acc, ratio, rtt in rows:
+    for label, framework, _, sps, acc, ratio, rtt in rows:
         rtt_text = f"{rtt * 1000:.2f} ms" if rtt is not None else "-"
         ratio_text = f"{ratio:.2f}" if ratio is not None else "-"
-        click.echo(f"{label:<14} {sps:>10.0f} {sps / base:>7.2f}x {acc:>9.3f} {ratio_text:>29} {rtt_text:>17}")
+        click.echo(f"{label:<14} {sps:>10.0f} {sps / base[framework]:>7.2f}x {acc:>9.3f} {ratio_text:>29} {rtt_text:>17}")
+    click.echo("vs sync: against the Synchronous row of the same framework")
     click.echo(f"\nresults: {root} (horovod-hetero report {root}; horovod-hetero telemetry {root}/jobs/ID/telemetry)")
