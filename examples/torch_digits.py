@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
+from horovod_hetero.runtime.runner import runner_for
 from horovod_hetero_lab.data import TASKS, TEXT_WINDOW, class_accuracy, score, shakespeare, task_data
 from horovod_hetero_lab.harness import (
     Curve, add_run_arguments, add_strategy_arguments, aggregation, build_strategy, curve_subset, write_result)
@@ -117,7 +118,7 @@ def main():
     torch.set_num_threads(1)
     strategy = build_strategy(args)
     sampler = None
-    if isinstance(strategy, hh.GradientWeighting):        # Balanced: every rank draws its planned part of the whole training set
+    if runner_for(strategy).plans_batches:               # Balanced: every rank draws its planned part of the whole training set
         x, y, x_test, y_test = (torch.from_numpy(a) for a in task_data(task, 0, 1, args.seed, args.skew, "iid"))
         sampler = hh.DistributedSampler(range(len(y)), batch_size=args.batch_size, seed=args.seed)
     else:
@@ -158,7 +159,7 @@ def main():
             opt.step()
             steps += 1
             samples += len(idx)
-            curve.after_step(steps, isinstance(opt.strategy, hh.GradientAveraging) or opt.telemetry.records[-1]["synced"])
+            curve.after_step(steps, opt.runner.steps_together or opt.telemetry.records[-1]["synced"])
             now = time.perf_counter()
             if hvd.rank() == 0 and now - last_report >= args.progress:
                 print(f"  [{now - start:5.1f} s] epoch {epoch} step {steps} loss {loss.item():.3f}", flush=True)

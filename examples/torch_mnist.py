@@ -84,9 +84,9 @@ def main(argv=None):
 
     model = Net()
     lr_scaler = hvd.size() if not args.use_adasum else 1
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * lr_scaler, momentum=args.momentum)
+    sgd = torch.optim.SGD(model.parameters(), lr=args.lr * lr_scaler, momentum=args.momentum)
     optimizer = hh.DistributedOptimizer(                                      # hh: was hvd.DistributedOptimizer
-        optimizer, named_parameters=model.named_parameters(), named_buffers=model.named_buffers(),
+        sgd, named_parameters=model.named_parameters(), named_buffers=model.named_buffers(),
         op=hvd.Adasum if args.use_adasum else hvd.Average, strategy=build_strategy(args),
         sampler=train_sampler if args.sampler == "hh" else None, aggregate=aggregation(args))
 

@@ -31,7 +31,8 @@ import numpy as np
 
 from horovod_hetero import simulate as sim
 from horovod_hetero.runtime.telemetry import rounds_of
-from horovod_hetero.strategies.base import GradientWeighting, Strategy
+from horovod_hetero.runtime.runner import runner_for
+from horovod_hetero.strategies.base import Strategy
 
 #: steps a rank records before the first one measured (start-up: tracing, the first allreduces)
 SKIP_STEPS = 5
@@ -135,9 +136,8 @@ def predict(measured: Measured, strategies: Mapping[str, Strategy],
     ``[(name, SimResult)]``, the most samples/s first. ``duration``: simulated seconds (default: 300 of the slowest rank's typical steps)."""
     duration = duration or 300 * max(measured.step_s)
     c = cluster(measured)
-    for s in strategies.values():
-        if isinstance(s, GradientWeighting):      # Balanced: its global batch is the ranks' batches, as in the run
-            s.use_batch(c.samples_per_step, measured.size)
+    for s in strategies.values():                 # a planned global batch (Balanced): the ranks' batches, as in the run
+        runner_for(s).use_batch(c.samples_per_step, measured.size)
     results = [(name, sim.compare(c, [s], duration)[0]) for name, s in strategies.items()]
     return sorted(results, key=lambda nr: -nr[1].samples_per_s)
 

@@ -40,9 +40,9 @@ import numpy as np
 import numpy.typing as npt
 
 from horovod_hetero.rules.esync_state import ESyncState
+from horovod_hetero.runtime.runner import runner_for
 from horovod_hetero.strategies.base import (
-    AVERAGE, MEASURE, Context, Decision, GradientAveraging, GradientWeighting, GroupAverage, RoundResult, RoundStats,
-    StepReport, Strategy, check_decision, check_kind)
+    AVERAGE, MEASURE, Context, Decision, GroupAverage, RoundResult, RoundStats, StepReport, Strategy, check_decision)
 from horovod_hetero.validation import check_float
 
 
@@ -293,10 +293,10 @@ def simulate(cluster: Cluster, strategy: Strategy, duration: float) -> SimResult
     duration = check_float("duration", duration, 0.0, min_exclusive=True)
     if not isinstance(strategy, Strategy):
         raise TypeError(f"strategy must be a Strategy (e.g. hh.LocalSGD(8)), got {strategy!r}")
-    check_kind(strategy)
     n = cluster.n
     world = _World(n)
     workers = [copy.deepcopy(strategy) for _ in range(n)]
+    runners = [runner_for(worker) for worker in workers]        # how the strategy's kind runs (it checks the kind)
     for rank, worker in enumerate(workers):
         worker.start(Context(rank, n, _SimTransports(world, rank), None, world.clock))
     steps, compute, wait, comm, syncs, sent, samples = (np.zeros(n) for _ in range(7))
@@ -309,12 +309,11 @@ def simulate(cluster: Cluster, strategy: Strategy, duration: float) -> SimResult
     events: list[tuple[float, int]]
     round_steps: list[np.ndarray]
     barrier, past, events, rounds, end, round_steps = {}, set(), [], 0, 0.0, []
-    gradients = isinstance(strategy, GradientAveraging)     # the kind, once: an allreduce after every step
+    gradients = runners[0].steps_together                    # an allreduce after every step
 
     def begin(q: int, t: float) -> None:
-        worker = workers[q]
-        batch[q] = (worker.batch_size(worker.step + 1) if isinstance(worker, GradientWeighting)
-                    else cluster.samples_per_step)
+        sizes = runners[q].batch_sizes(workers[q].step + 1, n)
+        batch[q] = sizes[q] if sizes is not None else cluster.samples_per_step
         running[q] = cluster.draw_one(t, q) * cluster.step_scale(batch[q])
         heapq.heappush(events, (t + running[q], q))
 
@@ -335,7 +334,7 @@ def simulate(cluster: Cluster, strategy: Strategy, duration: float) -> SimResult
         decision = check_decision(workers[q], workers[q].after_step(StepReport(float(running[q]), loss, int(batch[q]))))
         if t >= duration:
             past.add(q)
-        # a gradient allreduce after every step (GradientAveraging), a round when the strategy says so
+        # a gradient allreduce after every step (the runner's steps_together), a round when the strategy says so
         if gradients or decision is AVERAGE or decision is MEASURE:
             barrier[q] = (t, decision)
             if len(barrier) < n:

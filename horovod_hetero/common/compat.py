@@ -146,6 +146,17 @@ def torch_optimizer_bases() -> tuple[type, type]:
     return _DistributedOptimizer, _DistributedAdasumOptimizer
 
 
+def horovod_optimizer_module() -> str:
+    """The module ``hvd.broadcast_optimizer_state`` takes for one of Horovod's own optimizer wrappers (it then
+    makes missing state with ``super(type(opt), opt).step()``, the wrapped optimizer's own step, instead of
+    ``opt.step()``, which would be a collective and a counted step)."""
+    try:
+        from horovod.torch.optimizer import DistributedOptimizer
+    except ImportError as error:
+        raise _missing("horovod.torch.optimizer.DistributedOptimizer", error) from None
+    return DistributedOptimizer.__module__
+
+
 def is_horovod_keras2_optimizer(optimizer: object) -> bool:
     """True for an optimizer Horovod's Keras 2 ``hvd.DistributedOptimizer`` built (it averages in
     ``_allreduce_grads``, over ``optimizer.process_set``)."""

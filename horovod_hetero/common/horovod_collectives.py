@@ -95,10 +95,12 @@ class HorovodCollectives(Collectives):
         """``server_host``, found when a transport first needs it (a ``ValueError`` names what to set)."""
         return server_host(self.hvd.local_size() == self.hvd.size())
 
-    def broadcast_object(self, obj: Any, *, what: str) -> Any:
+    def broadcast_object(self, obj: Any, *, what: str, root: int | None = None) -> Any:
+        """``obj`` of the set's first rank (or of global rank ``root``) on every rank of the set."""
         check_background(what)
         return call_with_timeout(lambda: self.hvd.broadcast_object(
-            obj, root_rank=self.root, process_set=self.process_set, name="horovod_hetero.broadcast"), self.timeout, what)
+            obj, root_rank=self.root if root is None else root, process_set=self.process_set,
+            name="horovod_hetero.broadcast"), self.timeout, what)
 
     def allgather_object(self, obj: Any, *, what: str) -> list[Any]:
         """Over all ranks (``horovod.torch`` gathers objects only over the global set)."""

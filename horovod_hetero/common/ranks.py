@@ -3,6 +3,7 @@ errors are Horovod's report of a failed collective, and whether a rank of this h
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Union
 
@@ -108,7 +109,12 @@ def collective_failed(error: BaseException) -> bool:
     if isinstance(error, (HorovodInternalError, RankLostError)):
         return True
     op_error = any(c.__name__ == "OpError" for c in type(error).__mro__)    # no TensorFlow import here
-    return op_error and ("Horovod" in str(error) or "{{node horovod_hetero." in str(error))
+    return op_error and ("Horovod" in str(error) or _OUR_NODE.search(str(error)) is not None)
+
+
+#: a node of ours in a TensorFlow error: ``{{node horovod_hetero.gradients/...}}``, also inside a branch
+#: (``{{node cond/horovod_hetero.gradients/...}}``: hh.DistributedOptimizer's average is a ``cond``)
+_OUR_NODE = re.compile(r"\{\{node (?:[^\s{}/]+/)*horovod_hetero\.")
 
 def process_state(process: int | psutil.Process) -> str | None:
     """``"died"`` or ``"stopped"`` for a process of this host (a pid or a ``psutil.Process``) that

@@ -49,6 +49,18 @@ def value(variable):
     return read() if callable(read) else read
 
 
+def switch(flag, on, off):
+    """``on()`` where the Keras variable ``flag`` is set (above 0.5), else ``off()`` (each returns the same
+    structure): a graph's conditional inside a compiled TensorFlow step (read at every step, so the flag may
+    change between steps), a Python branch where the step runs eagerly (TensorFlow eager, torch), whose errors
+    then come out as raised."""
+    if keras_module().backend.backend() == "tensorflow":
+        import tensorflow as tf
+        if not tf.executing_eagerly():
+            return tf.cond(value(flag) > 0.5, on, off)
+    return on() if float(to_numpy(value(flag))) > 0.5 else off()
+
+
 def to_numpy(tensor):
     """A NumPy copy of a backend tensor (TensorFlow or torch, on any device) or an array."""
     if hasattr(tensor, "detach") and hasattr(tensor, "cpu"):      # torch

@@ -6,26 +6,29 @@ or torch: weights are read and written through the Keras variable API (``value``
 Python operators, and the collectives are the backend's (``keras._backend.collectives_class``).
 """
 import copy
+import logging
 from typing import Any
 
 import numpy as np
 
 from horovod_hetero.keras._backend import collectives_class, strategy_callbacks, to_numpy, to_tensor, value, weights
+from horovod_hetero.errors import troubleshooting
 from horovod_hetero.keras._checkpoint import CheckpointState, carry_state
+from horovod_hetero.keras._optimizer import KerasGradients
 from horovod_hetero.keras._train_guard import begin_training
 from horovod_hetero.common.options import check_run_options, check_samples_known
 from horovod_hetero.common.process_sets import check_process_set
 from horovod_hetero.common.ranks import follow_ranks
-from horovod_hetero.rules.partition import epoch_indices, epoch_steps, step_batch, step_times_of, steps_per_epoch
+from horovod_hetero.rules.partition import epoch_indices, step_batch, step_times_of
 from horovod_hetero.runtime.seams import DEFAULT_TIMEOUT_S, Model
 from horovod_hetero.runtime.controller import HeteroController, check_state
+from horovod_hetero.runtime.runner import check_aggregate, runner_for
 from horovod_hetero.runtime.straggler import Pacer, Slowdown
-from horovod_hetero.strategies.aggregation import check_aggregate
 from horovod_hetero.strategies.balanced import Balanced
-from horovod_hetero.strategies.base import GradientAveraging
-from horovod_hetero.strategies.registry import check_strategy
+from horovod_hetero.strategies.registry import check_strategy, rebuild
+
+log = logging.getLogger("horovod_hetero")
 from horovod_hetero.validation import check_bool, check_float, check_int
-from horovod_hetero.errors import troubleshooting
 
 
 def _is_float(variable):
@@ -112,23 +115,72 @@ EPOCH_SHARED = _EpochShared(1)
 
 
 class StrategyCallbackImpl(CheckpointState):
-    """What every strategy callback shares, whatever the strategy's kind: the strategy, the ranks it
-    synchronises (``process_set``), the controller for Horovod's current ranks (made at the first
-    ``fit``, after ``hvd.init()``; a new one after ``hvd.elastic``'s reset), its telemetry, and the
-    strategy's state in Keras checkpoints (``CheckpointState``)."""
+    """The strategy callback's logic, for every strategy of either kind and any Keras: the strategy (``set_strategy``
+    changes it at an epoch's end), the ranks it synchronises (``process_set``), the controller for Horovod's
+    current ranks (made at the first ``fit``, after ``hvd.init()``; a new one after ``hvd.elastic``'s reset) with
+    its runner, the model's gradient average as the runner opens or closes it (``KerasGradients``), its
+    telemetry, and the strategy's state in Keras checkpoints (``CheckpointState``).
+
+    With a model-averaging strategy the model is compiled with a plain optimizer (or ``hh.DistributedOptimizer``,
+    whose average the callback switches off); after each batch the strategy decides whether the weights are
+    averaged across the process set (or within a group); batches are counted across epochs. At every epoch's
+    end (``epoch_sync``) and at the end of training every rank keeps joining the other ranks' rounds until all
+    have finished, so all replicas hold identical weights even when ranks saw different numbers of batches;
+    then what the strategy opened is closed. With a gradient-averaging strategy (``Synchronous``, ``Balanced``)
+    the model is compiled with ``hh.DistributedOptimizer``, whose average the callback switches on (and weighs,
+    for ``Balanced``), every rank takes the same batches, and the rounds only measure.
+
+    With ``share_epochs`` (the default with ``epoch_sync``), ranks share each epoch by speed where the strategy
+    lets fast ranks take more steps between rounds (not ``LocalSGD``, ``WAGMA`` without wait-avoidance,
+    ``Synchronous`` or ``Balanced``: ``Strategy.lockstep``) and the ranks' speeds, as the rounds measured them,
+    differ beyond their noise: Keras gives every rank the same batches per epoch (``steps_per_epoch``, or the
+    batches of its arrays), so the fastest rank takes them all and every other rank as many as it takes in the
+    same time (``rules.partition.epoch_steps``; identical on every rank after the previous epoch's sync), and
+    ends its epoch there. Ranks then take different numbers of batches in an epoch, so no collective of your own
+    may run per batch (rank 0's log says so at the first shared epoch). An epoch that begins before the speeds
+    are known (the first) takes its shares from the round that first tells them apart. Ranks whose ``fit``
+    holds different numbers of batches (shards sized by hand) keep Keras' count.
+    """
 
     model: Any                         # set by Keras (set_model) before any hook runs
 
-    def __init__(self, strategy, process_set=None, telemetry=None, slowdown=None, timeout=DEFAULT_TIMEOUT_S,
-                 aggregate=None):
+    def __init__(self, strategy, process_set=None, telemetry=None, slowdown=None, batch_size=None,
+                 timeout=DEFAULT_TIMEOUT_S, epoch_sync=True, share_epochs=None, aggregate=None):
         super().__init__()
-        self.strategy = strategy
-        self.aggregate = check_aggregate(aggregate, strategy)
+        if strategy is None:
+            raise TypeError("strategy must be a strategy, e.g. hh.LocalSGD(period=8), hh.ESync() or hh.Synchronous() "
+                            "(with hh.DistributedOptimizer), not None")
+        self._strategy = check_strategy(strategy)
+        self.aggregate = check_aggregate(aggregate, self._strategy)
         self.process_set = check_process_set(process_set)        # membership: at fit, after hvd.init()
         self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
         check_run_options(telemetry, slowdown)                   # built at fit (they need the rank)
         self._telemetry, self._slowdown = telemetry, slowdown
+        self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
+        self.epoch_sync = check_bool("epoch_sync", epoch_sync)
+        if share_epochs is not None and not isinstance(share_epochs, bool):
+            raise TypeError(f"share_epochs must be True, False or None (the default: True with epoch_sync), got "
+                            f"{share_epochs!r} ({type(share_epochs).__name__})")
+        self.share_epochs = self.epoch_sync if share_epochs is None else share_epochs
+        if self.share_epochs and not self.epoch_sync:
+            raise ValueError("share_epochs=True shares each epoch's batches among ranks that meet at its end: "
+                             "it needs epoch_sync=True (with epoch_sync=False no epoch ends together; "
+                             "drop share_epochs)")
+        check_samples_known(slowdown, self.batch_size)
         self._membership = None                # built at fit: it needs hvd.init() and the model
+        self._gradients: Any = None            # the model's gradient average (KerasGradients), at fit
+        self._pending_state = None
+        self._loss_mean = None                 # (batches, Keras' running mean of the loss) this epoch
+        self._synced_epoch = None              # the epoch whose end sync_model() ran (epoch_sync)
+        self.epoch_shares = None               # every rank's batches this epoch (None: Keras' own count)
+        self._same_steps = False               # share_epochs, and every rank's fit has the same batches per epoch
+        self._said_shared = False              # rank 0 said once that ranks share epochs
+        self._epoch = None                     # (epoch, this rank's batch, every rank's) of the latest epoch_plan
+
+    @property
+    def strategy(self):
+        """The strategy the callback runs (``set_strategy`` changes it)."""
+        return self._strategy if self._hh is None else self._hh.strategy
 
     @property
     def _hh(self):
@@ -138,8 +190,16 @@ class StrategyCallbackImpl(CheckpointState):
     def _build(self, telemetry):
         """The controller for Horovod's current ranks (a new one after ``hvd.elastic``'s reset)."""
         collectives = collectives_class()(self.process_set, self.timeout, owner=type(self).__name__)
-        return HeteroController(self.strategy, collectives, KerasModel(self.model), telemetry, self._slowdown,
-                                aggregate=self.aggregate)
+        slowdown = self._slowdown if isinstance(self._slowdown, Slowdown) else \
+            Slowdown(collectives.rank, self._slowdown, size=collectives.size)
+        if self._gradients is None:
+            self._gradients = KerasGradients(self.model, lambda: self.strategy, lambda: self._hh.collectives.root)
+        controller = HeteroController(self.strategy, collectives, KerasModel(self.model), telemetry, [slowdown.pad],
+                                      aggregate=self.aggregate, gradients=self._gradients)
+        if self._pending_state is not None:            # loaded before the first fit
+            controller.load_state_dict(self._pending_state)
+            self._pending_state = None
+        return controller
 
     def _follow(self):
         """The ``Membership`` that gives the controller (made at the first fit: it needs ``hvd.init()``)."""
@@ -154,67 +214,25 @@ class StrategyCallbackImpl(CheckpointState):
     def telemetry(self):
         return self._hh_controller().telemetry
 
+    def _ranks(self):
+        hvd = collectives_class().hvd
+        ps = self.process_set or hvd.global_process_set
+        return ps.rank(), ps.size()
 
-class HeteroSyncCallbackImpl(StrategyCallbackImpl):
-    """Runs a model-averaging strategy from Keras batch hooks.
-
-    After every training batch the strategy decides whether the model's floating-point
-    weights are averaged across the process set (or within a group); batches are counted across
-    epochs. At the end of training every rank keeps joining the other ranks' rounds until all have
-    finished, so all replicas end with identical weights even when ranks saw different numbers of
-    batches; then what the strategy opened is closed. Under ``hvd.elastic.run`` the next ``fit``
-    after a reset goes on with the new ranks (``runtime.membership``).
-
-    With ``share_epochs`` (the default with ``epoch_sync``), ranks share each epoch by speed: Keras gives every rank
-    the same batches per epoch (``steps_per_epoch``, or the batches of its arrays), so the fastest rank
-    takes them all and every other rank as many as it takes in the same time, from the speeds the rounds
-    measured (``rules.partition.epoch_steps``; identical on every rank after the previous epoch's sync),
-    and ends its epoch there: no rank waits at the epoch's end for a slower one. An epoch that begins
-    before every speed is known (the first) takes its shares from the second round that measures them
-    (the first holds start-up: tracing, the first batch). Ranks whose ``fit`` holds different numbers of
-    batches (shards sized by hand) keep Keras' count.
-    """
-
-    def __init__(self, strategy, process_set=None, telemetry=None, slowdown=None, batch_size=None,
-                 timeout=DEFAULT_TIMEOUT_S, epoch_sync=True, share_epochs=None, aggregate=None):
-        strategy = check_strategy(strategy)
-        if isinstance(strategy, GradientAveraging):
-            raise ValueError(f"strategy={strategy!r} averages gradients, which a callback cannot do: for "
-                             f"synchronous training wrap the optimizer with hh.DistributedOptimizer (on Keras 2 "
-                             f"that is hvd.DistributedOptimizer, which averages nothing on Keras 3), or pass a "
-                             f"model-averaging strategy such as LocalSGD(period=8)")
-        super().__init__(strategy, process_set, telemetry, slowdown, timeout, aggregate)
-        self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
-        self.epoch_sync = check_bool("epoch_sync", epoch_sync)
-        if share_epochs is not None and not isinstance(share_epochs, bool):
-            raise TypeError(f"share_epochs must be True, False or None (the default: True with epoch_sync), got "
-                            f"{share_epochs!r} ({type(share_epochs).__name__})")
-        self.share_epochs = self.epoch_sync if share_epochs is None else share_epochs
-        if self.share_epochs and not self.epoch_sync:
-            raise ValueError("share_epochs=True shares each epoch's batches among ranks that meet at its end: "
-                             "it needs epoch_sync=True (with epoch_sync=False no epoch ends together; "
-                             "drop share_epochs)")
-        check_samples_known(slowdown, self.batch_size)
-        self._pending_state = None
-        self._loss_mean = None                 # (batches, Keras' running mean of the loss) this epoch
-        self._synced_epoch = None              # the epoch whose end sync_model() ran (epoch_sync)
-        self.epoch_shares = None               # every rank's batches this epoch (None: Keras' own count)
-        self._start_up = None                  # (controller, the step times of its first measuring round)
-        self._same_steps = False               # share_epochs, and every rank's fit has the same batches per epoch
-
-    def _build(self, telemetry):
-        controller = super()._build(telemetry)
-        if self._pending_state is not None:            # loaded before the first fit
-            controller.load_state_dict(self._pending_state)
-            self._pending_state = None
-        return controller
+    # -- training --
 
     def on_train_begin(self, logs=None):
         begin_training(self.model, self.timeout)
         strategy_callbacks(self.model).add(self)
         carry_state(self.model, self)
         hh = self._hh_controller()
+        if self._epoch is None and hh.runner.plans_batches:
+            raise ValueError(f"{type(hh.strategy).__name__} plans every rank's batch: fit each epoch on "
+                             f"callback.epoch_plan(len(x), epoch)'s indices and batch size\n"
+                             + troubleshooting("troubleshooting-balanced-sampler"))
+        hh.runner.begin(self._gradients, hh.rank, hh.size)       # the model's average, as the runner needs it
         hh.start()
+        self._gradients.begin_fit(hh.size)
         steps = (getattr(self, "params", None) or {}).get("steps")
         self._same_steps = self.share_epochs and len(set(hh.collectives.allgather_object(
             steps, what="every rank's batches per epoch (share_epochs)"))) == 1
@@ -225,25 +243,24 @@ class HeteroSyncCallbackImpl(StrategyCallbackImpl):
         self.epoch_shares = self._shares()
 
     def _shares(self):
-        """Every rank's batches this epoch by speed, or None (Keras' own count): without ``share_epochs``
-        and ``epoch_sync``, without a known number of batches, when the ranks' fits hold different numbers
-        (shards sized by hand), or before every rank's speed is measured."""
+        """Every rank's batches this epoch by speed (``Runner.epoch_shares``), or None (Keras' own count):
+        without ``share_epochs`` and ``epoch_sync``, without a known number of batches, when the ranks' fits
+        hold different numbers (shards sized by hand), for a lockstep strategy, or before the rounds tell the
+        ranks' speeds apart from their noise."""
         steps = (getattr(self, "params", None) or {}).get("steps")
         hh = self._hh
-        if not self._same_steps or not steps or hh is None or hh.step_times is None:    # share_epochs in it
+        if not self._same_steps or not steps or hh is None:       # share_epochs in it
             return None
-        shares = epoch_steps(int(steps), hh.step_times).tolist()
-        return None if min(shares) == steps else shares
-
-    def _measured_shares(self, hh):
-        """The shares of an epoch begun before every speed was known, once a round after the first
-        measuring one (start-up's) gave the step times. Every rank sees the same rounds: a rank still in
-        the epoch takes them at the same round as the others (a fast rank may have ended it before)."""
-        if hh.step_times is None:
+        shares = hh.runner.epoch_shares(int(steps), hh.speeds)
+        if shares is None or min(shares) == steps:
             return None
-        if self._start_up is None or self._start_up[0] is not hh:       # a new controller: hvd.elastic's reset
-            self._start_up = (hh, hh.step_times)
-        return None if hh.step_times is self._start_up[1] else self._shares()
+        if not self._said_shared and hh.rank == 0:
+            self._said_shared = True
+            log.warning("ranks now share each epoch by speed (batches per rank this epoch: %s): they take different "
+                        "numbers of batches, so no collective of your own may run per batch (after the epoch's "
+                        "sync, a MetricAverageCallback or a checkpoint, is fine); share_epochs=False keeps Keras' "
+                        "count", shares)
+        return shares
 
     def on_train_batch_end(self, batch, logs=None):
         with self._follow().guard() as hh:
@@ -251,11 +268,12 @@ class HeteroSyncCallbackImpl(StrategyCallbackImpl):
                 mean = float(logs["loss"])
                 hh.telemetry.annotate(loss=batch_loss(batch + 1, mean, self._loss_mean))
                 self._loss_mean = (batch + 1, mean)
-            if self.batch_size:
-                hh.telemetry.annotate(samples=self.batch_size)
-            hh.after_step()
+            samples = self.batch_size if self._epoch is None else self._epoch[1]
+            if samples:
+                hh.telemetry.annotate(samples=samples)
+            hh.after_step(comm_s=self._gradients.seconds())
             if self.epoch_shares is None:
-                self.epoch_shares = self._measured_shares(hh)
+                self.epoch_shares = self._shares()
             if self.epoch_shares is not None and batch + 1 >= self.epoch_shares[hh.rank]:
                 self.model.stop_training = self.model.stop_training or EPOCH_SHARED    # this rank's share is done
 
@@ -274,20 +292,73 @@ class HeteroSyncCallbackImpl(StrategyCallbackImpl):
             self._synced_epoch = epoch
 
     def on_train_end(self, logs=None):
+        self._epoch = None                     # the next fit needs the next epoch's plan
         self.sync_model()
 
     def sync_model(self):
-        """Join averaging rounds until every rank has called it; then all weights are identical and
-        what the strategy opened is closed."""
+        """Bring every rank to identical weights and the same round (a model-averaging strategy joins the
+        rounds until every rank has called it); what the strategy opened is closed."""
         with self._follow().guard() as hh:
-            hh.finish()
+            hh.sync()
+
+    def set_strategy(self, strategy):
+        """Run ``strategy`` from the next batch on, of either kind (the model compiled with
+        ``hh.DistributedOptimizer`` for a gradient-averaging one). Every rank calls it at the same point, at
+        an epoch's end or between ``fit`` calls: the model is synced first (``sync_model()``), then the new
+        strategy starts from rank 0's counters. Checkpoints taken from then on hold the new strategy, and
+        loading one brings it back.
+
+        Example::
+
+            callback.set_strategy(hh.ElasticBSP())   # e.g. from on_epoch_end of a callback after this one
+        """
+        strategy = check_strategy(strategy)
+        if self._hh is None:                   # before the first fit: the fit starts with it
+            self._strategy = strategy
+            return
+        self.sync_model()
+        with self._follow().guard() as hh:
+            hh.set_strategy(strategy)
+        self.epoch_shares = None
+
+    # -- epochs planned by the callback --
+
+    def epoch_plan(self, n, epoch, seed=0, shuffle=True):
+        """``(indices, batch_size)`` of this rank for ``epoch`` of ``n`` samples: fit on ``x[indices]`` with
+        ``batch_size=batch_size, shuffle=False`` (one ``fit`` per epoch). Where the strategy plans every rank's
+        batch (``Balanced``), every rank takes the same number of steps at its planned batch; else every rank
+        its ``batch_size`` on a share of the epoch by speed (``epoch_indices``; an even split for a lockstep
+        strategy). Every sample once per epoch::
+
+            for epoch in range(epochs):
+                idx, batch = callback.epoch_plan(len(x), epoch)
+                model.fit(x[idx], y[idx], batch_size=batch, shuffle=False, initial_epoch=epoch,
+                          epochs=epoch + 1, callbacks=[callback])
+        """
+        n, epoch = check_int("n", n, 1), check_int("epoch", epoch, 0)
+        rank, size = self._ranks()
+        runner = self._hh.runner if self._hh is not None else runner_for(self._strategy)
+        planned = runner.epoch_sizes(n, self.batch_size, size)
+        if planned is None:
+            if self.batch_size is None:
+                raise ValueError("epoch_plan needs the callback's batch_size= (every rank's batch)")
+            indices = self.epoch_indices(n, epoch, seed, shuffle)
+            self._epoch = (epoch, self.batch_size, None)
+            return np.asarray(indices, dtype=np.int64), self.batch_size
+        steps, sizes = planned
+        order = (np.random.default_rng([check_int("seed", seed), epoch]).permutation(n)
+                 if check_bool("shuffle", shuffle) else np.arange(n))
+        indices = np.concatenate([step_batch(order, s, sizes, rank) for s in range(steps)]).astype(np.int64)
+        self._epoch = (epoch, sizes[rank], sizes)
+        return indices, int(sizes[rank])
 
     def epoch_indices(self, n, epoch, seed=0, shuffle=True):
         """This rank's sample indices for ``epoch`` of ``n`` samples: every sample once per epoch over
         the ranks, each rank's share proportional to the speed the rounds measured (an even split
-        before the first round), the same split on every rank (``rules.partition``, as
-        ``hh.DistributedSampler`` in torch). Keras fixes an epoch's number of batches within one
-        ``fit()``, so train one ``fit()`` per epoch on the share (its ``on_train_end`` syncs)::
+        before the first round, and for a lockstep strategy), the same split on every rank
+        (``rules.partition``, as ``hh.DistributedSampler`` in torch). Keras fixes an epoch's number of
+        batches within one ``fit()``, so train one ``fit()`` per epoch on the share (its ``on_train_end``
+        syncs)::
 
             for epoch in range(epochs):
                 idx = callback.epoch_indices(len(x), epoch)
@@ -295,153 +366,45 @@ class HeteroSyncCallbackImpl(StrategyCallbackImpl):
                           callbacks=[callback])
         """
         n, epoch = check_int("n", n, 0), check_int("epoch", epoch, 0)
-        if self._hh is not None:
-            rank, size, times = self._hh.rank, self._hh.size, self._hh.step_times
+        hh = self._hh
+        if hh is not None:
+            rank, size = hh.rank, hh.size
+            times = None if hh.runner.lockstep else hh.speeds.step_times
         else:                                    # before the first fit: no round yet, an even split
-            hvd = collectives_class().hvd
-            ps = self.process_set or hvd.global_process_set
-            rank, size, times = ps.rank(), ps.size(), None
+            (rank, size), times = self._ranks(), None
         return epoch_indices(n, step_times_of(times, size), rank, epoch, check_int("seed", seed),
                              check_bool("shuffle", shuffle))
 
+    # -- state --
+
     def state_dict(self):
-        """The strategy's counters and the round number, to resume on the same averaging steps."""
+        """The strategy's counters (and what rebuilds it) and the round number, to resume on the same steps."""
         if self._hh is None:
             return self._pending_state
         return self._hh.state_dict()
 
     def load_state_dict(self, state):
-        """Counters from ``state_dict()`` (this rank's or rank 0's); before the first ``fit`` they are kept
-        for it, checked now (a ``ValueError`` here, not at the first batch)."""
+        """Counters from ``state_dict()`` (this rank's or rank 0's), of this strategy or of another one the
+        state rebuilds (saved after ``set_strategy``); before the first ``fit`` they are kept for it, checked
+        now (a ``ValueError`` here, not at the first batch)."""
         if self._hh is not None:
             self._hh.load_state_dict(state)
             return
         check_state(state)
-        trial = copy.deepcopy(self.strategy)
+        saved = state["strategy"]
+        same = saved.get("kind") == type(self._strategy).__name__
+        trial = copy.deepcopy(self._strategy) if same else rebuild(saved)
         try:
-            trial.load_state_dict(state["strategy"])
+            trial.load_state_dict(saved)
         except (KeyError, TypeError) as error:
-            raise ValueError(f"state['strategy'] is not a state of {type(self.strategy).__name__}: {error!r}") from None
+            raise ValueError(f"state['strategy'] is not a state of {type(trial).__name__}: {error!r}") from None
+        if not same:                           # saved after set_strategy: the fit starts with that strategy
+            self._strategy = trial
         self._pending_state = state
 
 
-class BalancedCallbackImpl(StrategyCallbackImpl):
-    """Runs ``Balanced`` for Keras: synchronous training with ``hh.DistributedOptimizer`` (gradients
-    averaged inside the step), each rank's batch sized to its speed, planned per epoch.
-
-    Keras fixes a ``fit``'s batch size, so the sizes change between epochs: train one ``fit`` per epoch
-    on ``epoch_plan(len(x), epoch)``'s indices and batch size (every rank the same number of steps, every
-    sample once per epoch: ``rules.partition.step_batch``). A window of ``Balanced`` is an epoch: after it
-    a round carries every rank's mean step time (the batch's time less the gradient average's, timed
-    inside the step: ``GradientScale.seconds``), and the sizes planned from it are used two epochs later
-    (the first epoch, holding start-up and tracing, is not measured). Each rank's gradients are scaled by
-    its share of the global batch (``GradientScale.scale``) before the average: the average is the
-    gradient of the union of the ranks' batches.
-
-    Built from its arguments (``BalancedCallback(batch_size=32)``), or around a ``Balanced`` the user built
-    (``HeteroSyncCallback(hh.Balanced(...), batch_size=32)``: ``running``); either way a window is an
-    epoch (``rebalance_every`` becomes the epoch's steps).
-    """
-
-    def __init__(self, global_batch=None, max_batch=None, batch_size=None, process_set=None, telemetry=None,
-                 slowdown=None, timeout=DEFAULT_TIMEOUT_S, min_batch=None):
-        if global_batch is None and batch_size is None:
-            raise ValueError("give batch_size= (one rank's batch; the global batch is the number of ranks times it) "
-                             "or global_batch=")
-        self._setup(Balanced(global_batch, rebalance_every=1, max_batch=max_batch, min_batch=min_batch), batch_size,
-                    process_set, telemetry, slowdown, timeout)
-
-    @classmethod
-    def running(cls, strategy, process_set=None, telemetry=None, slowdown=None, batch_size=None,
-                timeout=DEFAULT_TIMEOUT_S, epoch_sync=None, share_epochs=None, aggregate=None):
-        """The callback that runs ``strategy``, a ``Balanced`` the user built, with ``HeteroSyncCallback``'s
-        arguments (``HeteroSyncCallback(hh.Balanced(...), ...)`` returns it). ``epoch_sync`` and
-        ``share_epochs`` do not apply (every epoch is one ``fit`` on ``epoch_plan``'s batches, which ends
-        with every rank at the same step), nor does an ``aggregate`` other than the mean."""
-        if not isinstance(strategy, Balanced):
-            raise TypeError(f"strategy={strategy!r} weighs gradients; the Keras callback runs Balanced, the one "
-                            f"GradientWeighting strategy it plans an epoch's batches for")
-        given = [name for name, value in (("epoch_sync", epoch_sync), ("share_epochs", share_epochs)) if value is not None]
-        if given:
-            raise ValueError(f"{', '.join(given)}: options of model-averaging strategies' epochs; Balanced trains one "
-                             f"fit() per epoch on epoch_plan's batches, every rank to the same step: leave them out")
-        if strategy.global_batch is None and batch_size is None:
-            raise ValueError(f"strategy={strategy!r} has no global_batch: give batch_size= (one rank's batch; the "
-                             f"global batch is the number of ranks times it)")
-        callback = cls.__new__(cls)
-        callback._setup(strategy, batch_size, process_set, telemetry, slowdown, timeout, aggregate)
-        return callback
-
-    def _setup(self, strategy, batch_size, process_set, telemetry, slowdown, timeout, aggregate=None):
-        super().__init__(strategy, process_set, telemetry, slowdown, timeout, aggregate)
-        self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
-        self._epoch = None                    # (epoch, this rank's batch) of the latest epoch_plan
-
-    def _ranks(self):
-        hvd = collectives_class().hvd
-        ps = self.process_set or hvd.global_process_set
-        return ps.rank(), ps.size()
-
-    def epoch_plan(self, n, epoch, seed=0, shuffle=True):
-        """``(indices, batch_size)`` of this rank for ``epoch`` of ``n`` samples: fit on ``x[indices]`` with
-        ``batch_size=batch_size, shuffle=False`` (one ``fit`` per epoch)::
-
-            for epoch in range(epochs):
-                idx, batch = balanced.epoch_plan(len(x), epoch)
-                model.fit(x[idx], y[idx], batch_size=batch, shuffle=False, initial_epoch=epoch,
-                          epochs=epoch + 1, callbacks=[balanced])
-        """
-        n, epoch = check_int("n", n, 1), check_int("epoch", epoch, 0)
-        rank, size = self._ranks()
-        if self.strategy.global_batch is None and self.batch_size is not None:
-            self.strategy.use_batch(self.batch_size, size)
-        self.strategy.check_size(size)
-        global_batch = self.strategy.global_batch
-        assert global_batch is not None          # given, or batch_size was (__init__): the ranks' batches
-        steps = steps_per_epoch(n, global_batch)
-        if self.strategy.step % steps:
-            raise ValueError(f"epoch_plan: {self.strategy.step} steps were taken, not a whole number of epochs of {steps} "
-                             f"steps: train every epoch on its plan, to its end")
-        self.strategy.rebalance_every = steps                  # a window is an epoch
-        sizes = self.strategy.batch_sizes(self.strategy.step + 1, size)
-        order = (np.random.default_rng([check_int("seed", seed), epoch]).permutation(n)
-                 if check_bool("shuffle", shuffle) else np.arange(n))
-        indices = np.concatenate([step_batch(order, s, sizes, rank) for s in range(steps)]).astype(np.int64)
-        self._epoch = (epoch, sizes[rank], sizes)
-        return indices, int(sizes[rank])
-
-    def on_train_begin(self, logs=None):
-        begin_training(self.model, self.timeout)
-        state = getattr(type(getattr(self.model, "optimizer", None)), "_hh_gradient", None)
-        if state is None:
-            raise TypeError("BalancedCallback weighs every rank's gradient in the average: compile the model with "
-                            "hh.DistributedOptimizer(optimizer) (Keras 3)\n" + troubleshooting("troubleshooting-balanced-sampler"))
-        if self._epoch is None:
-            raise ValueError("BalancedCallback plans every rank's batch: fit each epoch on "
-                             "callback.epoch_plan(len(x), epoch)'s indices and batch size\n"
-                             + troubleshooting("troubleshooting-balanced-sampler"))
-        self._gradient = state
-        carry_state(self.model, self)
-        hh = self._hh_controller()
-        hh.start()
-        _, self._samples, sizes = self._epoch
-        self._gradient.scale.assign(self._samples * len(sizes) / self.strategy.global_batch)
-
-    def on_train_batch_end(self, batch, logs=None):
-        with self._follow().guard() as hh:
-            hh.telemetry.annotate(samples=self._samples)
-            hh.after_step(comm_s=float(np.asarray(value(self._gradient.seconds))))
-
-    def on_train_end(self, logs=None):
-        self._epoch = None                     # the next fit needs the next epoch's plan
-        self._hh_controller().close()
-
-    def state_dict(self):
-        """The plans, the measurements and the step count (the strategy's), to resume on the same sizes."""
-        return self.strategy.state_dict()
-
-    def load_state_dict(self, state):
-        self.strategy.load_state_dict(state)
+# the names the callbacks were known by: every strategy runs in the one callback
+HeteroSyncCallbackImpl = StrategyCallbackImpl
 
 
 class SlowdownCallbackImpl:

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from horovod_hetero.keras._backend import keras_module, to_numpy
+from horovod_hetero.strategies.registry import rebuild
 
 #: The model's attribute, and the group of the checkpoint's weights file, that hold the state.
 ATTRIBUTE = "_horovod_hetero_state"
@@ -85,13 +86,19 @@ def _kind(state):
 
 
 def restore(callback, state):
-    """Load ``state`` into ``callback`` unless it is another strategy's (then warn: the strategy starts
-    afresh, and the weights load as Keras loads them). True if loaded."""
+    """Load ``state`` into ``callback``; a state of another strategy (saved after ``set_strategy``) switches the
+    callback to it where it can be rebuilt (``strategies.registry.rebuild``), else warns (the callback's strategy
+    starts afresh, and the weights load as Keras loads them). True if loaded."""
     current = type(callback.strategy).__name__                # what Strategy.state_dict() names "kind"
     if _kind(state) != current:
-        warnings.warn(f"the checkpoint holds the state of {_kind(state)}, not of {current}: "
-                      f"{type(callback).__name__} keeps its own (the strategy's schedule starts afresh)", stacklevel=3)
-        return False
+        inner = state.get("strategy", state)
+        try:
+            rebuild(inner if isinstance(inner, dict) else {})
+        except ValueError as why:
+            warnings.warn(f"the checkpoint holds the state of {_kind(state)}, not of {current}, and cannot rebuild "
+                          f"it ({why}): {type(callback).__name__} keeps its own (the strategy's schedule starts "
+                          f"afresh)", stacklevel=3)
+            return False
     callback.load_state_dict(state)
     return True
 

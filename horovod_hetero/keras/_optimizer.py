@@ -5,8 +5,10 @@ Horovod 0.28.1 hooks Keras 2's optimizer methods: on Keras 3 its ``DistributedOp
 nothing. This works on Keras 3 with the TensorFlow or PyTorch backend and on Keras 2, through the
 backend's ``Collectives``.
 """
+import numpy as np
+
 from horovod_hetero.common import compat
-from horovod_hetero.keras._backend import collectives_class, keras_major, keras_module, value
+from horovod_hetero.keras._backend import collectives_class, keras_major, keras_module, switch, value
 from horovod_hetero.runtime.seams import DEFAULT_TIMEOUT_S
 from horovod_hetero.errors import troubleshooting
 
@@ -63,14 +65,17 @@ def check_keras_optimizer(optimizer, name="optimizer"):
 
 class GradientScale:
     """What ``hh.DistributedOptimizer``'s average reads and writes each step, beside the model's variables
-    (not tracked by Keras, so never saved): ``scale``, each gradient's factor before the mean (1; a
-    ``BalancedCallback`` sets its rank's share of the global batch times the number of ranks, so the mean
-    is the union batch's gradient), and ``seconds``, the time the last average took (the wait for the
-    other ranks, which the step's own compute excludes). Both are Keras variables: a compiled step reads
-    and assigns them."""
+    (not tracked by Keras, so never saved): ``active``, whether the gradients are averaged at all (1; a
+    strategy callback running a model-averaging strategy sets 0: each rank steps with its own), ``scale``,
+    each gradient's factor before the mean (1; a strategy that weighs the ranks, ``Balanced``, sets its
+    rank's share of the global batch times the number of ranks, so the mean is the union batch's
+    gradient), and ``seconds``, the time the last average took (the wait for the other ranks, which the
+    step's own compute excludes). All are Keras variables: a compiled step reads and assigns them, so a
+    strategy can change between fits and inside one."""
 
     def __init__(self):
         keras = keras_module()
+        self.active = keras.Variable(1.0, trainable=False, dtype="float32", name="hh_gradient_active")
         self.scale = keras.Variable(1.0, trainable=False, dtype="float32", name="hh_gradient_scale")
         self.seconds = keras.Variable(0.0, trainable=False, dtype="float32", name="hh_gradient_seconds")
 
@@ -92,14 +97,83 @@ def averaging_optimizer(optimizer, collectives):
 
     def apply(self, grads, trainable_variables=None):
         targets = self._trainable_variables if trainable_variables is None else trainable_variables
-        scale = ops.convert_to_tensor(value(state.scale))
-        grads = [ops.zeros_like(v) if g is None else g * ops.cast(scale, g.dtype) for g, v in zip(grads, targets)]
-        averaged, seconds = collectives.timed_mean(grads, name="horovod_hetero.gradients")
-        state.seconds.assign(ops.cast(seconds, "float32"))
-        return base.apply(self, averaged, trainable_variables)
+        grads = [ops.zeros_like(v) if g is None else g for g, v in zip(grads, targets)]
+
+        def average():
+            scale = ops.convert_to_tensor(value(state.scale))
+            averaged, seconds = collectives.timed_mean([g * ops.cast(scale, g.dtype) for g in grads],
+                                                       name="horovod_hetero.gradients")
+            return list(averaged), ops.cast(seconds, "float32")
+
+        def own():                                 # a model-averaging strategy runs: each rank's own
+            return list(grads), ops.zeros((), "float32")
+
+        grads, seconds = switch(state.active, average, own)
+        state.seconds.assign(seconds)
+        return base.apply(self, grads, trainable_variables)
 
     return compat.subclass_in_place(optimizer, {
         "apply": apply, "_hh_averaging": True, "_hh_collectives": collectives, "_hh_gradient": state})
+
+
+class KerasGradients:
+    """The Keras ``Gradients`` (``runtime.runner``): the average inside the model's optimizer, which a strategy's
+    runner opens or closes. ``hh.DistributedOptimizer`` (Keras 3) has a switch (``GradientScale.active``) and a
+    weight (``scale``); Horovod's Keras 2 ``hvd.DistributedOptimizer`` always averages; a plain optimizer never
+    does. Asking for what the compiled optimizer cannot do is a ``TypeError`` naming the fix.
+
+    Args:
+        model: the Keras model (its optimizer is read when the runner asks, after ``compile``).
+        strategy: ``() -> the strategy``, named in the errors.
+        root: ``() -> the set's first rank`` (every rank takes its model at a sync with the average open).
+    """
+
+    def __init__(self, model, strategy, root):
+        self._model, self._strategy, self._root = model, strategy, root
+        self._weight, self._opened = None, False
+
+    def _state(self):
+        return getattr(type(getattr(self._model, "optimizer", None)), "_hh_gradient", None)
+
+    def open(self, weight):
+        state, optimizer = self._state(), getattr(self._model, "optimizer", None)
+        name = type(self._strategy()).__name__
+        if state is None and (weight is not None or not compat.is_horovod_keras2_optimizer(optimizer)):
+            raise TypeError(f"{name} averages the gradients inside every step: compile the model with "
+                            f"hh.DistributedOptimizer(optimizer) (Keras 3)"
+                            + ("" if weight is None else ", which weighs each rank's gradient")
+                            + f", not with {type(optimizer).__name__}\n" + troubleshooting("troubleshooting-balanced-sampler"))
+        self._weight, self._opened = weight, True
+        if state is not None:
+            state.active.assign(1.0)
+            state.scale.assign(1.0)
+
+    def close(self):
+        state, optimizer = self._state(), getattr(self._model, "optimizer", None)
+        if state is None and compat.is_horovod_keras2_optimizer(optimizer):
+            raise TypeError(f"{type(self._strategy()).__name__} averages the models, but the model's optimizer is "
+                            f"Horovod's hvd.DistributedOptimizer, which averages the gradients of every step too: "
+                            f"compile with the plain optimizer (Keras 3: hh.DistributedOptimizer switches)")
+        self._weight, self._opened = None, False
+        if state is not None:
+            state.active.assign(0.0)
+
+    def join(self):
+        """With the average open every rank took the same steps inside ``fit``: the set's first rank's model
+        and counters are every rank's (``None`` closed: the rounds join)."""
+        return self._root() if self._opened else None
+
+    def begin_fit(self, size):
+        """At a ``fit``'s start: the weight of this rank's gradient for its batches (constant within a ``fit``:
+        Keras fixes its batch size), as the mean's factor, ``weight * size``."""
+        state = self._state()
+        if state is not None and self._weight is not None:
+            state.scale.assign(float(self._weight()) * size)
+
+    def seconds(self):
+        """The seconds the last average took (0 where none ran)."""
+        state = self._state()
+        return 0.0 if state is None else float(np.asarray(value(state.seconds)))
 
 
 def step_collectives(optimizer, timeout=DEFAULT_TIMEOUT_S):

@@ -9,10 +9,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from horovod_hetero.keras._backend import keras_module
-from horovod_hetero.keras._callback import BalancedCallbackImpl, HeteroSyncCallbackImpl, SlowdownCallbackImpl
+from horovod_hetero.keras._callback import HeteroSyncCallbackImpl, SlowdownCallbackImpl
 from horovod_hetero.keras._horovod_callbacks import (
     BroadcastGlobalVariablesCallbackImpl, LearningRateWarmupCallbackImpl, MetricAverageCallbackImpl)
-from horovod_hetero.strategies import ADSP, DSSP, ESync, ElasticBSP, GradientWeighting, LocalSGD, WAGMA
+from horovod_hetero.runtime.seams import DEFAULT_TIMEOUT_S
+from horovod_hetero.strategies import ADSP, Balanced, DSSP, ESync, ElasticBSP, LocalSGD, WAGMA
 from horovod_hetero.validation import check_options, check_removed
 
 #: the running Keras' ``Callback`` (Keras 2 or 3: chosen at run time)
@@ -41,14 +42,21 @@ class HeteroSyncCallback(HeteroSyncCallbackImpl, Callback):
     rides in the model's Keras checkpoints (``.weights.h5``, ``.keras``): resume it on every rank
     with ``callback.load_checkpoint_state(path)`` beside ``model.load_weights(path)``.
 
-    With ``Balanced`` (a ``GradientWeighting`` strategy: gradients averaged inside the step, each rank's
-    batch planned), it returns the ``BalancedCallback`` that runs it (``process_set``, ``telemetry``,
-    ``slowdown``, ``batch_size`` and ``timeout`` as below; ``epoch_sync`` and ``share_epochs`` do not
-    apply): compile with ``hh.DistributedOptimizer`` and train one ``fit`` per epoch on
-    ``callback.epoch_plan``'s batches. ``Synchronous`` is ``hh.DistributedOptimizer`` alone.
+    With a gradient-averaging strategy (``Synchronous``, ``Balanced``) compile with ``hh.DistributedOptimizer``:
+    the callback switches its average on (and weighs each rank's gradient, for ``Balanced``), every rank
+    takes the same batches, and the rounds only measure; ``Balanced`` plans every rank's batch, so train
+    one ``fit`` per epoch on ``callback.epoch_plan``'s batches. ``Synchronous`` alone needs no callback:
+    ``hh.DistributedOptimizer`` is it. ``set_strategy(new)`` at an epoch's end runs another strategy, of
+    either kind, from the next batch on (the optimizer compiled with ``hh.DistributedOptimizer``, which the
+    callback switches as each strategy needs).
+
+    Ranks share each epoch by speed only where the strategy lets the fast ranks take more steps between
+    rounds (ESync, ElasticBSP, DSSP, ADSP, wait-avoiding WAGMA) and the ranks' measured speeds differ beyond
+    their noise: then they take different numbers of batches in an epoch, so no collective of your own may
+    run per batch (rank 0's log says so once); ``share_epochs=False`` keeps Keras' count.
 
     Args:
-        strategy: a model-averaging strategy, e.g. ``LocalSGD(period=8)``, or ``Balanced(...)``.
+        strategy: any strategy, e.g. ``LocalSGD(period=8)``, ``ESync()``, ``Balanced(...)``, ``Synchronous()``.
         process_set: a Horovod ``ProcessSet`` or ``None`` (all ranks).
         telemetry: directory for per-rank step records, a str or ``os.PathLike`` that can be created and
             written to (default ``$HOROVOD_HETERO_TELEMETRY``), or a ``Telemetry``.
@@ -66,14 +74,15 @@ class HeteroSyncCallback(HeteroSyncCallbackImpl, Callback):
             ``False``: rounds run on across epochs and ranks may stop at any batch (average the
             metrics after ``fit``).
         share_epochs: ``True``, ``False`` or ``None`` (the default: ``True`` with ``epoch_sync``,
-            ``False`` without; ``True`` with ``epoch_sync=False`` is a ``ValueError``): ranks share each
+            ``False`` without; ``True`` with ``epoch_sync=False`` is a ``ValueError``): where the strategy
+            lets fast ranks take more steps and the speeds differ beyond their noise, ranks share each
             epoch by speed, so the fast ranks do not wait for the slow one at its end: the fastest rank
             takes the epoch's batches (``steps_per_epoch``, or its arrays'), every other rank as many as
-            it takes in the same time (``callback.epoch_shares``); an epoch that begins before every
-            speed is measured (the first) takes its shares from the second round that measures them;
-            ranks whose ``fit`` holds different numbers of batches (shards sized by hand) keep them. How many batches a slower rank's epoch holds then
-            depends on measured speeds: pass ``False`` for a bit-for-bit repeatable schedule (every
-            rank Keras' count, the fast ones waiting at each epoch's end).
+            it takes in the same time (``callback.epoch_shares``); an epoch that begins before the speeds
+            are told apart (the first) takes its shares from the round that does; ranks whose ``fit``
+            holds different numbers of batches (shards sized by hand) keep them. How many batches a
+            slower rank's epoch holds then depends on measured speeds: pass ``False`` for a bit-for-bit
+            repeatable schedule (every rank Keras' count, the fast ones waiting at each epoch's end).
         aggregate: how the strategy's global rounds combine the models: ``None`` (their mean),
             ``hh.Mean(outer=...)`` or ``hh.Normalized(outer=...)`` (each rank's change divided by its
             local steps), with an optional ``hh.OuterSGD`` on the combined change (``strategies.aggregation``).
@@ -85,13 +94,10 @@ class HeteroSyncCallback(HeteroSyncCallbackImpl, Callback):
                                              hh.callbacks.HeteroSyncCallback(hh.LocalSGD(period=8))])
     """
 
-    def __new__(cls, strategy=None, *args, **options):
+    def __new__(cls, *args, **options):
         check_removed(cls.__name__, options, {*inspect.signature(cls.__init__).parameters,
                                               *inspect.signature(HeteroSyncCallbackImpl.__init__).parameters})
-        if not isinstance(strategy, GradientWeighting):
-            return super().__new__(cls)
-        given = inspect.signature(HeteroSyncCallbackImpl).bind(strategy, *args, **options).arguments
-        return BalancedCallback.running(**given)        # Balanced's path: its own callback class
+        return super().__new__(cls)
 
 
 class LocalSGDCallback(HeteroSyncCallback):
@@ -174,8 +180,9 @@ class ADSPCallback(HeteroSyncCallback):
         super().__init__(ADSP(check_period, search_every, **adsp_options), **options)
 
 
-class BalancedCallback(BalancedCallbackImpl, Callback):
-    """``Balanced`` for Keras: synchronous SGD at the fast workers' pace, each rank's batch sized to its speed.
+class BalancedCallback(HeteroSyncCallback):
+    """``HeteroSyncCallback(Balanced(...))``, built from Balanced's arguments: synchronous SGD at the fast
+    workers' pace, each rank's batch sized to its speed.
 
     Compile with ``hh.DistributedOptimizer`` (gradients averaged inside the step, Keras 3); this callback
     scales each rank's gradients by its share of the global batch before the average (the average is the
@@ -203,6 +210,14 @@ class BalancedCallback(BalancedCallbackImpl, Callback):
             model.fit(x[idx], y[idx], batch_size=batch, shuffle=False, initial_epoch=epoch, epochs=epoch + 1,
                       callbacks=[hh.callbacks.BroadcastGlobalVariablesCallback(0), balanced])
     """
+
+    def __init__(self, global_batch=None, max_batch=None, batch_size=None, process_set=None, telemetry=None,
+                 slowdown=None, timeout=DEFAULT_TIMEOUT_S, min_batch=None):
+        if global_batch is None and batch_size is None:
+            raise ValueError("give batch_size= (one rank's batch; the global batch is the number of ranks times it) "
+                             "or global_batch=")
+        super().__init__(Balanced(global_batch, rebalance_every=1, max_batch=max_batch, min_batch=min_batch),
+                         process_set, telemetry, slowdown, batch_size, timeout)
 
 
 class BroadcastGlobalVariablesCallback(BroadcastGlobalVariablesCallbackImpl, Callback):

@@ -29,6 +29,38 @@ def latest_step_times(previous: npt.ArrayLike | None, step_s: npt.ArrayLike) -> 
     return np.where(measured, step_s, previous)
 
 
+#: the least relative gap between the slowest and the fastest rank's typical step that splits an epoch by speed
+SPEED_GAP = 0.1
+#: how many times a rank's measured noise (relative spread of its step time over the rounds) the gap must exceed
+NOISE_FACTOR = 3.0
+
+
+def speeds_differ(step_s: npt.ArrayLike, gap: float = SPEED_GAP, noise_factor: float = NOISE_FACTOR) -> bool:
+    """Whether the ranks' speeds differ beyond the noise the rounds measured: ``step_s`` holds one row per
+    round of every rank's seconds per step. The slowest rank's typical step (its median over the rounds)
+    must exceed the fastest's by more than ``gap`` and by more than ``noise_factor`` times the largest
+    relative spread (standard deviation over median) of any rank's step time over the rounds; one round
+    has no spread, so only ``gap`` counts there. NaN (a rank not measured in a round) is left out.
+
+    Example:
+        >>> speeds_differ([[0.10, 0.40], [0.11, 0.41]])          # 4x slower, steady
+        True
+        >>> speeds_differ([[0.10, 0.104], [0.102, 0.101]])       # the same speed, within noise
+        False
+        >>> speeds_differ([[0.1, 0.4], [0.4, 0.1], [0.1, 0.4]])  # a straggler that moves: noise, not speed
+        False
+    """
+    rows = np.atleast_2d(np.asarray(step_s, dtype=np.float64))
+    with np.errstate(all="ignore"):
+        typical = np.nanmedian(rows, axis=0)
+        known = np.isfinite(typical) & (typical > 0)
+        if known.sum() < 2:
+            return False
+        spread = np.nanstd(rows[:, known], axis=0) / typical[known] if len(rows) > 1 else np.zeros(known.sum())
+    relative = typical[known].max() / typical[known].min() - 1.0
+    return bool(relative > max(gap, noise_factor * float(np.nanmax(spread))))
+
+
 def proportional_counts(n: int, step_s: npt.ArrayLike) -> npt.NDArray[np.int64]:
     """Split ``n`` samples into per-rank counts proportional to speed (1 / seconds per step).
 

@@ -1,32 +1,42 @@
-"""The per-rank driver shared by the torch wrapper and the Keras callbacks.
+"""The per-rank driver shared by the torch wrapper and the Keras callbacks: rounds and membership.
 
-The adapters only say "a local step happened" and provide ``Collectives`` and a ``Model``; the
-controller measures the step, asks the strategy for a ``Decision``, carries it out (an averaging
-round, a group average), opens and closes the strategy's transports, simulates slowdown and
-records telemetry. It imports no framework and knows no particular strategy.
+The adapters only say "a local step happened" and provide ``Collectives``, a ``Model`` and their
+``Gradients``; the controller measures the step, asks the strategy for a ``Decision`` and carries it out
+(an averaging round, a group average), opens and closes the strategy's transports and records telemetry.
+How the strategy's kind runs (what a step does with the gradients, what a round carries, what
+``sync_model()`` does, how rounds combine the models) is its runner's (``runtime.runner``); every rank's
+speed is ``speeds`` (``runtime.speeds``), which the samplers read; a simulated straggler is a step hook the
+adapter gives (``step_hooks``); a wait-avoiding group exchange learns of every change of the model from the
+``model_changed`` event. It imports no framework and knows no particular strategy, nor any kind.
 """
 from __future__ import annotations
 
 import os
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from horovod_hetero.errors import CollectiveTimeoutError, RankLostError
-from horovod_hetero.rules.partition import latest_step_times
 from horovod_hetero.runtime.aggregator import Aggregator
+from horovod_hetero.runtime.events import ModelChanged, ModelEvents
+from horovod_hetero.runtime.runner import Gradients, Runner, check_aggregate, runner_for
 from horovod_hetero.runtime.seams import Collectives, Model, failure_seen, scaled
 from horovod_hetero.runtime.rounds import RoundProtocol, check_counters
-from horovod_hetero.runtime.straggler import Slowdown, SlowdownFactors
+from horovod_hetero.runtime.speeds import Speeds
 from horovod_hetero.runtime.telemetry import Telemetry
-from horovod_hetero.strategies.aggregation import Aggregation, check_aggregate
-from horovod_hetero.strategies.base import (AVERAGE, MEASURE, Context, GradientAveraging, GroupAverage,
-                                            RoundResult, StepReport, Strategy, check_decision, check_kind)
+from horovod_hetero.strategies.aggregation import Aggregation
+from horovod_hetero.strategies.base import (AVERAGE, MEASURE, Context, GroupAverage, RoundResult, StepReport,
+                                            Strategy, check_decision, check_kind)
+from horovod_hetero.strategies.registry import rebuild
 from horovod_hetero.runtime.strategy_transports import Transports
+
+#: ``hook(compute_s, step, samples) -> seconds``: what an adapter runs after each step's compute (a simulated
+#: straggler's pad, ``runtime.straggler.Slowdown.pad``); the seconds it returns count as the step's compute
+StepHook = Callable[[float, int, "int | None"], float]
 
 
 def ring_bytes(payload_bytes: int, size: int) -> int:
@@ -82,70 +92,110 @@ def error_summary(error: BaseException) -> str:
     return (said or lines or [type(error).__name__])[0].strip()
 
 
+class NoGradients:
+    """The ``Gradients`` of a controller whose adapter runs no gradient allreduce itself (the tests' fakes):
+    it records what the runner asked (``opened``: ``None`` closed, else the weight, ``True`` for none)."""
+
+    def __init__(self) -> None:
+        self.opened: Callable[[], float] | bool | None = None
+
+    def open(self, weight: Callable[[], float] | None) -> None:
+        self.opened = True if weight is None else weight
+
+    def close(self) -> None:
+        self.opened = None
+
+    def join(self) -> int | None:
+        return None
+
+
 class HeteroController:
-    """Runs a strategy on one rank.
+    """Runs a strategy on one rank: its rounds and the ranks' membership in them.
 
     Args:
         strategy: a ``ModelAveraging`` or ``GradientAveraging`` strategy; its counters are part of ``state_dict()``.
         collectives: the framework's ``Collectives`` (rank and size of the synchronising set).
         model: the ``Model`` averaged by rounds and group averages.
         telemetry: a ``Telemetry``, a directory, or ``None`` (``HOROVOD_HETERO_TELEMETRY``).
-        slowdown: a ``Slowdown``, factors (``"1,1,1,4"`` or a list), or ``None``
-            (``HOROVOD_HETERO_SLOWDOWN``).
+        step_hooks: ``StepHook``s run after each step's compute (the adapter's simulated straggler).
         clock: injected for tests.
-        aggregate: how the strategy's global rounds combine the models (an ``Aggregation``: ``Mean(...)``,
-            ``Normalized(...)``), or ``None``: their mean; applied here, with the runtime's ``Aggregator``.
+        aggregate: how a model-averaging strategy's global rounds combine the models (an ``Aggregation``:
+            ``Mean(...)``, ``Normalized(...)``), or ``None``: their mean; kept across ``set_strategy`` for the
+            model-averaging strategies that follow.
+        gradients: the adapter's ``Gradients`` (the gradient allreduce its runner opens or closes); default
+            ``NoGradients()``.
 
-    Lifecycle: ``start()`` opens the strategy's transports (the torch wrapper calls it when it is
-    built, Keras in ``on_train_begin``); ``finish()`` joins the other ranks' rounds until all are
-    done and closes them (``sync_model()``, ``on_train_end``); a step after ``finish()`` starts again.
+    Lifecycle: ``start()`` opens the strategy's transports (the torch wrapper calls it at the first step,
+    Keras in ``on_train_begin``); ``sync()`` brings every rank to identical models and the same round, as the
+    strategy's kind does it, and closes them (``sync_model()``, ``on_train_end``); a step after it starts
+    again. ``set_strategy(new)`` at such a sync point runs another strategy from the next step on.
     """
 
     def __init__(self, strategy: Strategy, collectives: Collectives, model: Model,
-                 telemetry: Telemetry | str | os.PathLike[str] | None = None,
-                 slowdown: Slowdown | SlowdownFactors | None = None,
-                 clock: Callable[[], float] = time.perf_counter, aggregate: Aggregation | None = None) -> None:
-        self.strategy = check_kind(strategy)
+                 telemetry: Telemetry | str | os.PathLike[str] | None = None, step_hooks: Sequence[StepHook] = (),
+                 clock: Callable[[], float] = time.perf_counter, aggregate: Aggregation | None = None,
+                 gradients: Gradients | None = None) -> None:
         self.collectives, self.model = collectives, model
         self.size, self.rank = collectives.size, collectives.rank
-        strategy.check_size(self.size)
-        # a gradient-averaging strategy's rounds measure, with each rank's median step (one stall does not
-        # move its plan), and it ends in hvd.join, which answers the others' rounds with zeros
-        gradients = isinstance(strategy, GradientAveraging)
-        self.protocol = RoundProtocol(self._average, self.size, self.rank, median=gradients, absent_zeros=gradients)
+        self.aggregate = check_aggregate(aggregate, strategy)
+        self.gradients: Gradients = NoGradients() if gradients is None else gradients
+        self.runner = self._runner(strategy)
+        self.runner.begin(self.gradients, self.rank, self.size)     # the gradient allreduce opened or closed
+        self.protocol = RoundProtocol(self._average, self.size, self.rank, policy=self.runner)
         self.telemetry = telemetry if isinstance(telemetry, Telemetry) else Telemetry(self.rank, telemetry)
-        self.slowdown = slowdown if isinstance(slowdown, Slowdown) else Slowdown(self.rank, slowdown, size=self.size)
+        self.step_hooks = list(step_hooks)
+        #: every rank's speed as the rounds measured it (the samplers read it)
+        self.speeds = Speeds(self.size)
+        #: every change of the model the next step starts from (a wait-avoiding group exchange serves it)
+        self.model_changed = ModelEvents()
         self.transports: Transports | None = None
         self._clock = clock
-        # rounds on changes (aggregate=Normalized(), an outer optimiser): w_t and the outer momentum
-        aggregate = check_aggregate(aggregate, strategy)
-        self.aggregator = None if aggregate is None else Aggregator(aggregate, collectives.copy)
         self._left = False
         # every rank has joined since this rank left (a join's last round): its group responder may serve
         # what it collects later (this rank steps again); before that, what it serves is never collected
         self._all_joined = True
         self._extra_comm = 0.0
         self._plan_s = 0.0             # the strategy's bookkeeping after the latest round (telemetry)
-        # every rank's latest seconds per step, from the rounds (samplers)
-        self.step_times: npt.NDArray[np.float64] | None = None
-        # every rank's local steps over the rounds; they and the step times at the second round that
-        # measured every rank (the first holds the start-up: a rank's first step counts from the
-        # optimizer's construction); a sampler that began an epoch before then splits what is left
-        self.steps_seen: npt.NDArray[np.int64] = np.zeros(self.size, dtype=np.int64)
-        self.speeds_measured: tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]] | None = None
-        self._measured_rounds = 0
         self._t_last = clock()
         self._started = False          # the first start() takes the set's first rank's counters
         self._activity: str | None = None  # the collective this rank is in (names it if a rank is lost)
+
+    def _runner(self, strategy: Strategy) -> Runner:
+        check_kind(strategy)
+        strategy.check_size(self.size)
+        return runner_for(strategy, self.aggregate, self.collectives.copy)
+
+    @property
+    def strategy(self) -> Strategy:
+        """The strategy this controller runs (``set_strategy`` changes it)."""
+        return self.runner.strategy
+
+    @property
+    def aggregator(self) -> Aggregator | None:
+        """The runner's combination of a global round's models, if not their plain mean."""
+        return self.runner.aggregator
+
+    @property
+    def step_times(self) -> npt.NDArray[np.float64] | None:
+        """Every rank's latest seconds per step, from the rounds (``speeds``)."""
+        return self.speeds.step_times
+
+    @property
+    def steps_seen(self) -> npt.NDArray[np.int64]:
+        return self.speeds.steps_seen
+
+    @property
+    def speeds_measured(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]] | None:
+        return self.speeds.measured
 
     # -- lifecycle --
 
     def start(self) -> None:
         """Open the strategy's transports (a collective on every rank); a no-op once started.
 
-        The first start also gives every rank the counters of the set's first rank (one object
-        broadcast): ranks that resumed from different checkpoints, or joined an elastic job with
-        fresh counters, then count rounds and steps alike."""
+        The first start (and the first after ``set_strategy``) also gives every rank the counters of the
+        set's first rank (one object broadcast): ranks that resumed from different checkpoints, or joined an
+        elastic job with fresh counters, then count rounds and steps alike."""
         if self.transports is not None:
             return
         t0 = self._clock()
@@ -157,7 +207,7 @@ class HeteroController:
             self.load_state_dict(counters)
             self.collectives.session = f".{session}"       # this controller's collectives' names (Collectives)
             self._started = True
-        transports = Transports(self.rank, self.size, self.collectives)
+        transports = Transports(self.rank, self.size, self.collectives, self.model_changed)
         try:
             self.strategy.start(Context(self.rank, self.size, transports,
                                         self.collectives, self._clock))
@@ -165,9 +215,9 @@ class HeteroController:
             transports.close()                 # a half-opened strategy stays closed; the next step retries
             raise
         self.transports = transports
-        if self._left:                         # a restart after finish(): serve peers with weight 0 until this
+        if self._left:                         # a restart after a sync: serve peers with weight 0 until this
             self._all_joined = True            # rank steps again, as before the restart; its step takes what
-            self._serve()                      # was served (never runs a served tag again: a peer would not)
+            self._changed()                    # was served (never runs a served tag again: a peer would not)
         self._initial_round()
         # opening waits for every rank to get here (start-up, imports): neither a step's compute
         # nor its communication, so telemetry leaves it out
@@ -178,17 +228,27 @@ class HeteroController:
         """The ``RankLostError`` a survivor raises when ``error`` (a failed or timed-out collective)
         interrupted this rank: it names the collective, the round, the step and the lost rank where
         this host sees it (``Collectives.lost_ranks``), and what to do (``advice``)."""
-        doing = self._activity or (f"the gradient allreduce of step {self.strategy.step + 1}"
-                                   if isinstance(self.strategy, GradientAveraging) else f"step {self.strategy.step + 1}")
+        doing = self._activity or self.runner.doing(self.strategy.step + 1)
         return rank_lost_error(error, doing, self.protocol.round, self.strategy.step + 1, self.rank,
                                self.collectives.lost_ranks(), advice)
 
     def _initial_round(self) -> None:
         """With rounds on changes (``aggregator``), average the initial models once (w_0, the same on
         every rank, broadcast or not); deferred to the first step if the model has no weights yet (Keras)."""
-        if self.aggregator is not None and not self.aggregator.ready and self.model.tensors():
+        aggregator = self.aggregator
+        if aggregator is not None and not aggregator.ready and self.model.tensors():
             self.protocol.run_round()
-            self.aggregator.begin(self.model.tensors())
+            aggregator.begin(self.model.tensors())
+
+    def sync(self) -> int | None:
+        """Bring every rank to identical models and the same round, as the strategy's kind does it
+        (``Runner.sync``: the rounds' join, or ``hvd.join`` and a broadcast), and close the transports;
+        return the rank whose integer state every rank should take (``None``: the set's first)."""
+        self.start()
+        try:
+            return self.runner.sync(self, self.gradients)
+        finally:
+            self.close()
 
     def finish(self) -> int:
         """Join rounds until every rank has joined (all then hold identical tensors); close the transports."""
@@ -197,11 +257,38 @@ class HeteroController:
         finally:
             self.close()
 
+    def adopt(self, root: int, counters: bool = False) -> None:
+        """Every rank takes the model of ``root`` (one broadcast per tensor), and with ``counters`` its
+        strategy's counters too (an object broadcast): the end of ``hvd.join``, where ``root`` joined last."""
+        t0 = self._clock()
+        self._activity = "sync_model's broadcast of the model"
+        self.model.assign(self.collectives.broadcast(self.model.tensors(), root, name="horovod_hetero.sync",
+                                                     what="sync_model's broadcast of the model"))
+        if counters:
+            self.load_state_dict(self.collectives.broadcast_object(
+                self.state_dict(), root=root, what="sync_model's broadcast of the counters"))
+        self._activity = None
+        self.add_comm(self._clock() - t0)
+
     def close(self) -> None:
         """Close what the strategy opened (idempotent); the next step opens it again."""
         if self.transports is not None:
             self.transports.close()
             self.transports = None
+
+    def set_strategy(self, strategy: Strategy) -> None:
+        """Run ``strategy`` from the next step on. Every rank calls it at the same point, where every rank
+        holds the same model and round (after ``sync()``; an adapter's ``set_strategy`` syncs first). The new
+        strategy takes the old one's step count, and at its first start every rank takes the set's first
+        rank's counters (one object broadcast); its runner opens or closes the gradient allreduce now."""
+        if self.transports is not None:
+            raise RuntimeError("set_strategy() between sync_model() and the next step: every rank then holds the "
+                               "same model and round (the adapters' set_strategy syncs first)")
+        runner = self._runner(strategy)
+        strategy.step = self.strategy.step
+        runner.begin(self.gradients, self.rank, self.size)
+        self.runner, self.protocol.policy = runner, runner
+        self._started = False
 
     # -- steps and decisions --
 
@@ -216,14 +303,15 @@ class HeteroController:
         now = self._clock()
         compute = max(0.0, now - self._t_last - comm_s)
         pending = self.telemetry.pending
-        compute += self.slowdown.pad(compute, step=self.strategy.step + 1, samples=pending.get("samples"))
+        for hook in self.step_hooks:
+            compute += hook(compute, self.strategy.step + 1, pending.get("samples"))
         report = StepReport(compute, pending.get("loss"), pending.get("samples"))
         local_steps = self.protocol.steps_since_round + 1
         self.protocol.local_step(compute, report.loss, report.samples)
         t0 = self._clock()
         if self._left:                                  # training again after a join
             self._left = False
-            self._serve()
+            self._changed()
         decision = check_decision(self.strategy, self.strategy.after_step(report))
         fields: dict[str, Any] = {}
         if decision is AVERAGE:
@@ -283,17 +371,12 @@ class HeteroController:
 
     def _after_round(self, result: RoundResult) -> None:
         if result.stats is not None:
-            self.step_times = latest_step_times(self.step_times, result.stats.step_s)
-            self.steps_seen = self.steps_seen + result.stats.local_steps
-            if self.speeds_measured is None and np.isfinite(result.stats.step_s).all():
-                self._measured_rounds += 1
-                if self._measured_rounds == 2:
-                    self.speeds_measured = (self.steps_seen, self.step_times)
+            self.speeds.record(result.stats)
         t0 = self._clock()
         self.strategy.after_round(result)
         self._plan_s = self._clock() - t0
         self._all_joined = result.done >= self.size
-        self._serve()
+        self._changed()
 
     def _round_fields(self, result: RoundResult) -> dict[str, Any]:
         assert result.stats is not None                 # the round protocol's results carry them
@@ -316,18 +399,15 @@ class HeteroController:
             self.model.assign(result.summed, result.total_weight + 1.0, add_current=True)
         else:                      # line 11: 1/S W_sum
             self.model.assign(result.summed, result.total_weight)
-        self._serve()
+        self._changed()
         return {"group": list(decision.group), "stale": result.stale, "group_s": self._clock() - t0}
 
-    def _serve(self) -> None:
-        """Hand the model the next step starts from to a wait-avoiding group responder, if any, after
-        every change of the model or of this rank's part in training: weight 1 while it steps, 0 once it
-        left (a join); what the responder serves is collected by this rank's next group average unless it
-        left and not every rank has joined yet (``GroupExchange.publish``)."""
-        groups = self.transports.groups if self.transports is not None else None
-        if groups is not None and groups.serves:
-            groups.publish(self.collectives.copy(self.model.tensors()), 0.0 if self._left else 1.0,
-                           collects=not self._left or self._all_joined)
+    def _changed(self) -> None:
+        """Tell ``model_changed``'s subscribers that the model the next step starts from, or this rank's part
+        in training, changed: after a round, a group average, a join and a restart after one, and the first
+        step after a join."""
+        self.model_changed.emit(ModelChanged(lambda: self.collectives.copy(self.model.tensors()), self._left,
+                                             self._all_joined))
 
     def join(self) -> int:
         """Join rounds until every rank has joined; all ranks then hold identical tensors."""
@@ -335,7 +415,7 @@ class HeteroController:
         t0 = self._clock()
         self._left, self._all_joined = True, False
         self.strategy.leave()
-        self._serve()
+        self._changed()
         rounds = self.protocol.join(on_round=self._after_round)
         self._activity = None
         self.add_comm(self._clock() - t0)
@@ -343,27 +423,33 @@ class HeteroController:
         return rounds
 
     def state_dict(self) -> dict[str, Any]:
-        """The strategy's counters, the round number and, with rounds on changes, ``"aggregation"``:
-        the round's start ``w_t`` and the outer momentum (the tensors themselves; a checkpoint or
-        ``torch.save`` copies them)."""
+        """The strategy's counters (with what rebuilds it: ``Strategy.state_dict``), the round number and,
+        with rounds on changes, ``"aggregation"``: the round's start ``w_t`` and the outer momentum (the
+        tensors themselves; a checkpoint or ``torch.save`` copies them)."""
         state: dict[str, Any] = {"strategy": self.strategy.state_dict(), "rounds": self.protocol.state_dict()}
-        if self.aggregator is not None and self.aggregator.ready:
-            state["aggregation"] = self.aggregator.state_dict()
+        aggregator = self.aggregator
+        if aggregator is not None and aggregator.ready:
+            state["aggregation"] = aggregator.state_dict()
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Counters from a checkpoint or from another rank (``broadcast_optimizer_state``), and the
         aggregation state where it has one (put on the model's device); where it has none, with rounds
         on changes, the model now held is taken as the latest round's (it was just loaded or
-        broadcast, like the counters)."""
+        broadcast, like the counters). A state of another strategy (saved after ``set_strategy``) first
+        switches to it (``strategies.registry.rebuild``), as every rank that loads it does."""
         check_state(state)
+        if state["strategy"].get("kind") != type(self.strategy).__name__:
+            self.close()
+            self.set_strategy(rebuild(state["strategy"]))
         self.strategy.load_state_dict(state["strategy"])
         self.protocol.load_state_dict(state["rounds"])
-        if self.aggregator is not None:
+        aggregator = self.aggregator
+        if aggregator is not None:
             if state.get("aggregation") is not None:
-                self.aggregator.load_state_dict(state["aggregation"], self.model.place)
-            elif self.aggregator.ready:
-                self.aggregator.begin(self.model.tensors())
+                aggregator.load_state_dict(state["aggregation"], self.model.place)
+            elif aggregator.ready:
+                aggregator.begin(self.model.tensors())
 
 
 def check_state(state: object) -> None:
@@ -385,12 +471,23 @@ class OutsideController:
         telemetry: as ``HeteroController``'s.
     """
 
-    model = step_times = collectives = rank = size = None
+    model = step_times = collectives = rank = size = transports = None
 
     def __init__(self, strategy: Strategy, rank: int,
                  telemetry: Telemetry | str | os.PathLike[str] | None = None) -> None:
-        self.strategy = strategy
+        self.runner = runner_for(strategy)      # never begun: this rank's gradients stay its own
         self.telemetry = telemetry if isinstance(telemetry, Telemetry) else Telemetry(rank, telemetry)
+
+    @property
+    def strategy(self) -> Strategy:
+        return self.runner.strategy
+
+    def set_strategy(self, strategy: Strategy) -> None:
+        self.runner = runner_for(strategy)
+
+    def sync(self) -> None:
+        """Nothing to synchronise: ``None`` (no rank's integer state to take)."""
+        return None
 
     def after_step(self, comm_s: float = 0.0, bytes_sent: int = 0) -> bool:
         return False

@@ -38,6 +38,8 @@ from concurrent.futures import Future, TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from horovod_hetero.runtime.events import ModelChanged
+
 from horovod_hetero.errors import RoundMismatchError
 from horovod_hetero.runtime.seams import Tensor, timeout_error
 from horovod_hetero.runtime.rounds import tag as exact_tag
@@ -147,6 +149,14 @@ class GroupExchange:
         with self._lock:
             self._snapshot = (model, weight, weight > 0 if collects is None else collects)
             self._lock.notify_all()
+
+    def model_changed(self, change: ModelChanged) -> None:
+        """The controller's ``model_changed`` event (a subscriber while this exchange serves): publish the model
+        the next step starts from, with weight 1 while this rank steps and 0 once it left (a join); what it
+        serves is collected by this rank's next group average unless it left and not every rank has joined
+        yet (``publish``)."""
+        if self.serves:
+            self.publish(change.snapshot(), 0.0 if change.left else 1.0, collects=not change.left or change.all_joined)
 
     def average(self, tag: int, group: tuple[int, ...], fresh: Sequence[Tensor]) -> GroupResult:
         """Average ``fresh`` (this rank's model) within ``group``; a ``GroupResult``."""

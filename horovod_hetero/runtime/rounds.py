@@ -20,8 +20,10 @@ averages every rank's final model, so all ranks leave ``join()`` with identical 
 
 A strategy that averages gradients (``Balanced``) ends with Horovod's own ``hvd.join`` instead: a
 rank inside it answers every allreduce with zeros, so a round the others run meanwhile sums its
-whole block (and its round tag) as zero. With ``absent_zeros`` such a rank counts as absent, not as a
-rank in another round; its block reads as no steps, and plans made from the statistics keep theirs.
+whole block (and its round tag) as zero. Its runner's ``absent`` then names such a rank absent, not
+in another round; its block reads as no steps, and plans made from the statistics keep theirs. What a
+round carries as a rank's step time (the mean of its steps, or their median) is the runner's too:
+the protocol takes both from its ``policy`` (a ``RoundPolicy``: ``runtime.runner``'s runners).
 
 The collective is injected (``average``), as Horovod's ``common/elastic.py`` takes its
 broadcast: the protocol runs unchanged over torch, TensorFlow or a fake in tests.
@@ -29,11 +31,11 @@ broadcast: the protocol runs unchanged over torch, TensorFlow or a fake in tests
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from horovod_hetero.errors import RoundMismatchError
 from horovod_hetero.strategies.base import RoundResult, RoundStats
@@ -50,6 +52,26 @@ _HEAD = 3                                   # [weight, done, round tag]
 _WIDTH = len(RoundStats.FIELDS)
 
 
+class RoundPolicy(Protocol):
+    """What a round carries and how it reads zeros, by the strategy's kind (``runtime.runner.Runner``)."""
+
+    def step_time(self, times: Sequence[float]) -> float:
+        """This rank's step time in the round's statistics, from its steps' times since the previous round."""
+
+    def absent(self, blocks: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_] | None:
+        """Which ranks count as absent where the round tags do not add up (``None``: none may)."""
+
+
+class MeanSteps:
+    """The default ``RoundPolicy``: each rank's mean step time, no rank absent."""
+
+    def step_time(self, times: Sequence[float]) -> float:
+        return sum(times) / len(times)
+
+    def absent(self, blocks: npt.NDArray[np.float64]) -> npt.NDArray[np.bool_] | None:
+        return None
+
+
 class RoundProtocol:
     """Weighted-averaging rounds that all ranks of a process set enter in the same order.
 
@@ -61,11 +83,12 @@ class RoundProtocol:
             return the summed control vector.
         size: number of ranks in the process set.
         rank: this rank (which block of the control vector it fills).
-        median: carry the median of this rank's step times since the previous round instead of their
-            mean (a strategy that plans from the typical step: one stall does not move it).
-        absent_zeros: a rank whose whole block sums to zero is absent (inside ``hvd.join``, the end of
-            a gradient-averaging strategy), not in another round: the round tags must then sum to the
-            tag times the ranks present.
+        policy: a ``RoundPolicy``: the step time a round carries for this rank (the mean of its steps
+            since the previous round, or their median: a strategy that plans from the typical step, which
+            one stall does not move), and which ranks whose whole block sums to zero are absent (inside
+            ``hvd.join``, the end of a gradient-averaging strategy) rather than in another round: the
+            round tags must then sum to the tag times the ranks present. Default: ``MeanSteps()``. The
+            controller sets it from the strategy's runner (``policy`` may change between rounds).
 
     Example:
         >>> fake = lambda weight, control: [c * 2 for c in control]   # two identical ranks
@@ -75,8 +98,9 @@ class RoundProtocol:
     """
 
     def __init__(self, average: Callable[[float, list[float]], Sequence[float]], size: int, rank: int = 0,
-                 median: bool = False, absent_zeros: bool = False) -> None:
-        self._average, self._median, self._absent_zeros = average, bool(median), bool(absent_zeros)
+                 policy: RoundPolicy | None = None) -> None:
+        self._average = average
+        self.policy: RoundPolicy = MeanSteps() if policy is None else policy
         self.size = check_int("size", size, 1)
         self.rank = check_int("rank", rank, 0, self.size - 1)
         self.round = 0
@@ -84,7 +108,7 @@ class RoundProtocol:
         self._reset_stats()
 
     def _reset_stats(self) -> None:
-        self._step_s, self._loss, self._losses, self._samples = 0.0, 0.0, 0, 0
+        self._loss, self._losses, self._samples = 0.0, 0, 0
         self._times: list[float] = []
 
     @property
@@ -95,9 +119,7 @@ class RoundProtocol:
     def local_step(self, step_s: float = 0.0, loss: float | None = None, samples: int | None = None) -> None:
         """Record one local update that the next round must carry, and its statistics."""
         self.steps_since_round += 1
-        self._step_s += step_s
-        if self._median:
-            self._times.append(step_s)
+        self._times.append(step_s)
         if loss is not None and math.isfinite(loss):
             self._loss += loss
             self._losses += 1
@@ -111,7 +133,7 @@ class RoundProtocol:
         start = _HEAD + _WIDTH * self.rank
         control[start:start + _WIDTH] = [
             1.0 if done else 0.0, float(steps),
-            (statistics.median(self._times) if self._median else self._step_s / steps) if steps else math.nan,
+            self.policy.step_time(self._times) if self._times else (0.0 if steps else math.nan),
             self._loss / self._losses if self._losses else math.nan, float(self._samples)]
         return control
 
@@ -130,9 +152,9 @@ class RoundProtocol:
         control = self._control(weight, done, mine)
         summed = (average or self._average)(weight, control)
         present, absent = self.size, None
-        if summed[2] != mine * present and self._absent_zeros and len(summed) == len(control):
-            absent = np.all(np.reshape(summed[_HEAD:], (self.size, _WIDTH)) == 0, axis=1)
-            present -= int(absent.sum())
+        if summed[2] != mine * present and len(summed) == len(control):
+            absent = self.policy.absent(np.reshape(np.asarray(summed[_HEAD:], dtype=np.float64), (self.size, _WIDTH)))
+            present -= 0 if absent is None else int(absent.sum())
         if summed[2] != mine * present:
             raise RoundMismatchError(
                 f"round {self.round}: ranks entered different rounds (sum of round tags {summed[2]}, "

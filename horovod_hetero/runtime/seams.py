@@ -90,8 +90,8 @@ class Collectives(ABC):
         raise NotImplementedError(f"{type(self).__name__} cannot average tensors")
 
     @abstractmethod
-    def broadcast_object(self, obj: Any, *, what: str) -> Any:
-        """``obj`` of the set's first rank, on every rank."""
+    def broadcast_object(self, obj: Any, *, what: str, root: int | None = None) -> Any:
+        """``obj`` of the set's first rank (or of global rank ``root``), on every rank."""
 
     @abstractmethod
     def allgather_object(self, obj: Any, *, what: str) -> list[Any]:

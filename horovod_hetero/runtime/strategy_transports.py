@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
+from horovod_hetero.runtime.events import ModelEvents
 from horovod_hetero.runtime.seams import Collectives, Tensor, scaled
 from horovod_hetero.runtime.group_exchange import GroupExchange
 from horovod_hetero.transports.activations import Activations
@@ -33,15 +34,18 @@ class Transports:
         rank, size: this rank and the number of ranks.
         collectives: the runtime's ``Collectives`` (object broadcast/allgather, group allreduce,
             this host's address).
+        model_changed: the controller's event of every change of the model (a wait-avoiding group exchange
+            subscribes to it while it is open).
 
     Attributes:
         groups: the ``GroupExchange`` once a strategy opened groups (the runtime runs its
             ``GroupAverage`` decisions through it), else ``None``.
     """
 
-    def __init__(self, rank: int, size: int, collectives: Collectives) -> None:
+    def __init__(self, rank: int, size: int, collectives: Collectives, model_changed: ModelEvents | None = None) -> None:
         self.rank, self.size = rank, size
         self._collectives = collectives
+        self._model_changed = model_changed
         self._opened: list[_Transport] = []
         self.server: StateServer | None = None
         self.groups: GroupExchange | None = None
@@ -96,12 +100,21 @@ class Transports:
         # the whole job is a group too (S = P: Horovod's global process set, never registered)
         self.groups = self._open(GroupExchange(self.rank, allreduce, activations, patience, timeout,
                                                groups=[*rank_lists, range(self.size)]))
+        if self.groups.serves and self._model_changed is not None:
+            self._open(_Unsubscribe(self._model_changed.subscribe(self.groups.model_changed)))
         return self.groups
 
     def close(self) -> None:
         """Close everything opened, newest first (idempotent)."""
         self._finalizer()
         self.server = self.groups = None
+
+
+class _Unsubscribe:
+    """Closing it ends a subscription (opened after what it feeds, so closed before it)."""
+
+    def __init__(self, unsubscribe: Callable[[], None]) -> None:
+        self.close = unsubscribe
 
 
 def _close_all(opened: list[_Transport]) -> None:

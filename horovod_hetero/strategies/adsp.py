@@ -15,7 +15,7 @@ import numpy as np
 
 from horovod_hetero.rules.commit_rate import CommitRateSearch, commit_period
 from horovod_hetero.strategies.base import (
-    AVERAGE, CONTINUE, Context, Decision, ModelAveraging, RoundResult, RoundStats, StepReport)
+    AVERAGE, CONTINUE, Context, Decision, ModelAveraging, RoundResult, RoundStats, StepReport, portable_config)
 from horovod_hetero.validation import check_float, check_int
 
 log = logging.getLogger("horovod_hetero")
@@ -118,6 +118,12 @@ class ADSP(ModelAveraging):
         ...
         ValueError: search_every must be at least two check periods (>= 120), got 100.0
     """
+
+    def config(self) -> dict[str, Any] | None:
+        """As ``Strategy.config``, a ``Steps`` period as its string (``"10steps"``, which ADSP takes)."""
+        args, kwargs = self._arguments
+        text = lambda value: str(value) if isinstance(value, Steps) else value   # noqa: E731
+        return portable_config([text(a) for a in args], {k: text(v) for k, v in kwargs.items()})
 
     def __init__(self, check_period: float | str | Steps = 60.0, search_every: float | str | Steps | None = None,
                  fit_points: int = 4, window: int = 5) -> None:

@@ -32,7 +32,8 @@ beside the control vector): no extra message. Costs: with either option each ran
 (one copy of the model, on the model's device), plus the outer momentum (a second copy) when
 ``momentum > 0``, and a round builds the scaled change (a third, transient); ``mean`` without an
 outer optimiser sums the model in place and keeps nothing. A gradient-averaging strategy
-(``Synchronous``, ``Balanced``) has no rounds that combine models: it refuses any other aggregation. ``w_t`` and the momentum are part of the
+(``Synchronous``, ``Balanced``) has no rounds that combine models: its runner refuses any other aggregation
+beside it (``runtime.runner.check_aggregate``). ``w_t`` and the momentum are part of the
 optimizer's (torch) or callback's (Keras) ``state_dict()``, so checkpoints and ``hvd.elastic``
 resume them.
 """
@@ -41,7 +42,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from horovod_hetero.strategies.base import GradientAveraging
 from horovod_hetero.validation import check_bool, check_float
 
 
@@ -161,11 +161,10 @@ class Normalized(Aggregation):
 AGGREGATES: dict[str, type[Aggregation]] = {"mean": Mean, "normalized": Normalized}
 
 
-def check_aggregate(aggregate: object, strategy: object = None) -> Aggregation | None:
+def check_aggregate(aggregate: object) -> Aggregation | None:
     """``aggregate`` checked: an ``Aggregation``, or ``None`` for plain averaging (``Mean()`` too). A
-    ``TypeError`` names the accepted forms. ``strategy``: the strategy it goes beside; one that averages
-    gradients (``GradientAveraging``) has no rounds that combine models, and anything but plain averaging
-    is a ``ValueError`` there.
+    ``TypeError`` names the accepted forms. (Whether the strategy beside it has rounds that combine models is
+    its runner's to say: ``runtime.runner.check_aggregate``.)
 
     Example:
         >>> check_aggregate(Mean(OuterSGD(lr=1.0))) is None
@@ -180,10 +179,4 @@ def check_aggregate(aggregate: object, strategy: object = None) -> Aggregation |
     if not isinstance(aggregate, Aggregation):
         raise TypeError(f"aggregate must be hh.Mean(...) or hh.Normalized(...) (with outer=hh.OuterSGD(...) if any), "
                         f"or None; got {aggregate!r} ({type(aggregate).__name__})")
-    if aggregate.plain:
-        return None
-    if isinstance(strategy, GradientAveraging):
-        raise ValueError(f"aggregate={aggregate!r} combines the models of a model-averaging strategy's rounds; "
-                         f"{type(strategy).__name__} averages gradients every step, so it has none: leave "
-                         f"aggregate=None, or use a model-averaging strategy such as hh.LocalSGD(period=8)")
-    return aggregate
+    return None if aggregate.plain else aggregate

@@ -123,6 +123,10 @@ class Balanced(GradientWeighting):
         # every rank's noise (``rank_noise``) when the latest change of speed restarted the history
         self.noise_seen: tuple[float, ...] | None = None
 
+    def plan_windows(self, steps: int) -> None:
+        """A window is ``steps`` steps from now on (Keras: an epoch, whose batch size ``fit`` fixes)."""
+        self.rebalance_every = check_int("steps", steps, 1)
+
     def check_size(self, size: int) -> None:
         if self.global_batch is not None and self.global_batch < size:
             raise ValueError(f"global_batch must be an int >= the number of ranks ({size}), got {self.global_batch}")

@@ -85,7 +85,7 @@ class StrategyTransports(Protocol):
 class ObjectCollectives(Protocol):
     """Object collectives over the ranks (``Context.collectives``; ``runtime.seams.Collectives``)."""
 
-    def broadcast_object(self, obj: Any, *, what: str) -> Any: ...
+    def broadcast_object(self, obj: Any, *, what: str, root: int | None = None) -> Any: ...
 
     def allgather_object(self, obj: Any, *, what: str) -> list[Any]: ...
 
@@ -291,7 +291,11 @@ class Strategy(abc.ABC):
     def __new__(cls, *args: Any, **kwargs: Any) -> Strategy:
         if kwargs:                                 # an argument removed in 0.2.0 is named with its replacement
             check_removed(cls.__name__, kwargs, inspect.signature(cls).parameters)
-        return super().__new__(cls)
+        strategy = super().__new__(cls)
+        strategy._arguments = (args, kwargs)        # what ``config`` saves, to rebuild it from a state
+        return strategy
+
+    _arguments: tuple[tuple[Any, ...], dict[str, Any]] = ((), {})
 
     def __init__(self) -> None:
         self.step = 0
@@ -342,6 +346,12 @@ class Strategy(abc.ABC):
 
     # -- the hooks a strategy overrides --
 
+    #: Every rank takes the same local steps between rounds (a round at fixed step counts, or every step), so
+    #: ranks are never given shares of an epoch by speed: a slower rank would only make the others wait at
+    #: the next round, and a user's own collective per batch would lose its peers. A strategy whose rounds
+    #: let fast ranks take more steps (ESync, ElasticBSP, ...) leaves it ``False``.
+    lockstep = False
+
     def check_size(self, size: int) -> None:
         """Raise ``ValueError`` if the strategy cannot run on ``size`` ranks (called when an adapter
         is built, before anything opens: the torch wrapper opens at the first step)."""
@@ -368,6 +378,18 @@ class Strategy(abc.ABC):
         """A short name for tables (``LocalSGD(8)``, ``ESync [normalized]``)."""
         return type(self).__name__
 
+    def config(self) -> dict[str, Any] | None:
+        """The arguments this strategy was built with, as plain data (JSON: numbers, strings, lists), or
+        ``None`` where one is not (a callable schedule): ``state_dict()`` carries it, so a checkpoint or an
+        elastic reset after ``set_strategy`` rebuilds the strategy it holds (``strategies.registry.rebuild``).
+
+        Example:
+            >>> from horovod_hetero.strategies import DSSP, LocalSGD
+            >>> DSSP((2, 8), tolerance=0.1).config(), LocalSGD(lambda step: 4).config()
+            ({'args': [[2, 8]], 'kwargs': {'tolerance': 0.1}}, None)
+        """
+        return portable_config(*self._arguments)
+
     def state_dict(self) -> dict[str, Any]:
         """The counters. ``plan_done`` (this rank's steps into the current plan) lets a rank that loads
         another's state (a checkpoint of rank 0, an elastic reset) take its own share of a plan its
@@ -377,7 +399,7 @@ class Strategy(abc.ABC):
         done = self._plan_done                     # loaded, not started yet
         if done is None and self.plan is not None and self._plan_left is not None and self.rank < len(self.plan.steps):
             done = max(self.plan.steps[self.rank] - self._plan_left, 0)
-        return {"kind": type(self).__name__, "step": self.step,
+        return {"kind": type(self).__name__, "config": self.config(), "step": self.step,
                 "plan": None if self.plan is None else list(self.plan.steps), "plan_left": self._plan_left,
                 "plan_done": done}
 
@@ -394,6 +416,26 @@ class Strategy(abc.ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
+
+
+def portable_config(args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``{"args": [...], "kwargs": {...}}`` as JSON's plain data, or ``None`` where a value is not plain
+    (``Strategy.config``)."""
+    try:
+        return {"args": _portable(list(args)), "kwargs": _portable(dict(kwargs))}
+    except TypeError:
+        return None
+
+
+def _portable(value: Any) -> Any:
+    """``value`` as JSON's plain data (tuples become lists), else a ``TypeError``."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_portable(v) for v in value]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _portable(v) for k, v in value.items()}
+    raise TypeError(f"{value!r} is not plain data")
 
 
 # --- the two kinds -------------------------------------------------------------------------------
@@ -431,6 +473,8 @@ class GradientAveraging(Strategy):
         CONTINUE
     """
 
+    lockstep = True
+
 
 class GradientWeighting(GradientAveraging):
     """A ``GradientAveraging`` strategy that plans every rank's batch and weighs its gradient by it:
@@ -454,6 +498,13 @@ class GradientWeighting(GradientAveraging):
     def batch_size(self, step: int) -> int:
         """This rank's batch at local step ``step`` (1-based)."""
         return self.batch_sizes(step)[self.rank]
+
+    #: samples per step over every rank (``None`` until the bound sampler's batch gives it: ``use_batch``)
+    global_batch: int | None = None
+
+    def plan_windows(self, steps: int) -> None:
+        """Plan the batches per window of ``steps`` steps from now on (Keras: one window an epoch, whose batch
+        size ``fit`` fixes). A strategy with windows of its own overrides it."""
 
     @abc.abstractmethod
     def gradient_weight(self, rank: int, size: int) -> float:

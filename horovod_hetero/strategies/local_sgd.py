@@ -31,6 +31,8 @@ class LocalSGD(ModelAveraging):
         [CONTINUE, CONTINUE, AVERAGE, CONTINUE, CONTINUE, AVERAGE, CONTINUE]
     """
 
+    lockstep = True                # every rank averages at the same step counts
+
     def __init__(self, period: int | Callable[[int], int], warmup_steps: int = 0) -> None:
         super().__init__()
         self.schedule = Periodic(period, warmup_steps)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from horovod_hetero.strategies.adsp import ADSP
@@ -122,6 +122,30 @@ def bench_options(name: str) -> list[str]:
         values = value if isinstance(value, (tuple, list)) else (value,)
         out += [f"--{entry.flags.get(key, key).replace('_', '-')}", *map(str, values)]
     return out
+
+
+def rebuild(state: Mapping[str, Any]) -> Strategy:
+    """The strategy a ``Strategy.state_dict()`` was saved from, built again from its ``"kind"`` (a class the
+    registry holds) and ``"config"`` (its arguments), to load the state into: a checkpoint or an elastic reset
+    after ``set_strategy``. A ``ValueError`` names what is missing.
+
+    Example:
+        >>> rebuild(configured("dssp").state_dict())
+        DSSP(staleness=(3, 15), tolerance=0.05)
+    """
+    kind, config = state.get("kind"), state.get("config")
+    classes = {entry.cls.__name__: entry.cls for entry in REGISTRY.values()}
+    if kind not in classes:
+        raise ValueError(f"the state is of strategy {kind!r}, which the registry does not hold "
+                         f"({', '.join(classes)}): build it, set_strategy() it, then load the state")
+    if not isinstance(config, Mapping) or not isinstance(config.get("args"), list) \
+            or not isinstance(config.get("kwargs"), Mapping):
+        raise ValueError(f"the state of {kind} holds no arguments to build it with (a callable schedule is not "
+                         f"saved): build hh.{kind}(...) as it was, set_strategy() it, then load the state")
+    try:
+        return classes[kind](*config["args"], **config["kwargs"])
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"the state of {kind} holds arguments it does not take: {error}") from None
 
 
 def check_strategy(strategy: object) -> Strategy:

@@ -13,6 +13,6 @@ class Synchronous(GradientAveraging):
 
     Example:
         >>> s = Synchronous()
-        >>> s.after_step(), isinstance(s, GradientAveraging)
-        (CONTINUE, True)
+        >>> s.after_step(), Synchronous.__bases__
+        (CONTINUE, (<class 'horovod_hetero.strategies.base.GradientAveraging'>,))
     """

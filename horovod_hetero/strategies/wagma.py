@@ -76,6 +76,11 @@ class WAGMA(ModelAveraging):
         self.t = 0                      # the step every rank shares (== step until ranks join unevenly)
         self._since_sync: list[int] | None = None  # every rank's steps since the latest round all ranks joined
 
+    @property
+    def lockstep(self) -> bool:    # type: ignore[override]
+        """Without wait-avoidance every group average waits for all its members: the ranks step together."""
+        return not self.wait_avoiding
+
     def check_size(self, size: int) -> None:
         resolve_group_size(self.group_size, size)
 

@@ -11,7 +11,6 @@ import horovod.torch as hvd
 from horovod_hetero.rules.partition import (epoch_indices, epoch_split, rank_part, resplit_rest, step_batch,
                                             step_times_of, steps_per_epoch)
 from horovod_hetero.strategies.balanced import even_split
-from horovod_hetero.strategies.base import GradientWeighting
 from horovod_hetero.validation import check_bool, check_int
 from horovod_hetero.errors import troubleshooting
 
@@ -152,32 +151,35 @@ class DistributedSampler(torch.utils.data.Sampler):
         except ValueError as e:
             raise ValueError(f"num_replicas={self.num_replicas} does not match the optimizer's ranks: {e}") from None
 
-    def _strategy(self):
-        return getattr(self.optimizer, "strategy", None)
+    def _runner(self):
+        """The runner of the bound optimizer's strategy (``runtime.runner``), or None without one."""
+        controller = getattr(self.optimizer, "_hh", None)
+        return getattr(controller, "runner", None)
 
     @property
     def global_batch(self):
         """Samples per step over every rank (batch mode): the bound strategy's, else ``num_replicas *
         batch_size``."""
-        planned = getattr(self._strategy(), "global_batch", None)
-        return planned if planned is not None else self.num_replicas * self.batch_size
+        runner = self._runner()
+        return (runner.global_batch(self.batch_size, self.num_replicas) if runner is not None
+                else self.num_replicas * self.batch_size)
 
     def batch_sizes(self, step):
         """Every rank's batch at local step ``step`` (1-based): the bound strategy's plan, else an even split."""
-        strategy = self._strategy()
-        if isinstance(strategy, GradientWeighting):
-            sizes = strategy.batch_sizes(step, self.num_replicas)
-            if len(sizes) != self.num_replicas:
-                raise ValueError(f"num_replicas={self.num_replicas} does not match the {len(sizes)} ranks the "
-                                 f"optimizer plans batches for")
-            return sizes
-        return even_split(self.global_batch, self.num_replicas)
+        runner = self._runner()
+        sizes = None if runner is None else runner.batch_sizes(step, self.num_replicas)
+        if sizes is None:
+            return even_split(self.global_batch, self.num_replicas)
+        if len(sizes) != self.num_replicas:
+            raise ValueError(f"num_replicas={self.num_replicas} does not match the {len(sizes)} ranks the "
+                             f"optimizer plans batches for")
+        return sizes
 
     def _batches(self):
         order = (torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(self.seed + self.epoch))
                  if self.shuffle else torch.arange(len(self.dataset))).tolist()
-        strategy = self._strategy()
-        start = strategy.step if strategy is not None else 0
+        runner = self._runner()
+        start = runner.strategy.step if runner is not None else 0
         for step in range(len(self)):
             batch = step_batch(order, step, self.batch_sizes(start + step + 1), self.rank)
             self.drawn += 1

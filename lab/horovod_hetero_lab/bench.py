@@ -46,7 +46,7 @@ import horovod_hetero
 from horovod_hetero import simulate as sim
 from horovod_hetero.runtime.straggler import parse_random_delay, parse_slowdown
 from horovod_hetero.runtime.telemetry import load, round_cost_and_wait, summarize
-from horovod_hetero.strategies.base import GradientAveraging, GradientWeighting
+from horovod_hetero.runtime.runner import runner_for
 from horovod_hetero.strategies.registry import REGISTRY, bench_options, check_names, configured
 from horovod_hetero.validation import check_bool, check_float, check_int
 import horovod_hetero_lab
@@ -410,7 +410,7 @@ def predict(by_rank, strategy, wall, batch_size, round_cost):
 def gradient_averaging(name):
     """True for the strategies that average gradients every step (Synchronous, Balanced): they run once per
     group, whatever ``--aggregate`` says."""
-    return isinstance(configured(name), GradientAveraging)
+    return runner_for(configured(name)).steps_together
 
 
 def slowest_rank(profile, num_proc):
@@ -472,9 +472,9 @@ def summarize_job(job, job_dir, settings):
            "median_rtt_s": None}
     if len(by_rank) == settings["np"]:
         strategy = configured(job.strategy)
-        if isinstance(strategy, GradientWeighting):      # its global batch: the ranks' batches, as in the job
-            strategy.use_batch(settings["batch_size"], settings["np"])
-        cost, wait = round_cost_and_wait(by_rank, every_step=isinstance(strategy, GradientAveraging))
+        runner = runner_for(strategy)
+        runner.use_batch(settings["batch_size"], settings["np"])     # a planned global batch: the job's ranks' batches
+        cost, wait = round_cost_and_wait(by_rank, every_step=runner.steps_together)
         rtts = [s["median_rtt_s"] for s in per_rank.values() if s["median_rtt_s"] is not None]
         predicted = predict(by_rank, strategy, wall, settings["batch_size"], cost)   # a fresh copy per worker
         bound = predict(by_rank, strategy, wall, settings["batch_size"], 0.0)

@@ -54,13 +54,16 @@ def test_ranks_with_different_numbers_of_batches_end_identical():
     assert all(np.array_equal(final[0][i], final[r][i]) for r in range(SIZE) for i in range(len(final[0])))
 
 
-def test_synchronous_strategy_is_refused_with_a_pointer_to_hvd_distributed_optimizer():
+def test_a_gradient_strategy_needs_hh_distributed_optimizer_and_says_so_when_training_begins():
+    model = make_model()
+    x, y = rank_data(16)
     try:
-        hh.callbacks.HeteroSyncCallback(hh.Synchronous())
-    except ValueError as e:
-        assert "hvd.DistributedOptimizer" in str(e)
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[hh.callbacks.HeteroSyncCallback(hh.Synchronous())])
+    except TypeError as e:
+        assert str(e).startswith("Synchronous averages the gradients inside every step: compile the model with "
+                                 "hh.DistributedOptimizer(optimizer) (Keras 3), not with SGD"), e
     else:
-        raise AssertionError("HeteroSyncCallback(Synchronous()) did not raise")
+        raise AssertionError("HeteroSyncCallback(Synchronous()) over a plain optimizer did not raise")
 
 
 def test_esync_callback_slowest_runs_one_batch_per_round_all_identical_at_the_end():

@@ -6,6 +6,7 @@ import pytest
 
 import keras_helpers
 from horovod_hetero.runtime.straggler import Slowdown
+from horovod_hetero.strategies.base import AVERAGE, CONTINUE
 from keras_helpers import hh, make_model, rank_data
 
 RANK, SIZE = keras_helpers.init()
@@ -74,6 +75,13 @@ class StopAt(keras_helpers.keras.callbacks.Callback):
             self.model.stop_training = True
 
 
+class EverySecond(hh.ModelAveraging):
+    """Rounds on a fixed schedule (every second batch), fast ranks free to take more batches (not lockstep)."""
+
+    def decide(self, report):
+        return AVERAGE if self.step % 2 == 0 else CONTINUE
+
+
 @pytest.mark.parametrize("steps_per_epoch", [None, 12])
 def test_fit_shares_each_epoch_by_speed_and_every_rank_ends_it_together(steps_per_epoch):
     """Horovod's pattern with the callback's default (``share_epochs``): ``fit(x, y, batch_size)`` on
@@ -83,15 +91,16 @@ def test_fit_shares_each_epoch_by_speed_and_every_rank_ends_it_together(steps_pe
     then from each epoch's begin; weights identical at every epoch's end; a stop set by another callback
     still ends ``fit``, the callback's own ends only the epoch.
 
-    The rounds come on a fixed schedule (LocalSGD, every second batch), so that the first epoch holds the
-    two measuring rounds on every rank. With ESync they come when the state server answers: a slow rank
+    The rounds come on a fixed schedule (every second batch, a strategy that lets fast ranks take more
+    batches: LocalSGD's ranks step together, and never share), so that the first epoch holds the two
+    measuring rounds on every rank. With ESync they come when the state server answers: a slow rank
     whose queries time out under load falls back to 8 local steps a round and can end a first epoch of 12
     batches after the start-up round alone, without shares (CI, once: the slow rank had none while a
     fast one took them from a later round)."""
     steps = steps_per_epoch or 12
     x, y = rank_data(RANK, 8 * steps)
     model = make_model(RANK)
-    callback = hh.callbacks.LocalSGDCallback(period=2, slowdown=Slowdown(RANK, "1,1,1,4", base_step_s=0.05))
+    callback = hh.callbacks.HeteroSyncCallback(EverySecond(), slowdown=Slowdown(RANK, "1,1,1,4", base_step_s=0.05))
     recorder = Recorder(callback)
     if steps_per_epoch:                               # an endless stream, as dataset.repeat() (any backend)
         data = dict(x=forever(x, y, 8), steps_per_epoch=steps_per_epoch, shuffle=False)
@@ -115,3 +124,28 @@ def test_fit_shares_each_epoch_by_speed_and_every_rank_ends_it_together(steps_pe
         assert share is not None and max(share) == steps and share[3] < steps, share
         assert [b[epoch] for b in batches] == share                   # each rank ended its epoch at its share
         assert all(f[epoch] == finals[0][epoch] for f in finals)      # synced at every epoch's end
+
+
+class GatherEveryBatch(keras_helpers.keras.callbacks.Callback):
+    """A user's collective at every batch (an allgather of the batch number), as a metric callback might run."""
+
+    def __init__(self):
+        super().__init__()
+        self.gathered = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.gathered.append(keras_helpers.gathered(batch, name=f"user.{len(self.gathered)}"))
+
+
+@pytest.mark.parametrize("strategy", [hh.LocalSGD(period=3), hh.WAGMA(group_size=2, sync_period=4, wait_avoiding=False)],
+                         ids=["LocalSGD", "WAGMA without wait-avoidance"])
+def test_a_lockstep_strategy_keeps_keras_count_and_a_collective_of_ones_own_per_batch_meets(strategy):
+    """Ranks of different speeds under a strategy whose ranks step together take Keras' count: a user's
+    collective at every batch meets its peers at every batch (no rank waits in the epoch's end sync)."""
+    x, y = rank_data(RANK, 8 * 9)
+    model = make_model(RANK)
+    callback = hh.callbacks.HeteroSyncCallback(strategy, slowdown=Slowdown(RANK, "1,1,1,4", base_step_s=0.02))
+    user = GatherEveryBatch()
+    model.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0, callbacks=[callback, user])
+    assert len(user.gathered) == 27 and all(g == [i % 9] * 4 for i, g in enumerate(user.gathered))
+    assert callback.epoch_shares is None

@@ -100,7 +100,7 @@ def test_sync_model_leaves_bit_identical_parameters():
     opt.sync_model()
     identical = [all_identical(p) for p in model.parameters()]
     assert differed and all(identical)
-    assert isinstance(opt, torch.optim.Adam)
+    assert isinstance(opt, torch.optim.Optimizer) and isinstance(opt.optimizer, torch.optim.Adam)
 
 
 @pytest.mark.parametrize("strategy", [hh.LocalSGD(period=2), hh.Synchronous()], ids=repr)

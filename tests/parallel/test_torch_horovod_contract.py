@@ -128,7 +128,8 @@ def test_adasum_is_routed_to_horovods_adasum_optimizer_under_mpi_and_refused_by_
     model = torch.nn.Linear(3, 2)
     if hvd.mpi_enabled():
         opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum)
-        assert opt._hh_base is _DistributedAdasumOptimizer and isinstance(opt, torch.optim.SGD)
+        assert type(opt._hh_gradients._engine)._hh_base is _DistributedAdasumOptimizer
+        assert isinstance(opt._hh_gradients._engine, torch.optim.SGD) and isinstance(opt.optimizer, torch.optim.SGD)
     else:                                   # Horovod's own wrapper would fail at the first step
         with pytest.raises(ValueError, match="op=hvd.Adasum needs Horovod's MPI controller"):
             hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), op=hvd.Adasum)

@@ -80,7 +80,7 @@ class ArrayCollectives(Collectives):
     def copy(self, tensors):
         return [np.array(t, copy=True) for t in tensors]
 
-    def broadcast_object(self, obj, *, what):
+    def broadcast_object(self, obj, *, what, root=None):
         return self._broadcast(obj)
 
     def allgather_object(self, obj, *, what):

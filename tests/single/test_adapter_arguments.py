@@ -6,6 +6,7 @@ import torch
 
 import horovod.torch as hvd
 import horovod_hetero.strategies as hh_strategies
+from horovod_hetero.runtime.runner import runner_for
 import horovod_hetero.torch as hh
 
 
@@ -63,8 +64,8 @@ def test_not_an_optimizer():
 
 def test_keras_callbacks_check_their_arguments():
     keras_hh = pytest.importorskip("horovod_hetero.tensorflow.keras")
-    with pytest.raises(ValueError, match="hvd.DistributedOptimizer"):
-        keras_hh.callbacks.HeteroSyncCallback(keras_hh.Synchronous())
+    with pytest.raises(TypeError, match=r"^strategy must be a strategy, e\.g\. hh\.LocalSGD\(period=8\)"):
+        keras_hh.callbacks.HeteroSyncCallback(None)
     with pytest.raises(ValueError, match="period"):
         keras_hh.callbacks.LocalSGDCallback(period=0)
     with pytest.raises(ValueError, match="mode must be one of"):
@@ -89,25 +90,30 @@ def test_keras_callbacks_check_their_arguments():
             build()
 
 
-def test_one_keras_callback_runs_every_strategy_each_kind_on_its_own_path():
+def test_one_keras_callback_runs_every_strategy_of_either_kind():
     keras_hh = pytest.importorskip("horovod_hetero.tensorflow.keras")
     cb = keras_hh.callbacks
     strategy = keras_hh.Balanced(global_batch=64, min_batch=4)
     balanced = cb.HeteroSyncCallback(strategy, None, None, None, 16, 30.0)      # positional, as its signature
-    assert type(balanced) is cb.BalancedCallback and balanced.strategy is strategy
+    assert type(balanced) is cb.HeteroSyncCallback and balanced.strategy is strategy
     assert (balanced.batch_size, balanced.timeout) == (16, 30.0)
+    assert type(cb.HeteroSyncCallback(keras_hh.Synchronous())) is cb.HeteroSyncCallback
     averaging = cb.HeteroSyncCallback(keras_hh.LocalSGD(4), aggregate=keras_hh.Normalized())
     assert type(averaging) is cb.HeteroSyncCallback and averaging.aggregate == keras_hh.Normalized()
     assert type(cb.LocalSGDCallback(4)) is cb.LocalSGDCallback
+    built = cb.BalancedCallback(batch_size=16, min_batch=2)
+    assert isinstance(built, cb.HeteroSyncCallback) and (built.strategy.global_batch, built.batch_size) == (None, 16)
     for given, error, match in [
-            ({"epoch_sync": True}, ValueError, "^epoch_sync: options of model-averaging strategies' epochs"),
-            ({"share_epochs": False}, ValueError, "^share_epochs: options of model-averaging"),
             ({"aggregate": keras_hh.Normalized()}, ValueError, "Balanced averages gradients every step"),
             ({"timeout": 0}, ValueError, "^timeout must be"), ({"steps": 3}, TypeError, "unexpected keyword")]:
         with pytest.raises(error, match=match):
             cb.HeteroSyncCallback(keras_hh.Balanced(global_batch=64), **given)
-    with pytest.raises(ValueError, match="has no global_batch: give batch_size="):
-        cb.HeteroSyncCallback(keras_hh.Balanced())
+    with pytest.raises(ValueError, match="give batch_size="):
+        cb.BalancedCallback()
+    with pytest.raises(ValueError, match="^Balanced has no global_batch: give batch_size="):
+        runner_for(keras_hh.Balanced()).epoch_sizes(100, None, 4)                # what epoch_plan asks
+    assert runner_for(keras_hh.Balanced(min_batch=4)).epoch_sizes(100, 16, 4) == (2, (16, 16, 16, 16))
+    assert runner_for(keras_hh.LocalSGD(4)).epoch_sizes(100, 16, 4) is None     # its own batch, a share by speed
 
 
 def test_which_keras_runs_follows_tensorflows_rule(monkeypatch):

@@ -12,6 +12,7 @@ from horovod_hetero.runtime.controller import HeteroController
 from horovod_hetero.strategies import (
     ADSP, AGGREGATES, DSSP, WAGMA, Aggregation, Balanced, ElasticBSP, ESync, LocalSGD, Mean, ModelAveraging, Normalized,
     OuterSGD, Plan, Synchronous)
+from horovod_hetero.runtime.runner import check_aggregate as check_beside
 from horovod_hetero.strategies.aggregation import check_aggregate
 
 
@@ -129,11 +130,12 @@ def test_bad_outer_sgd_arguments_are_named(kwargs, error, match):
 
 @pytest.mark.parametrize("strategy", [Synchronous(), Balanced(global_batch=8)])
 def test_a_gradient_averaging_strategy_takes_no_aggregation_but_plain_averaging(strategy):
-    assert check_aggregate(Mean(), strategy) is None
+    assert check_beside(Mean(), strategy) is None
     with pytest.raises(ValueError, match=f"{type(strategy).__name__} averages gradients every step"):
-        check_aggregate(Normalized(), strategy)
+        check_beside(Normalized(), strategy)
     with pytest.raises(ValueError, match="averages gradients"):
-        check_aggregate(Mean(OuterSGD(0.5)), strategy)
+        check_beside(Mean(OuterSGD(0.5)), strategy)
+    assert check_beside(Normalized(), LocalSGD(4)) == Normalized()
 
 
 @pytest.mark.parametrize("make", [lambda **kw: LocalSGD(4, **kw), lambda **kw: ESync(**kw), lambda **kw: WAGMA(**kw),
@@ -171,7 +173,7 @@ def train_ranks(strategy, rounds, start=None, aggregate=None):
 
     def rank(r):
         model = ArrayModel({"w": np.zeros(4) if start is None else np.array(start)})
-        ctl = HeteroController(copy.deepcopy(strategy), ArrayCollectives(allreduce, r, 4), model, slowdown=[1.0] * 4,
+        ctl = HeteroController(copy.deepcopy(strategy), ArrayCollectives(allreduce, r, 4), model,
                                aggregate=aggregate)
         ctl.start()                          # as the adapters do before the first local step
         seen = []
@@ -206,7 +208,7 @@ def test_the_aggregation_state_round_trips_through_state_dict():
 
     def controller(model):
         return HeteroController(copy.deepcopy(strategy), ArrayCollectives(lambda rank, arrays: arrays), model,
-                                slowdown=[1.0], aggregate=aggregate)
+                                aggregate=aggregate)
 
     def steps(ctl, model, n):
         for _ in range(n):
@@ -231,7 +233,7 @@ def test_the_aggregation_state_round_trips_through_state_dict():
 def test_a_state_without_aggregation_takes_the_model_held_as_the_rounds_start():
     model = ArrayModel({"w": np.array([3.0])})
     ctl = HeteroController(LocalSGD(2), ArrayCollectives(lambda rank, arrays: arrays), model,
-                           slowdown=[1.0], aggregate=Normalized())
+                                aggregate=Normalized())
     ctl.start()
     model.arrays["w"] = np.array([5.0])
     ctl.load_state_dict({"strategy": ctl.strategy.state_dict(), "rounds": ctl.protocol.state_dict()})

@@ -300,7 +300,7 @@ def keras_constructors():
         Arg("timeout", *TIMEOUT),
         Arg("epoch_sync", BOOLS, BAD_BOOLS), AGGREGATE]
     strategies = st.sampled_from([LocalSGD(2), ESync(), WAGMA(), ElasticBSP(), DSSP(), ADSP()])
-    bad_strategies = st.one_of(st.sampled_from([Synchronous(), LocalSGD, "localsgd", None, 5, True]), OBJECTS)
+    bad_strategies = st.one_of(st.sampled_from([LocalSGD, "localsgd", None, 5, True]), OBJECTS)
     own = strategy_args()
 
     def options_arg(name, accepted, own_args):

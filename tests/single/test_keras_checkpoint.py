@@ -56,7 +56,9 @@ def test_a_state_that_does_not_fit_the_strategy_is_refused_when_loaded_not_at_th
     for bad, match in [({"strategy": good["strategy"]}, "'strategy' and 'rounds'"),
                        (dict(good, rounds={"round": "2", "steps_since_round": 0}), "must be an int"),
                        (dict(good, strategy={"kind": "LocalSGD"}), "not a state of LocalSGD"),
-                       (dict(good, strategy=dict(good["strategy"], kind="ESync")), "for 'ESync'")]:
+                       (dict(good, strategy=dict(good["strategy"], kind="ESync")),
+                        r"^the state of ESync holds arguments it does not take: .*'period'"),
+                       (dict(good, strategy=dict(good["strategy"], kind="Mine")), "which the registry does not hold")]:
         with pytest.raises((ValueError, TypeError), match=match):
             callback.load_state_dict(bad)
     assert callback.state_dict() is None
@@ -107,12 +109,28 @@ def test_the_state_comes_back_by_load_checkpoint_state_and_not_by_load_weights(s
     assert callback.state_dict() is None
 
 
-def test_another_strategys_state_warns_and_is_not_loaded(saved):
+def test_another_strategys_state_switches_the_callback_to_that_strategy(saved):
+    """A checkpoint taken after ``set_strategy`` holds the strategy then running: loading it brings it back."""
     _, path = saved
     esync = hh.callbacks.ESyncCallback()
-    with pytest.warns(UserWarning, match="holds the state of LocalSGD, not of ESync"):
+    assert esync.load_checkpoint_state(path) is True
+    assert type(esync.strategy).__name__ == "LocalSGD" and esync.strategy.config() == {"args": [], "kwargs": {"period": 8}}
+    assert esync.state_dict() == counters("localsgd")
+
+
+def test_another_strategys_state_that_cannot_be_rebuilt_warns_and_is_not_loaded(tmp_path):
+    model, callback = model_of(), hh.callbacks.LocalSGDCallback(period=8)
+    state = counters("localsgd")
+    state["strategy"]["config"] = None                 # a callable schedule is not saved
+    callback.load_state_dict(state)
+    carry_state(model, callback)
+    path = str(tmp_path / "ckpt.weights.h5")
+    model.save_weights(path)
+    esync = hh.callbacks.ESyncCallback()
+    with pytest.warns(UserWarning, match=r"holds the state of LocalSGD, not of ESync, and cannot rebuild it \(the "
+                                         r"state of LocalSGD holds no arguments"):
         assert esync.load_checkpoint_state(path) is False
-    assert esync.state_dict() is None
+    assert esync.state_dict() is None and type(esync.strategy).__name__ == "ESync"
 
 
 def test_a_file_without_the_state_loads_as_before_and_a_bad_name_is_refused(tmp_path):

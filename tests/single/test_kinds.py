@@ -5,6 +5,7 @@ import pytest
 from fakes import ArrayCollectives, ArrayModel
 from horovod_hetero import simulate as sim
 from horovod_hetero.runtime.controller import HeteroController
+from horovod_hetero.runtime.runner import GradientRunner, ModelAveragingRunner
 from horovod_hetero.strategies import (
     AVERAGE, CONTINUE, MEASURE, Balanced, GradientAveraging, GradientWeighting, ModelAveraging, Normalized, OuterSGD, Strategy,
     Synchronous, check_strategy)
@@ -32,7 +33,7 @@ def doubled(rank, arrays):
 
 def controller(strategy, model=None, aggregate=None):
     return HeteroController(strategy, ArrayCollectives(doubled, rank=0, size=2),
-                            model or ArrayModel({"w": np.array([3.0])}), slowdown=[1.0, 1.0], aggregate=aggregate)
+                            model or ArrayModel({"w": np.array([3.0])}), aggregate=aggregate)
 
 
 def test_every_registered_strategy_is_exactly_one_kind():
@@ -62,9 +63,13 @@ def test_an_aggregation_goes_beside_a_model_averaging_strategy_and_the_runtime_a
 
 def test_a_gradient_strategy_measures_with_median_step_times_and_counts_joined_ranks_as_absent():
     ctl = controller(MeasureEveryOther())
-    assert ctl.protocol._median and ctl.protocol._absent_zeros and ctl.aggregator is None
-    model = controller(EveryThird()).protocol
-    assert not model._median and not model._absent_zeros
+    assert type(ctl.runner) is GradientRunner and ctl.protocol.policy is ctl.runner and ctl.aggregator is None
+    assert ctl.runner.step_time([0.1, 5.0, 0.2]) == 0.2                    # the median: one stall moves nothing
+    assert ctl.runner.absent(np.array([[0.0, 0.0], [1.0, 0.0]])).tolist() == [True, False]
+    model = controller(EveryThird())
+    assert type(model.runner) is ModelAveragingRunner and model.protocol.policy is model.runner
+    assert model.runner.step_time([0.1, 5.0, 0.2]) == pytest.approx(5.3 / 3)
+    assert model.runner.absent(np.zeros((2, 2))) is None
     synced = [ctl.after_step() for _ in range(4)]
     assert synced == [False] * 4 and ctl.protocol.round == 2           # measuring rounds average no model
     with pytest.raises(ValueError, match="MeasureEveryOther averages gradients every step"):

@@ -18,7 +18,7 @@ def ours():
 
 def one_rank(strategy, model=None, **kwargs):
     return HeteroController(strategy, ArrayCollectives(lambda rank, arrays: arrays), model or ArrayModel({}),
-                            slowdown=[1.0], **kwargs)
+                                **kwargs)
 
 
 class OpensThenFails(ModelAveraging):
@@ -64,8 +64,7 @@ class FourRanks(ArrayCollectives):
 def test_after_a_restart_the_responder_serves_weight_zero_until_this_rank_steps_again():
     """As before the lifecycle existed: a rank that finished serves its peers' group averages with
     weight 0 until it steps again, also across the close and reopen of its transports."""
-    ctl = HeteroController(WAGMA(group_size=2, sync_period=3), FourRanks(), ArrayModel({"w": np.array([2.0])}),
-                           slowdown=[1.0] * 4)
+    ctl = HeteroController(WAGMA(group_size=2, sync_period=3), FourRanks(), ArrayModel({"w": np.array([2.0])}))
     ctl.start()
     ctl.after_step()
     assert ctl.transports.groups._snapshot[1] == 1.0
@@ -100,7 +99,7 @@ def test_a_group_average_that_leaves_out_this_rank_is_refused():
             from horovod_hetero.strategies import GroupAverage
             return GroupAverage((1, 2), tag=self.step)
 
-    ctl = HeteroController(Stray(), FourRanks(), ArrayModel({"w": np.zeros(1)}), slowdown=[1.0] * 4)
+    ctl = HeteroController(Stray(), FourRanks(), ArrayModel({"w": np.zeros(1)}))
     with pytest.raises(RuntimeError, match="this rank in the group"):
         ctl.after_step()
     ctl.close()
@@ -111,7 +110,7 @@ def test_an_answer_that_is_not_a_decision_is_refused_naming_the_strategy():
         def decide(self, report):
             return "AVERAGE"
 
-    ctl = HeteroController(Answers(), FourRanks(), ArrayModel({"w": np.zeros(1)}), slowdown=[1.0] * 4)
+    ctl = HeteroController(Answers(), FourRanks(), ArrayModel({"w": np.zeros(1)}))
     with pytest.raises(TypeError, match=r"^Answers.after_step answered 'AVERAGE'; a strategy answers CONTINUE"):
         ctl.after_step()
     ctl.close()

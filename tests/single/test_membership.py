@@ -11,7 +11,7 @@ from horovod_hetero.strategies import DSSP, WAGMA, Context, ElasticBSP, LocalSGD
 
 def controller(strategy, size=1, broadcast=lambda obj: obj):
     collectives = ArrayCollectives(lambda rank, arrays: arrays, size=size, broadcast=broadcast)
-    return HeteroController(strategy, collectives, ArrayModel({}), slowdown=[1.0] * size)
+    return HeteroController(strategy, collectives, ArrayModel({}))
 
 
 def test_the_first_start_takes_the_first_ranks_counters_and_a_restart_does_not_broadcast():

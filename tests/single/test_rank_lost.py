@@ -33,8 +33,7 @@ class Lost(ArrayCollectives):
 def failing_controller(strategy):
     def allreduce(rank, arrays):
         raise OSError("Connection closed by peer [127.0.0.1]:1234\nmore lines")
-    return HeteroController(strategy, Lost(allreduce, rank=2, size=4), ArrayModel({"w": np.zeros(2)}),
-                           slowdown=[1.0] * 4)
+    return HeteroController(strategy, Lost(allreduce, rank=2, size=4), ArrayModel({"w": np.zeros(2)}))
 
 
 def test_the_error_names_the_round_the_step_and_the_lost_ranks():

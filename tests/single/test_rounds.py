@@ -5,7 +5,8 @@ from fakes import ArrayCollectives, ArrayModel, ThreadAllreduce, run_ranks, weig
 from horovod_hetero.errors import RoundMismatchError
 from horovod_hetero.runtime.controller import HeteroController
 from horovod_hetero.runtime.rounds import RoundProtocol
-from horovod_hetero.strategies import LocalSGD
+from horovod_hetero.runtime.runner import GradientRunner
+from horovod_hetero.strategies import LocalSGD, Synchronous
 from horovod_hetero.strategies.base import RoundStats
 
 
@@ -88,8 +89,8 @@ def inside_join(rank_blocks):
     return average
 
 
-def test_a_rank_inside_hvd_join_is_absent_from_a_round_with_absent_zeros():
-    protocol = RoundProtocol(inside_join(3), size=4, absent_zeros=True)
+def test_a_rank_inside_hvd_join_is_absent_from_a_round_of_a_gradient_runner():
+    protocol = RoundProtocol(inside_join(3), size=4, policy=GradientRunner(Synchronous()))
     protocol.local_step(step_s=0.5, samples=8)
     result = protocol.run_round()
     assert result.stats.local_steps.tolist() == [1, 1, 1, 0]
@@ -102,12 +103,12 @@ def test_a_rank_inside_hvd_join_is_absent_from_a_round_with_absent_zeros():
         strict.run_round()
 
 
-def test_absent_zeros_still_refuses_a_rank_in_another_round():
+def test_a_gradient_runner_still_refuses_a_rank_in_another_round():
     def average(weight, control):              # 3 ranks in this round, the fourth in round 5 (its block filled)
         summed = inside_join(4)(weight, control)
         summed[2] += 5.0
         return summed
-    protocol = RoundProtocol(average, size=4, absent_zeros=True)
+    protocol = RoundProtocol(average, size=4, policy=GradientRunner(Synchronous()))
     protocol.local_step(step_s=0.5)
     with pytest.raises(RoundMismatchError, match=r"sum of round tags 8.0, expected 4"):
         protocol.run_round()

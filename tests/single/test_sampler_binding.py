@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import horovod_hetero.torch.sampler as sampler_mod
+from horovod_hetero.runtime.runner import runner_for
 from horovod_hetero.strategies import LocalSGD, Synchronous
 from horovod_hetero.torch.sampler import DistributedSampler, register_optimizer
 
@@ -69,15 +70,15 @@ def idle_check(waited, since, **state):
     import time
     import warnings
 
-    from horovod_hetero.torch.optimizer import _HeteroMethods
+    from horovod_hetero.torch.optimizer import DistributedOptimizer
     now = time.monotonic()
     opt = types.SimpleNamespace(_hh_synced_at=now - since, _hh_idle_warned=False, _hh_split_by_speed=False,
-                                _hh=types.SimpleNamespace(strategy=LocalSGD(period=4)))
+                                _hh=types.SimpleNamespace(runner=runner_for(LocalSGD(period=4))))
     for key, value in state.items():
         setattr(opt, key, value)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _HeteroMethods._hh_check_idle(opt, now - waited)
+        DistributedOptimizer._hh_check_idle(opt, now - waited)
     assert opt._hh_idle_warned == (bool(caught) or state.get("_hh_idle_warned", False))
     return [str(w.message) for w in caught]
 
@@ -90,7 +91,7 @@ def test_a_rank_idle_in_sync_model_with_an_even_split_is_told_the_fix_once():
     assert idle_check(waited=2.0, since=10.0) == []                      # a quarter or less: no warning
     assert idle_check(waited=6.0, since=10.0, _hh_split_by_speed=True) == []
     assert idle_check(waited=6.0, since=10.0, _hh=types.SimpleNamespace(
-        strategy=Synchronous())) == []   # Synchronous: it waits every step
+        runner=runner_for(Synchronous()))) == []   # Synchronous: it waits every step
 
 
 def test_loader_batch_size_keeps_every_share_but_the_last_whole_batches():

@@ -101,7 +101,7 @@ def test_controller_records_compute_comm_and_bytes(tmp_path):
 
     ctl = HeteroController(LocalSGD(period=2), ArrayCollectives(scripted(collective), rank=1, size=2),
                            ArrayModel({}, nbytes=1000), telemetry=str(tmp_path),
-                           slowdown=Slowdown(1, "1,3", sleep=sleep), clock=clock)
+                           step_hooks=[Slowdown(1, "1,3", sleep=sleep).pad], clock=clock)
     for _ in range(4):
         clock.now += 0.1                           # 0.1 s of compute, padded to 0.3 s (the first step: not padded)
         ctl.telemetry.annotate(samples=32, loss=1.0)
@@ -141,7 +141,7 @@ def test_opening_a_strategys_transports_is_neither_compute_nor_communication():
         return obj
 
     ctl = HeteroController(ESync(warmup_step=False), ArrayCollectives(lambda rank, arrays: arrays, broadcast=broadcast),
-                           ArrayModel({}), slowdown=[1.0], clock=clock)
+                           ArrayModel({}), clock=clock)
     ctl.start()
     clock.now += 0.1
     ctl.after_step()
