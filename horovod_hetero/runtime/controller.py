@@ -284,10 +284,15 @@ class HeteroController:
         if self.transports is not None:
             raise RuntimeError("set_strategy() between sync_model() and the next step: every rank then holds the "
                                "same model and round (the adapters' set_strategy syncs first)")
-        runner = self._runner(strategy)
-        strategy.step = self.strategy.step
-        runner.begin(self.gradients, self.rank, self.size)
-        self.runner, self.protocol.policy = runner, runner
+        runner, previous = self._runner(strategy), self.runner
+        strategy.take_over(previous.strategy.step)
+        self.runner = runner                   # what the gradients name, if they cannot follow
+        try:
+            runner.begin(self.gradients, self.rank, self.size)
+        except BaseException:
+            self.runner = previous
+            raise
+        self.protocol.policy = runner
         self._started = False
 
     # -- steps and decisions --

@@ -258,9 +258,9 @@ class WeightedGradientRunner(GradientRunner):
         weighting.check_size(size)
         assert weighting.global_batch is not None              # given, or use_batch set it
         steps = steps_per_epoch(n, weighting.global_batch)
-        if weighting.step % steps:
-            raise ValueError(f"epoch_plan: {weighting.step} steps were taken, not a whole number of epochs of "
-                             f"{steps} steps: train every epoch on its plan, to its end")
+        if (weighting.step - weighting.origin) % steps:
+            raise ValueError(f"epoch_plan: {weighting.step - weighting.origin} steps were taken, not a whole number "
+                             f"of epochs of {steps} steps: train every epoch on its plan, to its end")
         weighting.plan_windows(steps)
         return steps, weighting.batch_sizes(weighting.step + 1, size)
 

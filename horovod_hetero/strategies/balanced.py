@@ -154,8 +154,8 @@ class Balanced(GradientWeighting):
             self.noise_seen = None
 
     def window(self, step: int) -> int:
-        """The window of local step ``step`` (1-based)."""
-        return (step - 1) // self.rebalance_every
+        """The window of local step ``step`` (1-based), counted from the step Balanced took over at (``origin``)."""
+        return (step - 1 - self.origin) // self.rebalance_every
 
     def batch_sizes(self, step: int, size: int | None = None) -> tuple[int, ...]:
         """Every rank's batch at local step ``step`` (1-based): the plan of its window, or an even split
@@ -182,7 +182,7 @@ class Balanced(GradientWeighting):
         return self.batch_sizes(self.step + 1, size)[rank] / self.global_batch
 
     def decide(self, report: StepReport) -> Decision:
-        return MEASURE if self.step % self.rebalance_every == 0 else CONTINUE
+        return MEASURE if (self.step - self.origin) % self.rebalance_every == 0 else CONTINUE
 
     def on_round(self, result: RoundResult) -> None:
         stats = result.stats
@@ -199,7 +199,7 @@ class Balanced(GradientWeighting):
                 r = wrong[0]
                 raise ValueError(
                     f"Balanced planned batches of {sizes[r]} samples on rank {r} in steps "
-                    f"{window * self.rebalance_every + 1}-{self.step}, but it reported {used[r]:g} on average: draw "
+                    f"{self.origin + window * self.rebalance_every + 1}-{self.step}, but it reported {used[r]:g} on average: draw "
                     f"the batches from hh.DistributedSampler(dataset, batch_size=...) as DataLoader(dataset, "
                     f"batch_sampler=sampler), and bind it with hh.DistributedOptimizer(..., sampler=sampler)")
         if not measured.all() or window == 0:      # window 0 holds the first step (start-up, tracing): no speed

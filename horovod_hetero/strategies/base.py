@@ -299,12 +299,18 @@ class Strategy(abc.ABC):
 
     def __init__(self) -> None:
         self.step = 0
+        self.origin = 0                            # the step this strategy took over at (``take_over``)
         self.rank, self.size = 0, 1
         self.plan: Plan | None = None              # the latest Plan, if the strategy makes them
         self._plan_left: int | None = None         # local steps left before the planned round
         self._plan_done: int | None = None         # loaded: the saving rank's steps into its plan (``start``)
 
     # -- called by the runtime (template methods) --
+
+    def take_over(self, step: int) -> None:
+        """Run on from ``step``, the step count of the strategy this one replaces (``set_strategy``): the count
+        goes on, and a schedule of this strategy's own counts from here (``origin``)."""
+        self.step = self.origin = check_int("step", step, 0)
 
     def start(self, ctx: Context) -> None:
         """Start (or, after ``sync_model()``, restart) on this rank with a ``Context``."""
@@ -399,7 +405,7 @@ class Strategy(abc.ABC):
         done = self._plan_done                     # loaded, not started yet
         if done is None and self.plan is not None and self._plan_left is not None and self.rank < len(self.plan.steps):
             done = max(self.plan.steps[self.rank] - self._plan_left, 0)
-        return {"kind": type(self).__name__, "config": self.config(), "step": self.step,
+        return {"kind": type(self).__name__, "config": self.config(), "step": self.step, "origin": self.origin,
                 "plan": None if self.plan is None else list(self.plan.steps), "plan_left": self._plan_left,
                 "plan_done": done}
 
@@ -408,6 +414,7 @@ class Strategy(abc.ABC):
             raise ValueError(
                 f"strategy state is for {state.get('kind')!r}, cannot load it into {type(self).__name__}")
         self.step = check_int("state['step']", state["step"], 0)
+        self.origin = check_int("state['origin']", state.get("origin", 0), 0, self.step)
         plan = state.get("plan")
         self.plan = None if plan is None else Plan(tuple(plan))
         self._plan_left = state.get("plan_left")

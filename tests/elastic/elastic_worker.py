@@ -15,7 +15,11 @@ from elastic_job import log, set_hosts
 STRATEGIES = {"sync": hh.Synchronous, "localsgd": lambda: hh.LocalSGD(period=3), "esync": hh.ESync,
               "wagma": lambda: hh.WAGMA(group_size=2, sync_period=4), "elasticbsp": hh.ElasticBSP,
               "dssp": hh.DSSP, "balanced": lambda: hh.Balanced(rebalance_every=2),
-              "adsp": lambda: hh.ADSP(check_period="4steps", search_every="8steps")}
+              "adsp": lambda: hh.ADSP(check_period="4steps", search_every="8steps"),
+              "switch": hh.Synchronous}
+#: ``switch``: the strategy set_strategy() runs from the end of each of these epochs on (state.epoch after it), of
+#: either kind, across the job's growth (at the end of epoch 1) and its shrinking back
+SWITCHES = {1: lambda: hh.ESync(), 2: lambda: hh.Balanced(rebalance_every=2), 4: lambda: hh.ElasticBSP()}
 
 
 def build(name):
@@ -26,7 +30,8 @@ def build(name):
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
     strategy = STRATEGIES[name]()
-    sampler = hh.DistributedSampler(range(10_000), batch_size=8) if isinstance(strategy, hh.GradientWeighting) else None
+    batches = name in ("balanced", "switch")              # Balanced (now or later) draws from the batch sampler
+    sampler = hh.DistributedSampler(range(10_000), batch_size=8) if batches else None
     opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                   named_parameters=model.named_parameters(), strategy=strategy, sampler=sampler)
     return model, strategy, sampler, opt
@@ -70,9 +75,12 @@ def main():
             state.epoch += 1
             epochs_here += 1
             plan = opt.strategy.plan
-            if isinstance(strategy, hh.GradientWeighting):   # the batch sizes for the current ranks
-                plan = list(opt.strategy.batch_sizes(opt.strategy.step + 1, size))
-            log(event="epoch", rank=rank, size=size, plan=None if plan is None else list(getattr(plan, "steps", plan)))
+            if opt.runner.plans_batches:                      # the batch sizes for the current ranks
+                plan = list(opt.runner.batch_sizes(opt.strategy.step + 1, size))
+            log(event="epoch", rank=rank, size=size, plan=None if plan is None else list(getattr(plan, "steps", plan)),
+                strategy=type(opt.strategy).__name__, epoch=state.epoch, step=opt.strategy.step)
+            if args.strategy == "switch" and state.epoch in SWITCHES:
+                opt.set_strategy(SWITCHES[state.epoch]())
             if rank == 0 and size == 2 and state.grown < 0:
                 state.grown = state.epoch
                 set_hosts("localhost:2\n127.0.0.1:2\n")                     # grow to 4
@@ -84,7 +92,7 @@ def main():
 
     rank, size = train(state)
     log(event="end", rank=rank, size=size, epoch=state.epoch, sizes=sizes, step=opt.strategy.step,
-        params=[p.tolist() for p in model.parameters()])
+        strategy=type(opt.strategy).__name__, params=[p.tolist() for p in model.parameters()])
 
 
 if __name__ == "__main__":

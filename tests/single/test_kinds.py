@@ -93,3 +93,27 @@ def test_a_gradient_weighting_strategy_without_its_weights_cannot_be_built():
     with pytest.raises(TypeError, match="abstract method.*batch_sizes.*gradient_weight"):
         Unweighted()
     assert isinstance(Balanced(global_batch=8), GradientWeighting) and not isinstance(Synchronous(), GradientWeighting)
+
+
+def test_only_the_runners_selection_looks_at_a_strategys_kind():
+    """The adapters, the controller, the samplers, the simulator, advise, the lab and the examples call a runner's
+    hooks (``runtime.runner``); ``runner_for`` picks the runner, and ``check_kind`` (beside the kinds' own
+    definitions) refuses a strategy of neither kind. Nothing else tests a kind, and nothing builds on
+    ``super(self.__class__, ...)``, which recurses in a user's subclass."""
+    import pathlib
+    import re
+    root = pathlib.Path(__file__).resolve().parents[2]
+    kind = re.compile(r"isinstance\([^)]*\b(ModelAveraging|GradientAveraging|GradientWeighting)\b")
+    allowed = {("horovod_hetero/runtime/runner.py", "runner_for"), ("horovod_hetero/strategies/base.py", "check_kind")}
+    found, recursing = [], []
+    for path in [*root.glob("horovod_hetero/**/*.py"), *root.glob("lab/**/*.py"), *root.glob("examples/*.py"),
+                 *root.glob("benchmarks/**/*.py")]:
+        function = None
+        for line in path.read_text().splitlines():
+            match = re.match(r"\s*def (\w+)", line)
+            function = match.group(1) if match else function
+            if kind.search(line) and (path.relative_to(root).as_posix(), function) not in allowed:
+                found.append(f"{path.relative_to(root)}: {line.strip()}")
+            if "super(self.__class__" in line:
+                recursing.append(f"{path.relative_to(root)}: {line.strip()}")
+    assert found == [] and recursing == []
