@@ -9,7 +9,7 @@ import click
 
 import horovod_hetero.doctor as doctor_checks
 from horovod_hetero.runtime.telemetry import format_summary, load, summarize
-from horovod_hetero.strategies.registry import REGISTRY, build, check_names, configured
+from horovod_hetero.strategies.registry import REGISTRY, check_names, configured
 
 #: the entry point group whose commands ``horovod-hetero`` adds (each ``name = "module:click_command"``)
 COMMANDS = "horovod_hetero.commands"
@@ -137,7 +137,7 @@ def simulate(speeds, strategies, duration, jitter, change_at, change_factors, mo
     results = []
     for name in names:
         try:
-            strategy = build(name, **options)
+            strategy = configured(name, **options)
         except (TypeError, ValueError) as e:
             raise click.BadParameter(str(e), param_hint=f"the {name} options") from None
         try:
@@ -246,7 +246,7 @@ def plan(step_times, strategies, lookahead, s_lower, s_upper, check_period):
     if not all(0 < s < float("inf") for s in step_s):
         raise click.BadParameter("step times must be finite seconds > 0", param_hint="--step-times")
     try:
-        objects = [build(n, lookahead=lookahead, staleness=(s_lower, s_upper), check_period=check_period)
+        objects = [configured(n, lookahead=lookahead, staleness=(s_lower, s_upper), check_period=check_period)
                    for n in names]
         plans = [s.plan_steps(step_s) if hasattr(s, "plan_steps") else steady_round(s, step_s) for s in objects]
     except (TypeError, ValueError) as e:

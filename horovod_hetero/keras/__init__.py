@@ -2,8 +2,11 @@
 
 Next to ``import horovod.tensorflow as hvd`` (TensorFlow backend, Keras 2 or 3) or
 ``import horovod.torch as hvd`` (``KERAS_BACKEND=torch``); the callbacks are in ``hh.callbacks``.
-``horovod_hetero.tensorflow.keras`` is the same module under Horovod's name for it.
+``horovod_hetero.tensorflow.keras`` is the same module under Horovod's name for it. Every strategy class of
+``strategies.registry.REGISTRY`` is ``hh.<its name>``, looked up when it is read.
 """
+from typing import TYPE_CHECKING, Any
+
 from horovod_hetero.common.process_sets import check_process_set, wagma_process_sets  # noqa: F401
 from horovod_hetero.keras._backend import collectives_class, keras_major, keras_module  # noqa: F401
 from horovod_hetero.keras._optimizer import averaging_optimizer, check_keras_optimizer
@@ -12,14 +15,30 @@ from horovod_hetero.errors import (  # noqa: F401
 from horovod_hetero.keras import callbacks  # noqa: F401
 from horovod_hetero.runtime.seams import DEFAULT_TIMEOUT_S
 from horovod_hetero.strategies import (  # noqa: F401
-    ADSP, Balanced, DSSP, ESync, ElasticBSP, GradientAveraging, GradientWeighting, LocalSGD, Mean, ModelAveraging,
-    Normalized, OuterSGD, Steps, Strategy, Synchronous, WAGMA)
-from horovod_hetero.strategies.registry import REGISTRY
+    GradientAveraging, GradientWeighting, Mean, ModelAveraging, Normalized, OuterSGD, Steps, Strategy)
+from horovod_hetero.strategies.registry import REGISTRY, classes
 from horovod_hetero.validation import check_bool, check_float, check_int
 
 __all__ = ["DistributedOptimizer", "callbacks", "wagma_process_sets", "keras_module", "keras_major",
            "Strategy", "ModelAveraging", "GradientAveraging", "GradientWeighting", *(entry.cls.__name__ for entry in REGISTRY.values()), "Steps", "Mean", "Normalized", "OuterSGD",
            "HeteroError", "RankLostError", "CollectiveTimeoutError", "RoundMismatchError", "ElasticResetError"]
+
+if TYPE_CHECKING:
+    from horovod_hetero.strategies import (  # noqa: F401
+        ADSP, Balanced, DSSP, ESync, ElasticBSP, LocalSGD, Synchronous, WAGMA)
+
+
+def __getattr__(name: str) -> Any:
+    """Every registered strategy class by its name (``strategies.registry.classes``: one registered after this
+    module was imported too)."""
+    try:
+        return classes()[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | set(classes()))
 
 
 def DistributedOptimizer(optimizer, process_set=None, timeout=DEFAULT_TIMEOUT_S, **horovod_options):

@@ -1,5 +1,6 @@
-"""Keras callbacks: ``HeteroSyncCallback`` drives any strategy; the others fill one in; and what
-Horovod's Keras layer gives on Keras 2 but not on Keras 3 (broadcast, metric average, warm-up).
+"""Keras callbacks: ``HeteroSyncCallback`` drives any strategy; the others fill one in (each names the class it
+builds, ``strategy_class``: a strategy needs none of its own); and what Horovod's Keras layer gives on Keras 2
+but not on Keras 3 (broadcast, metric average, warm-up).
 
 Every argument, and every environment variable that fills in for one, is checked when a callback is
 built: a ``TypeError``/``ValueError`` names it; what needs ``hvd.init()`` (process-set membership,
@@ -13,7 +14,7 @@ from horovod_hetero.keras._callback import HeteroSyncCallbackImpl, SlowdownCallb
 from horovod_hetero.keras._horovod_callbacks import (
     BroadcastGlobalVariablesCallbackImpl, LearningRateWarmupCallbackImpl, MetricAverageCallbackImpl)
 from horovod_hetero.runtime.seams import DEFAULT_TIMEOUT_S
-from horovod_hetero.strategies import ADSP, Balanced, DSSP, ESync, ElasticBSP, LocalSGD, WAGMA
+from horovod_hetero.strategies import ADSP, Balanced, DSSP, ESync, ElasticBSP, LocalSGD, Strategy, WAGMA
 from horovod_hetero.validation import check_options, check_removed
 
 #: the running Keras' ``Callback`` (Keras 2 or 3: chosen at run time)
@@ -94,6 +95,10 @@ class HeteroSyncCallback(HeteroSyncCallbackImpl, Callback):
                                              hh.callbacks.HeteroSyncCallback(hh.LocalSGD(period=8))])
     """
 
+    #: the strategy class the callback fills in from its own arguments (``LocalSGDCallback``: ``LocalSGD``);
+    #: ``None`` here: any strategy, of either kind, given to it
+    strategy_class: "type[Strategy] | None" = None
+
     def __new__(cls, *args, **options):
         check_removed(cls.__name__, options, {*inspect.signature(cls.__init__).parameters,
                                               *inspect.signature(HeteroSyncCallbackImpl.__init__).parameters})
@@ -108,6 +113,8 @@ class LocalSGDCallback(HeteroSyncCallback):
         model.fit(x, y, epochs=5, callbacks=[hh.callbacks.LocalSGDCallback(period=8)])
     """
 
+    strategy_class = LocalSGD
+
     def __init__(self, period, warmup_steps=0, **options):
         super().__init__(LocalSGD(period, warmup_steps), **options)
 
@@ -120,6 +127,8 @@ class ESyncCallback(HeteroSyncCallback):
 
         model.fit(x, y, epochs=5, callbacks=[hh.callbacks.ESyncCallback(mode="delayed_ack")])
     """
+
+    strategy_class = ESync
 
     def __init__(self, mode="blocking", esync_options=None, **options):
         esync_options = _strategy_options("esync_options", esync_options, ESync, ("mode",))
@@ -137,6 +146,8 @@ class WAGMACallback(HeteroSyncCallback):
         model.fit(x, y, epochs=5, callbacks=[hh.callbacks.WAGMACallback(group_size=None, sync_period=10)])
     """
 
+    strategy_class = WAGMA
+
     def __init__(self, group_size=None, sync_period=10, wagma_options=None, **options):
         wagma_options = _strategy_options("wagma_options", wagma_options, WAGMA, ("group_size", "sync_period"))
         super().__init__(WAGMA(group_size, sync_period, **wagma_options), **options)
@@ -150,6 +161,8 @@ class ElasticBSPCallback(HeteroSyncCallback):
         model.fit(x, y, epochs=5, callbacks=[hh.callbacks.ElasticBSPCallback(lookahead=15, aggregate=hh.Normalized())])
     """
 
+    strategy_class = ElasticBSP
+
     def __init__(self, lookahead=15, **options):
         super().__init__(ElasticBSP(lookahead), **options)
 
@@ -161,6 +174,8 @@ class DSSPCallback(HeteroSyncCallback):
 
         model.fit(x, y, epochs=5, callbacks=[hh.callbacks.DSSPCallback(staleness=(3, 15))])
     """
+
+    strategy_class = DSSP
 
     def __init__(self, staleness=(3, 15), tolerance=0.05, **options):
         super().__init__(DSSP(staleness, tolerance), **options)
@@ -174,6 +189,8 @@ class ADSPCallback(HeteroSyncCallback):
 
         model.fit(x, y, epochs=5, callbacks=[hh.callbacks.ADSPCallback(check_period=60.0)])
     """
+
+    strategy_class = ADSP
 
     def __init__(self, check_period=60.0, search_every=None, adsp_options=None, **options):
         adsp_options = _strategy_options("adsp_options", adsp_options, ADSP, ("check_period", "search_every"))
@@ -210,6 +227,8 @@ class BalancedCallback(HeteroSyncCallback):
             model.fit(x[idx], y[idx], batch_size=batch, shuffle=False, initial_epoch=epoch, epochs=epoch + 1,
                       callbacks=[hh.callbacks.BroadcastGlobalVariablesCallback(0), balanced])
     """
+
+    strategy_class = Balanced
 
     def __init__(self, global_batch=None, max_batch=None, batch_size=None, process_set=None, telemetry=None,
                  slowdown=None, timeout=DEFAULT_TIMEOUT_S, min_batch=None):

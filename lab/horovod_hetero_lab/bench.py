@@ -38,6 +38,7 @@ import subprocess
 import sys
 from typing import Any
 import time
+from collections.abc import Mapping
 from importlib import metadata
 
 import numpy as np
@@ -47,10 +48,11 @@ from horovod_hetero import simulate as sim
 from horovod_hetero.runtime.straggler import parse_random_delay, parse_slowdown
 from horovod_hetero.runtime.telemetry import load, round_cost_and_wait, summarize
 from horovod_hetero.runtime.runner import runner_for
-from horovod_hetero.strategies.registry import REGISTRY, bench_options, check_names, configured
+from horovod_hetero.strategies.registry import REGISTRY, check_names
 from horovod_hetero.validation import check_bool, check_float, check_int
 import horovod_hetero_lab
 from horovod_hetero_lab.data import TASKS, check_split, check_task, class_shares
+from horovod_hetero_lab.harness import bench_label, bench_options, bench_strategy
 
 #: The directories holding the ``horovod_hetero`` and ``horovod_hetero_lab`` packages this command runs:
 #: the jobs' workers import the same copies.
@@ -58,8 +60,33 @@ PACKAGE_PARENTS = list(dict.fromkeys(pathlib.Path(str(p.__file__)).resolve().par
                                      for p in (horovod_hetero, horovod_hetero_lab)))
 #: framework -> the example script a job runs (``examples/<name>.py`` of the checkout)
 SCRIPTS = {"torch": "torch_digits", "keras": "keras_digits"}
-#: name -> (row label, the examples' options that build it), from ``strategies.registry``
-STRATEGIES = {name: (entry.label, bench_options(name)) for name, entry in REGISTRY.items()}   # Synchronous first
+
+
+class Strategies(Mapping):
+    """name -> (row label, the examples' options that build it) of every strategy ``strategies.registry.REGISTRY``
+    holds when it is read (one registered since included), in its order (Synchronous first): labelled and
+    configured by the lab's ``harness.BENCH``, a strategy without an entry there by its class's name, with no
+    options.
+
+    Example:
+        >>> STRATEGIES["dssp"]
+        ('DSSP(3,15)', ['--strategy', 'dssp', '--staleness', '3', '15'])
+    """
+
+    def __getitem__(self, name):
+        if name not in REGISTRY:
+            raise KeyError(name)
+        return bench_label(name), bench_options(name)
+
+    def __iter__(self):
+        return iter(list(REGISTRY))
+
+    def __len__(self):
+        return len(REGISTRY)
+
+
+#: name -> (row label, the examples' options that build it), read from the registry (``Strategies``)
+STRATEGIES = Strategies()
 RESULTS = "results.json"
 FORMAT = "horovod-hetero-bench/2"
 #: ``--aggregate`` variants of the model-averaging strategies: how global rounds combine the models
@@ -410,7 +437,7 @@ def predict(by_rank, strategy, wall, batch_size, round_cost):
 def gradient_averaging(name):
     """True for the strategies that average gradients every step (Synchronous, Balanced): they run once per
     group, whatever ``--aggregate`` says."""
-    return runner_for(configured(name)).steps_together
+    return runner_for(bench_strategy(name)).steps_together
 
 
 def slowest_rank(profile, num_proc):
@@ -471,7 +498,7 @@ def summarize_job(job, job_dir, settings):
            "predicted_samples_per_s": None, "bound_samples_per_s": None, "share_of_bound": None,
            "median_rtt_s": None}
     if len(by_rank) == settings["np"]:
-        strategy = configured(job.strategy)
+        strategy = bench_strategy(job.strategy)
         runner = runner_for(strategy)
         runner.use_batch(settings["batch_size"], settings["np"])     # a planned global batch: the job's ranks' batches
         cost, wait = round_cost_and_wait(by_rank, every_step=runner.steps_together)

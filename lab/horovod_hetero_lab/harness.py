@@ -6,7 +6,8 @@
 
 Both take the same strategy options (``add_strategy_arguments``: ``--strategy`` of
 ``strategies.registry.REGISTRY`` and every strategy's options) and build the same strategy objects
-(``build_strategy``) and aggregation (``aggregation``): the torch example hands them to
+(``build_strategy``, ``build``: each class its own options, ``BENCH``'s flags mapping an option to the keyword
+it gives) and aggregation (``aggregation``): the torch example hands them to
 ``hh.DistributedOptimizer``, the Keras one to ``hh.callbacks.HeteroSyncCallback``. Both take the same task and evaluation options
 (``add_run_arguments``: ``--task`` of ``horovod_hetero_lab.data.TASKS``, ``--split``, ``--curve``, ``--eval-interval``,
 ...) and record rank 0's evaluation curve with the same ``Curve`` (what ``horovod-hetero bench`` reads).
@@ -18,14 +19,98 @@ import time
 
 import numpy as np
 
+import inspect
+
 from horovod_hetero import strategies
-from horovod_hetero.strategies.registry import REGISTRY, build
+from horovod_hetero.strategies.registry import REGISTRY, configured
 from horovod_hetero_lab.data import TASKS
 
-#: the options ``add_strategy_arguments`` adds that go to the strategy's class as they are (each class takes
-#: its own: ``registry.build``); ``--aggregate`` and the outer optimiser's go beside it (``aggregation``)
+#: the options ``add_strategy_arguments`` adds that go to the strategy's class (each class takes its own:
+#: ``build``); ``--aggregate`` and the outer optimiser's go beside it (``aggregation``)
 STRATEGY_OPTIONS = ("period", "warmup_steps", "mode", "group_size", "lookahead", "staleness",
                     "check_period", "search_every", "rebalance_every")
+
+#: the lab's own view of the registered strategies: name -> (bench's row label, the keyword arguments bench,
+#: demo and the report run it with, ``{keyword: the examples' option that gives it}`` where that option is
+#: not named as the keyword: WAGMA's ``sync_period`` comes from ``--period``, as LocalSGD's ``period``). A
+#: registered strategy without an entry runs with its class's name as label and no option of its own.
+BENCH = {
+    "sync": ("Synchronous", {}, {}),
+    "localsgd": ("LocalSGD(8)", {"period": 8}, {}),
+    "esync": ("ESync", {}, {}),
+    "wagma": ("WAGMA(S=2,8)", {"sync_period": 8}, {"sync_period": "period"}),
+    "elasticbsp": ("ElasticBSP(15)", {"lookahead": 15}, {}),
+    "dssp": ("DSSP(3,15)", {"staleness": (3, 15)}, {}),
+    "adsp": ("ADSP(10steps)", {"check_period": "10steps"}, {}),
+    "balanced": ("Balanced(5)", {"rebalance_every": 5}, {}),
+}
+
+
+def bench_entry(name):
+    """``(label, options, flags)`` of the registered strategy ``name`` (``BENCH``'s entry, else its class's name,
+    no options, no flags); an unknown name is a ``ValueError`` naming the choices.
+
+    Example:
+        >>> bench_entry("dssp")
+        ('DSSP(3,15)', {'staleness': (3, 15)}, {})
+    """
+    if name not in REGISTRY:
+        raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(REGISTRY)}")
+    return BENCH.get(name) or (REGISTRY[name].cls.__name__, {}, {})
+
+
+def bench_label(name):
+    """Bench's row label of the strategy ``name``.
+
+    Example:
+        >>> bench_label("wagma")
+        'WAGMA(S=2,8)'
+    """
+    return bench_entry(name)[0]
+
+
+def bench_options(name):
+    """The examples' command-line options that build ``name`` as bench runs it.
+
+    Example:
+        >>> bench_options("wagma")
+        ['--strategy', 'wagma', '--period', '8']
+    """
+    _, options, flags = bench_entry(name)
+    out = ["--strategy", name]
+    for key, value in options.items():
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        out += [f"--{flags.get(key, key).replace('_', '-')}", *map(str, values)]
+    return out
+
+
+def bench_strategy(name):
+    """The strategy ``name`` as bench runs it (its ``BENCH`` options; without: the registry's defaults), which the
+    bench simulates beside the measured job.
+
+    Example:
+        >>> bench_strategy("adsp").label
+        'ADSP(10steps)'
+    """
+    return configured(name, **bench_entry(name)[1])
+
+
+def build(name, **options):
+    """The strategy ``name`` with those of ``options`` its class takes: by keyword, else from the option
+    ``BENCH``'s flags name; the others are ignored, so one set of options serves every strategy. A keyword
+    none of them gives is the registry's default (``registry.configured``), else the class's.
+
+    Example:
+        >>> build("wagma", period=4, lookahead=3).label        # each class takes its own options
+        'WAGMA(S=auto,4)'
+    """
+    flags = bench_entry(name)[2]
+    kwargs = {}
+    for key in inspect.signature(REGISTRY[name].cls).parameters:
+        source = key if key in options else flags.get(key)
+        if source in options:
+            kwargs[key] = options[source]
+    return configured(name, **kwargs)
 
 
 def aggregation(args):

@@ -23,7 +23,7 @@ if ON == "cuda" and not torch.cuda.is_available():
     pytest.skip("no CUDA GPU", allow_module_level=True)
 
 import horovod_hetero.torch as hh  # noqa: E402
-from horovod_hetero.strategies.registry import REGISTRY, build  # noqa: E402
+from horovod_hetero.strategies.registry import REGISTRY, configured  # noqa: E402
 
 hvd.init(process_sets="dynamic")
 if ON == "cuda":
@@ -83,7 +83,7 @@ def test_every_strategy_trains_on_the_gpu_with_every_collective_tensor_on_it(nam
     torch.manual_seed(hvd.rank())
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)).to(DEVICE)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    strategy = build(name, **REGISTRY[name].bench)
+    strategy = configured(name)
     opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                                   named_parameters=model.named_parameters(), strategy=strategy)
     x = torch.randn(64, 64, device=DEVICE)
@@ -103,7 +103,7 @@ def test_every_strategy_trains_on_the_gpu_with_every_collective_tensor_on_it(nam
     assert len(set(sums)) == 1, sums
     if hvd.rank() == 0:
         card = torch.cuda.get_device_name() if DEVICE.type == "cuda" else "the CPU"
-        print(f"\n[gpu] {REGISTRY[name].label}: {40 * 64 / seconds:.0f} samples/s on {card}, "
+        print(f"\n[gpu] {strategy.label}: {40 * 64 / seconds:.0f} samples/s on {card}, "
               f"{sum(dtype.is_floating_point for *_, dtype in SEEN)} floating-point tensors in collectives, all on {DEVICE}", flush=True)
 
 

@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
-from horovod_hetero.strategies.registry import REGISTRY, build
+from horovod_hetero.strategies.registry import REGISTRY, configured
 
 hh = pytest.importorskip("horovod_hetero.keras")
 from horovod_hetero.keras._checkpoint import ATTRIBUTE, carry_state, decode, encode, read_state  # noqa: E402
@@ -18,7 +18,7 @@ keras = hh.keras_module()
 
 def counters(name):
     """A controller's ``state_dict()`` for strategy ``name``, its counters moved off their start."""
-    strategy = build(name, **REGISTRY[name].bench)
+    strategy = configured(name)
     inner = dict(strategy.state_dict(), step=7, plan=[3, 1], plan_left=2, plan_done=1)
     return {"strategy": inner, "rounds": {"round": 2, "steps_since_round": 1}}
 
@@ -33,7 +33,7 @@ def test_every_strategys_state_survives_the_entry_exactly(name):
     assert back["aggregation"]["start"][1].dtype == np.float32
     back.pop("aggregation"), state.pop("aggregation")
     assert back == state
-    fresh = build(name, **REGISTRY[name].bench)
+    fresh = configured(name)
     fresh.load_state_dict(back["strategy"])
     assert fresh.state_dict() == state["strategy"]
 
