@@ -170,7 +170,7 @@ bench-publish-balanced: $(READY)
 #: Balanced's planner (about 18 min): every step padded in proportion to its batch (--slowdown padded-linear);
 #: 1,1,1,4 with 0.8 s factor-1 steps (a step's allreduce, about 20-25 ms here, a few % of it: the figure against
 #: the 3.25x bound) and a slowdown that starts 10 s in (the plans that follow it); then every plan and the
-#: samples/s once settled, against Synchronous in the same run (benchmarks/balanced_plans.py)
+#: samples/s once settled, against Synchronous in the same run (horovod-hetero benchmark balanced_plans)
 PLANNER_COMMON = --np 4 --repeat 3 --slowdown padded-linear --task fashion-cnn --split iid --strategies sync,balanced
 bench-publish-planner: $(READY)
 	rm -rf $(PUBLISH)/planner $(PUBLISH)/planner-change
@@ -178,8 +178,8 @@ bench-publish-planner: $(READY)
 	  --profile 1,1,1,4 --out $(PUBLISH)/planner
 	$(PY) -m horovod_hetero.cli bench $(PLANNER_COMMON) --base-step 0.1 --budget 30 --eval-interval 5 \
 	  --profile '1,1,1,1;10:1,1,1,4' --out $(PUBLISH)/planner-change
-	PYTHONPATH=. $(PY) benchmarks/balanced_plans.py $(PUBLISH)/planner
-	PYTHONPATH=. $(PY) benchmarks/balanced_plans.py $(PUBLISH)/planner-change
+	$(PY) -m horovod_hetero.cli benchmark balanced_plans $(PUBLISH)/planner
+	$(PY) -m horovod_hetero.cli benchmark balanced_plans $(PUBLISH)/planner-change
 
 #: the headline at a converged target. First Synchronous's plateau (bench-converge-plateau, about 12 min:
 #: Synchronous alone with no slowdown, whose epochs run about 2x faster than at 1,1,1,4, with the same accuracy
@@ -211,33 +211,33 @@ bench-publish-converge-more: $(READY)
 #: a step's cost, hh against Horovod's own optimizer, under Gloo and then MPI (Open MPI 5 takes only the
 #: double-dash binding options; horovodrun finds mpirun on PATH)
 bench: $(READY)
-	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) benchmarks/averaging_cost.py
+	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) -m horovod_hetero.cli benchmark averaging_cost
 	PATH=$(VENV)/bin:$$PATH $(VENV)/bin/horovodrun -np 2 -H localhost:2 --mpi \
-	  --binding-args="--bind-to none --map-by slot" $(PY) benchmarks/averaging_cost.py
+	  --binding-args="--bind-to none --map-by slot" $(PY) -m horovod_hetero.cli benchmark averaging_cost
 
 #: hh's averaging beside torch's PeriodicModelAverager and DDP (1.32 M parameters, then 25 M)
 bench-peers: $(READY)
-	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) benchmarks/peers.py --width 1024
-	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) benchmarks/peers.py --width 4864 --reps 7
+	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) -m horovod_hetero.cli benchmark peers --width 1024
+	$(VENV)/bin/horovodrun -np 2 -H localhost:2 --gloo $(PY) -m horovod_hetero.cli benchmark peers --width 4864 --reps 7
 
 bench-wagma: $(READY)
-	PYTHONPATH=. $(VENV)/bin/horovodrun -np 4 -H localhost:4 --gloo $(PY) benchmarks/wagma.py
+	$(VENV)/bin/horovodrun -np 4 -H localhost:4 --gloo $(PY) -m horovod_hetero.cli benchmark wagma
 
 bench-planned: $(READY)
-	PYTHONPATH=. $(PY) benchmarks/planned.py
+	$(PY) -m horovod_hetero.cli benchmark planned
 
 bench-epochs: $(READY)
-	PYTHONPATH=. $(PY) benchmarks/epochs.py
+	$(PY) -m horovod_hetero.cli benchmark epochs
 
 #: Horovod's own examples/pytorch/pytorch_mnist.py and tensorflow2_keras_mnist.py changed as the README says,
 #: ESync and ElasticBSP against the same scripts with Synchronous (1,1,1,4; medians of 3 repeats, Keras 3 on
-#: TensorFlow; Keras 3 on torch and Keras 2 one repeat beside; benchmarks/scripts.py): about 40 minutes
+#: TensorFlow; Keras 3 on torch and Keras 2 one repeat beside; horovod-hetero benchmark scripts): about 40 minutes
 bench-scripts: $(READY)
-	PYTHONPATH=. $(PY) benchmarks/scripts.py
+	$(PY) -m horovod_hetero.cli benchmark scripts
 
 #: ESync's state server under 1,024 simulated workers querying at 10 Hz each (3 runs)
 bench-state-server: $(READY)
-	PYTHONPATH=. $(PY) benchmarks/state_server_load.py --workers 1024 --rate 10 --repeats 3
+	$(PY) -m horovod_hetero.cli benchmark state_server_load --workers 1024 --rate 10 --repeats 3
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -102,7 +102,7 @@ if [ "${GPU:-0}" = 1 ] && ! "$VENV/bin/python" -c "import sys, horovod.torch as 
   fi
 fi
 quiet "${PIP[@]}" install -q --no-deps -e "$ROOT"      # this checkout's package (re-pointed per clone)
-quiet "${PIP[@]}" install -q --no-deps -e "$ROOT/lab"  # and the lab beside it: bench, report, demo
+quiet "${PIP[@]}" install -q --no-deps -e "$ROOT/lab"  # and the lab beside it: bench, report, demo, benchmark
 # the bench's real datasets, once per user beside the wheel (checked against pinned digests; a dataset
 # that cannot be fetched is named in one line, and the tasks that need it are skipped)
 XDG_CACHE_HOME="${XDG_CACHE_HOME:-$HOME/.cache}" "$VENV/bin/python" "$ROOT/tools/fetch_data.py"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's check, for a session lent one (one GPU, no network): Horovod built with NCCL into
 # that machine's python3 from the carried sdist, `make test-gpu`, then Horovod's own pytorch_mnist.py
-# changed as the README says (benchmarks/scripts.py's edits) on its mixed-precision path
+# changed as the README says (the edits of the lab's `benchmark scripts`) on its mixed-precision path
 # (--use-mixed-precision: CUDA's GradScaler and autocast, synchronize, skip_synchronize), one rank on
 # the GPU, for Synchronous and each model-averaging torch strategy; with --fp16-allreduce as well,
 # Synchronous trains and each model-averaging strategy refuses `compression=` by name when built (it
@@ -32,18 +32,18 @@ export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" HOROVOD_HETERO_DATA="$R
 log "building Horovod with NCCL"
 PY=python3 bash tools/build_horovod_gpu.sh "$DIR/horovod-0.28.1.tar.gz"
 python3 -m pip install -q --no-deps --no-build-isolation -e "$ROOT"
-python3 -m pip install -q --no-deps --no-build-isolation -e "$ROOT/lab"    # the shim's Fashion-MNIST
+python3 -m pip install -q --no-deps --no-build-isolation -e "$ROOT/lab"    # the edits (benchmark scripts), the shim's Fashion-MNIST
 log "make test-gpu"
 PY=python3 bash tools/test_gpu.sh
 log "Horovod's pytorch_mnist.py, mixed precision, on the GPU"
 python3 - <<'EOF'
 import os, re, subprocess, sys, tempfile, time
-sys.path.insert(0, "benchmarks")
-from scripts import EXAMPLES_DIR, SHIM, torch_script
+from horovod_hetero_lab import horovod_example
+from horovod_hetero_lab.benchmarks.scripts import original, torch_script
 
-source = open(os.path.join(EXAMPLES_DIR, "pytorch_mnist.py")).read()
+source = original("pytorch_mnist.py")
 env = dict(os.environ, HH_EXAMPLE_TRAIN_SAMPLES="12000",
-           PYTHONPATH=os.pathsep.join([SHIM, os.getcwd(), os.environ["PYTHONPATH"]]))
+           PYTHONPATH=os.pathsep.join([str(horovod_example("shim")), os.getcwd(), os.environ["PYTHONPATH"]]))
 failed = []
 for flags in (["--use-mixed-precision"], ["--use-mixed-precision", "--fp16-allreduce"]):
     for strategy in ("sync", "esync", "elasticbsp", "localsgd", "dssp"):

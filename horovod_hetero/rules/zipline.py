@@ -7,7 +7,7 @@ d_Z of the fastest worker) is minimal; among optimal choices take the one with t
 barrier ``t_sync = max``, which keeps gradients least stale.
 
 ``zipline`` is the fast, vectorised solver; ``zipline_opt`` (the paper's ZipLineOpt) and
-``full_grid_scan`` are reference implementations for tests and ``benchmarks/zipline.py``.
+``full_grid_scan`` are reference implementations for tests and ``horovod-hetero benchmark zipline``.
 """
 from __future__ import annotations
 

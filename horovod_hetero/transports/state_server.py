@@ -135,7 +135,7 @@ class StateServer:
     """Serves QUERY-STATE for ``size`` workers from one background thread.
 
     One thread multiplexes every connection (``selectors``): no thread per worker to wake and
-    switch to (``benchmarks/state_server_load.py`` measures both designs; README). The thread shares the interpreter with rank 0's
+    switch to (``horovod-hetero benchmark state_server_load`` measures both designs; README). The thread shares the interpreter with rank 0's
     training loop, whose Python code would make it wait up to the interpreter's switch interval
     (5 ms) for each answer; while the server runs, the switch interval is lowered to
     ``SWITCH_INTERVAL_S`` (restored on ``close()``).

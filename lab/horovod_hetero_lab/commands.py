@@ -1,6 +1,6 @@
-"""``horovod-hetero bench``, ``report`` and ``demo``: time to accuracy, measured and drawn, and the demo (a
-preset of ``bench``). ``horovod-hetero`` adds them through this package's ``horovod_hetero.commands`` entry
-points (lab/pyproject.toml)."""
+"""``horovod-hetero bench``, ``report``, ``demo`` and ``benchmark``: time to accuracy, measured and drawn, the
+demo (a preset of ``bench``) and the lab's other benchmarks (``benchmarks``). ``horovod-hetero`` adds them
+through this package's ``horovod_hetero.commands`` entry points (lab/pyproject.toml)."""
 import dataclasses
 import pathlib
 import signal
@@ -11,7 +11,7 @@ import click
 
 from horovod_hetero.runtime.straggler import parse_slowdown
 import horovod_hetero_lab
-from horovod_hetero_lab import bench
+from horovod_hetero_lab import bench, benchmarks
 from horovod_hetero_lab.data import TASKS, check_available, task_data
 
 #: demo rows: name -> (row label, framework, strategy); the strategies are bench's. Each row's "vs sync" is
@@ -215,3 +215,37 @@ def demo(num_proc, slowdown, base_step, budget, keep, strategies):
         click.echo(f"{label:<14} {sps:>10.0f} {sps / base[framework]:>7.2f}x {acc:>9.3f} {ratio_text:>29} {rtt_text:>17}")
     click.echo("vs sync: against the Synchronous row of the same framework")
     click.echo(f"\nresults: {root} (horovod-hetero report {root}; horovod-hetero telemetry {root}/jobs/ID/telemetry)")
+
+
+@click.command("benchmark", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--list", "listing", is_flag=True, help="list the benchmarks, each with its description")
+@click.argument("name", required=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def benchmark(ctx, listing, name, args):
+    """Run the lab's benchmark NAME with its own options, ARGS (benchmark NAME --help gives them).
+
+    --list lists the benchmarks. Those of several ranks run under horovodrun, as the Makefile's bench-*
+    targets run them (horovodrun -np 2 -H localhost:2 --gloo python -m horovod_hetero.cli benchmark peers).
+    Time to accuracy, the lab's main benchmark, is horovod-hetero bench."""
+    if listing:
+        width = max(map(len, benchmarks.names()))
+        for each in benchmarks.names():
+            click.echo(f"{each:<{width}}  {benchmarks.summary(each)}")
+        click.echo("\nhorovod-hetero bench times strategies to accuracy (the lab's main benchmark); "
+                   "horovod-hetero benchmark NAME --help: NAME's options")
+        return
+    if name is None:
+        raise click.UsageError(f"give a benchmark NAME (one of {', '.join(benchmarks.names())}) or --list")
+    try:
+        main = benchmarks.entry(name)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    argv0 = sys.argv[0]
+    sys.argv[0] = f"{ctx.command_path} {name}"          # NAME's usage and errors name the command that ran it
+    try:
+        code = main(list(args))
+    finally:
+        sys.argv[0] = argv0
+    if code:
+        ctx.exit(code if isinstance(code, int) else 1)

@@ -43,6 +43,7 @@ BENCH = {
     "dssp": ("DSSP(3,15)", {"staleness": (3, 15)}, {}),
     "adsp": ("ADSP(10steps)", {"check_period": "10steps"}, {}),
     "balanced": ("Balanced(5)", {"rebalance_every": 5}, {}),
+    "auto": ("Auto", {}, {}),
 }
 
 

@@ -1,14 +1,10 @@
-"""benchmarks/balanced_plans.py on a bench results directory written here: the plans it finds, the
-settled span it measures, the ratio against Synchronous over the same seconds, and the bound."""
+"""``horovod-hetero benchmark balanced_plans`` on a bench results directory written here: the plans it finds,
+the settled span it measures, the ratio against Synchronous over the same seconds, and the bound."""
 import json
-import os
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import balanced_plans  # noqa: E402
+from horovod_hetero_lab.benchmarks import balanced_plans
 
 
 def write_job(out, job_id, steps):

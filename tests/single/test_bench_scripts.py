@@ -2,14 +2,10 @@
 change applies to the vendored scripts, and each changed script differs from Horovod's in those lines
 (Keras 3: first what Keras 3 needs of Horovod's script, Synchronous included)."""
 import difflib
-import os
-import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-import scripts  # noqa: E402
+from horovod_hetero_lab.benchmarks import scripts
 
 
 def diff(original, changed):
@@ -18,8 +14,7 @@ def diff(original, changed):
 
 
 def example(name):
-    with open(os.path.join(scripts.EXAMPLES_DIR, name)) as f:
-        return f.read()
+    return scripts.original(name)
 
 
 def test_the_readme_change_is_the_whole_diff():

@@ -79,7 +79,7 @@ def test_the_lab_commands_come_from_entry_points_and_a_missing_or_broken_one_is_
     lab = Commands.installed()
     assert {name: entry.value for name, entry in lab.items()} == {
         "bench": "horovod_hetero_lab.commands:bench_command", "demo": "horovod_hetero_lab.commands:demo",
-        "report": "horovod_hetero_lab.commands:report_command"}
+        "report": "horovod_hetero_lab.commands:report_command", "benchmark": "horovod_hetero_lab.commands:benchmark"}
     assert "Tables (Markdown) and plots" in run("report", "--help").output
 
     monkeypatch.setattr(Commands, "installed", staticmethod(dict))              # the library alone

@@ -105,7 +105,7 @@ def test_the_release_files_carry_the_version_the_licence_and_the_changelog(dist)
         metadata = z.read(f"horovod_hetero-{version}.dist-info/METADATA").decode()
     assert {f"horovod_hetero-{version}.dist-info/licenses/{f}" for f in ("LICENSE", "NOTICE")} <= names
     assert "License-Expression: Apache-2.0" in metadata.splitlines()
-    assert not any(n.startswith(("horovod_hetero_lab/", "tests/", "examples/", "benchmarks/")) for n in names)
+    assert not any(n.startswith(("horovod_hetero_lab/", "tests/", "examples/", "horovod_examples/")) for n in names)
     with tarfile.open(sdist) as t:
         top = f"horovod_hetero-{version}/"
         assert {top + f for f in ("LICENSE", "NOTICE", "CHANGELOG.md", "README.md")} <= set(t.getnames())

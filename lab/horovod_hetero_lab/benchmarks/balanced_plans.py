@@ -1,6 +1,6 @@
 """Balanced's plans in a bench run, and its samples/s once settled, against Synchronous in the same run.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/balanced_plans.py OUT   (make bench-publish-planner runs it)
+    horovod-hetero benchmark balanced_plans OUT   (make bench-publish-planner runs it)
 
 For every Balanced job of a bench results directory (``horovod-hetero bench ... --out OUT``) and the
 Synchronous job of the same group and repeat, from their telemetry:
@@ -34,7 +34,9 @@ def splits(job_dir):
     ranks = sorted(by_rank)
     steps = min(len(by_rank[r]) for r in ranks)
     t0 = by_rank[ranks[0]][0]["time"]
-    changes, times, samples = [], [], []
+    changes: list[tuple[int, float, tuple[int, ...]]] = []
+    times: list[float] = []
+    samples: list[int] = []
     for i in range(steps):
         split = tuple(by_rank[r][i].get("batch", by_rank[r][i].get("samples", 0)) for r in ranks)
         t = by_rank[ranks[0]][i]["time"] - t0
@@ -70,7 +72,7 @@ def main(argv=None):
     pairs = [(key[3], path, done.get(key[:5] + ("sync",))) for key, path in done.items() if key[5] == "balanced"]
     if not pairs:
         sys.exit(f"no finished Balanced job in {args.out / 'results.json'}")
-    rows = {}
+    rows: dict[str, list[tuple[float, float, int]]] = {}
     for profile, job, sync in pairs:
         if sync is None:
             print(f"{job.name}: no finished Synchronous job in its group and repeat")

@@ -1,6 +1,7 @@
 """horovod-hetero's averaging against what a PyTorch user would pick instead, same model, same run.
 
-    horovodrun -np 2 -H localhost:2 --gloo python benchmarks/peers.py [--width 1024|4864]   (make bench-peers)
+    horovodrun -np 2 -H localhost:2 --gloo python -m horovod_hetero.cli benchmark peers [--width 1024|4864]
+    (make bench-peers)
 
 Variants, each on its own copy of the same MLP (width 1024: 1.32 M parameters; 4864: 25 M):
 no communication (the floor), torch ``PeriodicModelAverager(8)`` and ``DistributedDataParallel``
@@ -14,6 +15,7 @@ import argparse
 import socket
 import time
 from datetime import timedelta
+from typing import cast
 
 import numpy as np
 import torch
@@ -44,7 +46,8 @@ class Variant:
         self.opt = wrap(torch.optim.SGD(self.model.parameters(), lr=0.01), self.model)
         self.after = after(self) if after else None
         self.phase = phase
-        self.by_position = [[] for _ in range(PERIOD)]     # seconds per step, by steps since the averaging
+        # seconds per step, by steps since the averaging
+        self.by_position: list[list[float]] = [[] for _ in range(PERIOD)]
 
     def steps(self, x, y, n, record=True):
         times = np.empty(n)
@@ -103,16 +106,18 @@ def round_costs(runs, reps):
     from torch.distributed.algorithms.model_averaging.utils import average_parameters
     controller = runs[f"hh.LocalSGD({PERIOD})"].opt._hh
     torch_params = list(runs[f"torch PeriodicModelAverager({PERIOD})"].model.parameters())
+    world = cast(dist.ProcessGroup, dist.group.WORLD)
     flat = torch.cat([q.detach().reshape(-1) for q in torch_params])
     control = torch.zeros(3 + 5 * hvd.size(), dtype=torch.float64)      # a round's control vector
     kinds = {"hh round (flat tensor + control)": lambda: controller.protocol.run_round(),
-             "torch average_parameters (Gloo)": lambda: average_parameters(torch_params, dist.group.WORLD),
+             "torch average_parameters (Gloo)": lambda: average_parameters(iter(torch_params), world),
              "hvd.allreduce_ of one flat tensor": lambda: hvd.allreduce_(flat, op=hvd.Average, name="peers.flat"),
              "one flat tensor + control, grouped": lambda: hvd.grouped_allreduce_(
                  [flat, control], op=hvd.Sum, name="peers.flat_control"),
              "one flat tensor, then control": lambda: (hvd.allreduce_(flat, op=hvd.Sum, name="peers.flat_sum"),
                                                        hvd.allreduce_(control, op=hvd.Sum, name="peers.control"))}
-    names, times = list(kinds), {name: [] for name in kinds}
+    names = list(kinds)
+    times: dict[str, list[float]] = {name: [] for name in kinds}
     for rep in range(reps):
         for name in names[rep % len(names):] + names[:rep % len(names)]:
             t0 = time.perf_counter()
@@ -134,13 +139,13 @@ def torch_group():
                             timeout=timedelta(seconds=120))
 
 
-def main():
-    p = argparse.ArgumentParser()
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--width", type=int, default=1024, help="1024: 1.32 M parameters; 4864: 25 M")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=8 * PERIOD, help="steps per timing (a multiple of the period)")
     p.add_argument("--reps", type=int, default=15)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.steps % PERIOD:
         p.error(f"--steps must be a multiple of {PERIOD}")
     hvd.init()
@@ -151,7 +156,7 @@ def main():
     for variant in runs.values():
         variant.steps(x, y, PERIOD, record=False)                         # warm-up
     names = list(VARIANTS)
-    times = {name: [] for name in names}
+    times: dict[str, list[float]] = {name: [] for name in names}
     for rep in range(args.reps):
         for name in names[rep % len(names):] + names[:rep % len(names)]:    # rotate the order
             times[name].append(runs[name].steps(x, y, args.steps))

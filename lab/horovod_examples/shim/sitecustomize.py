@@ -1,7 +1,7 @@
 """Stand-in for Keras' MNIST download (Keras 3's and Keras 2's ``datasets.mnist.load_data``): Fashion-MNIST
 from the set-up's copy, the same arrays' shapes and dtypes (uint8 images (N, 28, 28), uint8 labels);
 ``HH_EXAMPLE_TRAIN_SAMPLES`` keeps the first N training images. Put on ``PYTHONPATH`` by
-``benchmarks/scripts.py``; it patches the module when a script imports it (nothing is imported here)."""
+``horovod-hetero benchmark scripts``; it patches the module when a script imports it (nothing is imported here)."""
 import importlib.abc
 import importlib.machinery
 import os

@@ -1,7 +1,7 @@
 """Per-step cost of hh.DistributedOptimizer against plain hvd.DistributedOptimizer, same run.
 
-    horovodrun -np 2 -H localhost:2 --gloo python benchmarks/averaging_cost.py   (make bench: then again
-    under horovodrun --mpi, so that the two controllers' tables come from one run)
+    horovodrun -np 2 -H localhost:2 --gloo python -m horovod_hetero.cli benchmark averaging_cost
+    (make bench: then again under horovodrun --mpi, so that the two controllers' tables come from one run)
 
 Every repetition times each variant once, back to back, in a rotating order; a variant's
 ratio is its time over the reference's time *in the same repetition* (paired), and the table
@@ -50,13 +50,13 @@ def time_steps(model, opt, x, y, steps):
     return (time.perf_counter() - t0) / steps
 
 
-def main():
-    p = argparse.ArgumentParser()
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=16, help="steps per timing (a multiple of 8)")
     p.add_argument("--reps", type=int, default=40)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     hvd.init()
     torch.set_num_threads(1)
     x, y = torch.randn(args.batch, 256), torch.randint(0, 10, (args.batch,))
@@ -66,7 +66,7 @@ def main():
         runs[name] = (model, build(model))
         time_steps(model, runs[name][1], x, y, 8)           # warm-up
     names = list(VARIANTS)
-    times = {name: [] for name in names}
+    times: dict[str, list[float]] = {name: [] for name in names}
     for rep in range(args.reps):
         for name in names[rep % len(names):] + names[:rep % len(names)]:    # rotate the order
             model, opt = runs[name]

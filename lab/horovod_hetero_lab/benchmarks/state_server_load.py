@@ -10,7 +10,7 @@ queried once: the queries answered per second, the median, p99 and maximum round
 answer opened, on the client), and the server process's CPU time over the same wall time (1.0 = one
 core). ``--repeats`` runs, each with a fresh server; then the median and range of each figure.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/state_server_load.py --workers 1024 --rate 10
+    horovod-hetero benchmark state_server_load --workers 1024 --rate 10    (make bench-state-server)
 """
 import argparse
 import asyncio
@@ -60,7 +60,8 @@ async def _worker(host, port, key, rank, rate, start, stop, rtts, errors):
 def _client(host, port, key, ranks, rate, start, stop, results):
     """One client process: ``ranks`` workers in one asyncio loop; sends (round trips, errors) back."""
     async def main():
-        rtts, errors = [], []
+        rtts: list[float] = []
+        errors: list[str] = []
         await asyncio.gather(*(_worker(host, port, key, r, rate, start, stop, rtts, errors) for r in ranks))
         return rtts, errors
     results.put(asyncio.run(main()))
@@ -96,9 +97,9 @@ def run_once(workers, rate, procs, seconds, warmup):
     for c in clients:
         c.join(timeout=30)
     server.close()
-    rtts = np.array(rtts) * 1e3
-    return {"answered_per_s": len(rtts) / seconds, "median_ms": float(np.median(rtts)),
-            "p99_ms": float(np.percentile(rtts, 99)), "max_ms": float(rtts.max()),
+    ms = np.array(rtts) * 1e3
+    return {"answered_per_s": len(ms) / seconds, "median_ms": float(np.median(ms)),
+            "p99_ms": float(np.percentile(ms, 99)), "max_ms": float(ms.max()),
             "server_cpu": (cpu1 - cpu0) / (wall1 - wall0), "errors": len(errors),
             "first_error": errors[0] if errors else ""}
 

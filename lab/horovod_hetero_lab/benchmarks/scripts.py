@@ -1,14 +1,14 @@
 """Horovod's own example scripts, changed as the README says, against the same scripts with Synchronous.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/scripts.py [--examples pytorch,keras] [--repeats 3]
+    horovod-hetero benchmark scripts [--examples pytorch,keras] [--repeats 3]
         [--strategies esync,elasticbsp] [--keras-stacks tensorflow,torch,keras2]
     (make bench-scripts)
 
-``benchmarks/horovod_examples/`` holds Horovod's ``examples/pytorch/pytorch_mnist.py`` and
-``examples/tensorflow2/tensorflow2_keras_mnist.py`` unchanged; the edits below are applied as text, each
-asserted to find what it changes, and nothing else is changed. Fashion-MNIST stands in for MNIST
-(``horovod_examples/README.md``). 4 workers under ``horovodrun --gloo``, ``HOROVOD_HETERO_SLOWDOWN=1,1,1,4``
-with every step padded to factor x a base step.
+``lab/horovod_examples/`` (data files of the lab: ``horovod_hetero_lab.horovod_example``) holds Horovod's
+``examples/pytorch/pytorch_mnist.py`` and ``examples/tensorflow2/tensorflow2_keras_mnist.py`` unchanged; the
+edits below are applied as text, each asserted to find what it changes, and nothing else is changed.
+Fashion-MNIST stands in for MNIST (``lab/horovod_examples/README.md``). 4 workers under
+``horovodrun --gloo``, ``HOROVOD_HETERO_SLOWDOWN=1,1,1,4`` with every step padded to factor x a base step.
 
 PyTorch: the README's diff (the import, ``hh.DistributedSampler`` for the training sampler with the
 loader's batch size,
@@ -43,10 +43,8 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-EXAMPLES_DIR = os.path.join(HERE, "horovod_examples")
-SHIM = os.path.join(EXAMPLES_DIR, "shim")
+from horovod_hetero_lab import horovod_example
+
 TORCH_STRATEGIES = {"sync": "hh.Synchronous()", "esync": "hh.ESync()", "elasticbsp": "hh.ElasticBSP()",
                     "localsgd": "hh.LocalSGD(period=8)", "dssp": "hh.DSSP()"}
 KERAS_CALLBACKS = {"sync": "hh.callbacks.SlowdownCallback()", "esync": "hh.callbacks.ESyncCallback()",
@@ -121,16 +119,28 @@ def keras_script(source, strategy, stack, epochs):
     return edited(source, edits).replace("epochs=EPOCHS,", f"epochs={epochs},")
 
 
+def original(name):
+    """Horovod's example script ``name``, unchanged (``horovod_hetero_lab.horovod_example``)."""
+    return horovod_example(name).read_text()
+
+
+def python_path(*first):
+    """``PYTHONPATH`` with ``first`` before this process's own (the library and the lab come from their install)."""
+    return os.pathsep.join([*first, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+
+
 def launch(script, args, d, extra_env, script_args=()):
-    """Run ``script`` on ``args.np`` ranks; (its output lines with their arrival times, the job's end)."""
+    """Run ``script`` on ``args.np`` ranks, the shim first on its path; (its output lines with their arrival
+    times, the job's end)."""
     env = dict(os.environ, HOROVOD_HETERO_SLOWDOWN=args.slowdown, HOROVOD_HETERO_BASE_STEP_S=str(args.base_step),
-               HH_EXAMPLE_TRAIN_SAMPLES=str(args.train_samples),
-               PYTHONPATH=os.pathsep.join([SHIM, ROOT, os.environ.get("PYTHONPATH", "")]), **extra_env)
+               HH_EXAMPLE_TRAIN_SAMPLES=str(args.train_samples), PYTHONPATH=python_path(str(horovod_example("shim"))),
+               **extra_env)
     env.pop("HOROVOD_HETERO_SAMPLE_S", None)     # Horovod's scripts report no batch sizes: padded steps only
     cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", str(args.np), "-H",
            f"localhost:{args.np}", "--gloo", sys.executable, script, *script_args]
     lines = []
     with subprocess.Popen(cmd, env=env, cwd=d, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as p:
+        assert p.stdout is not None
         for line in p.stdout:
             lines.append((time.monotonic(), line))
     end = time.monotonic()
@@ -151,8 +161,8 @@ def run_torch(strategy, args):
     """(rank 0's training seconds, the job's seconds, the last test accuracy in %)."""
     with tempfile.TemporaryDirectory() as d:
         script = os.path.join(d, "pytorch_mnist.py")
-        with open(os.path.join(EXAMPLES_DIR, "pytorch_mnist.py")) as f, open(script, "w") as out:
-            out.write(torch_script(f.read(), strategy))
+        with open(script, "w") as out:
+            out.write(torch_script(original("pytorch_mnist.py"), strategy))
         start = time.monotonic()
         lines, _ = launch(script, args, d, {}, ["--epochs", str(args.epochs), "--data-dir", d,
                                                 "--log-interval", "1000"])
@@ -183,18 +193,17 @@ def run_keras(strategy, stack, args):
     """(rank 0's training seconds, the job's seconds, the test accuracy of rank 0's last checkpoint in %)."""
     with tempfile.TemporaryDirectory() as d:
         script = os.path.join(d, "tensorflow2_keras_mnist.py")
-        with open(os.path.join(EXAMPLES_DIR, "tensorflow2_keras_mnist.py")) as f, open(script, "w") as out:
-            out.write(keras_script(f.read(), strategy, stack, args.keras_epochs))
+        with open(script, "w") as out:
+            out.write(keras_script(original("tensorflow2_keras_mnist.py"), strategy, stack, args.keras_epochs))
         start = time.monotonic()
         lines, end = launch(script, args, d, KERAS_STACKS[stack])
         begin = first(lines, "Epoch 1/")
         trained = max(at for at, line in lines if line.startswith("[0]<stdout>:") and " loss: " in line)
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
-                   **KERAS_STACKS[stack])
-        out = subprocess.run([sys.executable, "-c", EVALUATE], cwd=d, env=env, capture_output=True, text=True)
-        if out.returncode != 0:
-            sys.exit(f"{strategy} [{stack}]: the evaluation failed:\n{out.stderr[-3000:]}")
-        checkpoint, accuracy = out.stdout.split()[-2:]
+        env = dict(os.environ, PYTHONPATH=python_path(), **KERAS_STACKS[stack])
+        evaluated = subprocess.run([sys.executable, "-c", EVALUATE], cwd=d, env=env, capture_output=True, text=True)
+        if evaluated.returncode != 0:
+            sys.exit(f"{strategy} [{stack}]: the evaluation failed:\n{evaluated.stderr[-3000:]}")
+        checkpoint, accuracy = evaluated.stdout.split()[-2:]
         if checkpoint != f"checkpoint-{args.keras_epochs}.h5":
             sys.exit(f"{strategy} [{stack}]: the last checkpoint is {checkpoint}")
         return trained - begin, end - start, float(accuracy)
@@ -202,7 +211,8 @@ def run_keras(strategy, stack, args):
 
 def compare(title, run, args):
     """Synchronous then each strategy, ``args.repeats`` times; print each run and the medians."""
-    ratios, accuracy = {}, {}
+    ratios: dict[str, list[float]] = {}
+    accuracy: dict[str, list[float]] = {}
     for rep in range(args.repeats):
         base, job, acc = run("sync")
         accuracy.setdefault("sync", []).append(acc)
@@ -225,7 +235,7 @@ def summary(title, ratios, accuracy, repeats):
     return "\n".join(lines)
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--examples", default="pytorch,keras")
     p.add_argument("--strategies", default="esync,elasticbsp")
@@ -240,7 +250,7 @@ def main():
     p.add_argument("--slowdown", default="1,1,1,4")
     p.add_argument("--base-step", type=float, default=0.05)
     p.add_argument("--keras-base-step", type=float, default=0.1)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     for name in args.strategies.split(","):
         if name not in TORCH_STRATEGIES:
             p.error(f"--strategies: {name!r} is not one of {', '.join(TORCH_STRATEGIES)}")

@@ -1,6 +1,6 @@
 """WAGMA-SGD against plain hvd.DistributedOptimizer and LocalSGD, same run, transient stragglers.
 
-    horovodrun -np 4 -H localhost:4 --gloo python benchmarks/wagma.py     (make bench-wagma)
+    horovodrun -np 4 -H localhost:4 --gloo python -m horovod_hetero.cli benchmark wagma    (make bench-wagma)
 
 As in the WAGMA paper's ResNet experiment, at every step two ranks drawn at random (the same
 draw on every rank, for every variant) are delayed: each step sleeps ``--base`` seconds, the
@@ -106,7 +106,7 @@ def identical_shares(digests, S, tau):
     return glob / max(1, n_glob), group / max(1, n_group)
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=120, help="steps per variant (a multiple of --sync-period)")
     p.add_argument("--sync-period", type=int, default=10)
@@ -117,7 +117,7 @@ def main():
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--patience", type=float, default=0.0, help="WAGMA's patience (seconds)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.sync_period < 1 or args.steps % args.sync_period:
         p.error(f"--steps ({args.steps}) must be a multiple of --sync-period ({args.sync_period}) >= 1")
 
@@ -127,7 +127,7 @@ def main():
     data = [torch.from_numpy(a) for a in digits(hvd.rank(), hvd.size())]
     table = variants(S, tau, args.patience)
     names = list(table)
-    results = {n: [] for n in names}
+    results: dict[str, list[dict]] = {n: [] for n in names}
     for rep in range(args.repeats):
         for i in range(len(names)):
             name = names[(i + rep) % len(names)]

@@ -1,11 +1,12 @@
 """ZipLine solver timings: the vectorised ``zipline`` against the paper's ZipLineOpt, same run.
 
-    .venv/bin/python benchmarks/zipline.py
+    horovod-hetero benchmark zipline [--workers 4,8,100,1000,10000] [--lookahead 15,150]
 
 Workers' end times are predicted from random last ends and intervals between 0.5 and 3.2
 (a mixed cluster). Best of several repetitions; the reference is skipped where it would run
 for minutes (its removals are O(n) each). Target: n=1000, R=15 in <= 1 ms, >= 20x the reference.
 """
+import argparse
 import timeit
 
 import numpy as np
@@ -19,11 +20,27 @@ def best_time(fn, budget_s=0.5):
     return min(timeit.repeat(fn, number=number, repeat=5)) / number
 
 
-def main():
+def counts(text):
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a comma list of whole numbers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"every value must be >= 1, got {text!r}")
+    return values
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", type=counts, default=[4, 8, 100, 1000, 10000], metavar="N,...",
+                   help="comma list of n (workers)")
+    p.add_argument("--lookahead", type=counts, default=[15, 150], metavar="R,...",
+                   help="comma list of R (iterations predicted)")
+    args = p.parse_args(argv)
     rng = np.random.default_rng(0)
     print(f"{'n':>6} {'R':>4} {'zipline ms':>11} {'ZipLineOpt ms':>14} {'speed-up':>9} {'same answer':>12}")
-    for R in (15, 150):
-        for n in (4, 8, 100, 1000, 10000):
+    for R in args.lookahead:
+        for n in args.workers:
             ends = predict_ends(rng.uniform(0, 1, n), rng.uniform(0.5, 3.2, n), R)
             fast = best_time(lambda: zipline(ends))
             if n * n * R <= 2e8:

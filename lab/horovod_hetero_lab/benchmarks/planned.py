@@ -1,7 +1,6 @@
 """ElasticBSP, DSSP and ADSP beside Synchronous and ESync, same run: the figures of their issues.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/planned.py [--slowdown 1,1,1,4] [--strategies ...]
-    (make bench-planned)
+    horovod-hetero benchmark planned [--slowdown 1,1,1,4] [--strategies ...]    (make bench-planned)
 
 Runs ``horovod-hetero demo`` (every row in one run, 4 workers, 100 ms factor-1 steps) and reads
 each strategy's telemetry:
@@ -26,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from typing import Callable
 
 import numpy as np
 
@@ -34,9 +34,9 @@ from horovod_hetero.runtime.telemetry import load
 from horovod_hetero.simulate import Cluster, simulate
 from horovod_hetero_lab.commands import DEMO_STRATEGIES
 
-SIMULATED = {"sync": lib.Synchronous, "esync": lib.ESync, "localsgd": lambda: lib.LocalSGD(8),
-             "elasticbsp": lambda: lib.ElasticBSP(15), "dssp": lambda: lib.DSSP((3, 15)),
-             "adsp": lambda: lib.ADSP("10steps")}
+SIMULATED: dict[str, Callable[[], lib.Strategy]] = {
+    "sync": lib.Synchronous, "esync": lib.ESync, "localsgd": lambda: lib.LocalSGD(8),
+    "elasticbsp": lambda: lib.ElasticBSP(15), "dssp": lambda: lib.DSSP((3, 15)), "adsp": lambda: lib.ADSP("10steps")}
 
 
 def analyse(key, out, batch):
@@ -46,8 +46,10 @@ def analyse(key, out, batch):
     # each rank's speed: its mean step after the first (which holds start-up, not speed)
     mean_step = np.array([statistics.fmean(r["compute_s"] for r in by_rank[k][1:]) for k in ranks])
     fast = [i for i, s in enumerate(mean_step) if s <= mean_step.min() * 1.2]
-    rounds = {}                                       # round -> {rank: seconds in it}
-    plans, plan_s, searches = [], 0.0, []
+    rounds: dict[int, dict[int, float]] = {}           # round -> {rank: seconds in it}
+    plans: list[tuple[int, float, object, list[float]]] = []
+    searches: list[tuple[int, float, dict]] = []
+    plan_s = 0.0
     start = min(r["time"] for k in ranks for r in by_rank[k])
     for i, k in enumerate(ranks):
         for r in by_rank[k]:
@@ -79,7 +81,7 @@ def analyse(key, out, batch):
             "steady": steady, "predicted": predicted, "plans": plans, "rounds": len(rounds)}
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--slowdown", default="1,1,1,4")
     p.add_argument("--strategies", default="sync,esync,elasticbsp,dssp")
@@ -87,7 +89,7 @@ def main():
     p.add_argument("--random-delay", default=None, help="COUNT:SECONDS transient stragglers")
     p.add_argument("--keep", default=None, help="keep the runs' telemetry here")
     p.add_argument("--plans", action="store_true", help="print every plan change")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     root = pathlib.Path(args.keep or tempfile.mkdtemp(prefix="bench-planned-"))
     env = dict(os.environ, HOROVOD_HETERO_RANDOM_DELAY=args.random_delay) if args.random_delay else None
     subprocess.run([sys.executable, "-m", "horovod_hetero.cli", "demo", "--strategies", args.strategies,

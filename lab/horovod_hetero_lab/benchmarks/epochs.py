@@ -1,8 +1,9 @@
-"""Time per epoch in Horovod's PyTorch MNIST script (the checkout's ``examples/torch_mnist.py``): Synchronous with
-torch's ``DistributedSampler`` against the strategies with ``hh.DistributedSampler``, same run.
+"""Time per epoch of ``examples/torch_mnist.py``: torch's sampler with Synchronous against hh's with strategies.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/epochs.py [--repeats 2] [--slowdown 1,1,1,4]
-    (make bench-epochs)
+The checkout's ``examples/torch_mnist.py`` is a CPU script in the shape of Horovod's PyTorch MNIST example:
+Synchronous with torch's ``DistributedSampler`` against the strategies with ``hh.DistributedSampler``, same run.
+
+    horovod-hetero benchmark epochs [--repeats 2] [--slowdown 1,1,1,4]    (make bench-epochs)
 
 4 workers under ``horovodrun --gloo``, slowdown 1,1,1,4 with every step padded to factor x
 ``--base-step`` (0.1 s, like the demo: an accelerator's step; steadier on shared cores), digits, batch 16. The first epoch is split evenly (no
@@ -30,7 +31,7 @@ def run(strategy, sampler, args):
         return json.load(open(out.name))
 
 
-def main():
+def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--strategies", default="esync,elasticbsp,dssp")
     p.add_argument("--repeats", type=int, default=2)
@@ -38,8 +39,8 @@ def main():
     p.add_argument("--np", type=int, default=4)
     p.add_argument("--slowdown", default="1,1,1,4")
     p.add_argument("--base-step", type=float, default=0.1)
-    args = p.parse_args()
-    ratios = {}
+    args = p.parse_args(argv)
+    ratios: dict[str, list[float]] = {}
     for rep in range(args.repeats):
         sync = run("sync", "torch", args)
         base = statistics.median(sync["epoch_s"][1:])
