@@ -1,7 +1,7 @@
 """A training script shaped like Horovod's PyTorch MNIST example (``examples/pytorch/pytorch_mnist.py``:
 epochs over a sampler, metrics averaged with ``hvd.allreduce``, a checkpoint on rank 0), on scikit-learn's
 8x8 digits with a small MLP, CPU only. horovod-hetero's changes are marked ``# hh``: the wrapper line, the
-sampler, ``sync_model()`` per epoch. Horovod's own script, unchanged, is in ``benchmarks/horovod_examples/``;
+sampler, ``sync_model()`` per epoch. Horovod's own script, unchanged, is in ``lab/horovod_examples/``;
 the README shows the diff that ports it.
 
 Needs horovod-hetero's lab beside the library (the dataset and the ``--strategy`` options): from a
@@ -88,7 +88,8 @@ def main(argv=None):
     optimizer = hh.DistributedOptimizer(                                      # hh: was hvd.DistributedOptimizer
         sgd, named_parameters=model.named_parameters(), named_buffers=model.named_buffers(),
         op=hvd.Adasum if args.use_adasum else hvd.Average, strategy=build_strategy(args),
-        sampler=train_sampler if args.sampler == "hh" else None, aggregate=aggregation(args))
+        sampler=train_sampler if isinstance(train_sampler, hh.DistributedSampler) else None,
+        aggregate=aggregation(args))
 
     # resume from the newest checkpoint: rank 0 loads it, everyone takes rank 0's state
     resume_from_epoch = 0

@@ -5,6 +5,8 @@ Next to ``import horovod.tensorflow as hvd`` (TensorFlow backend, Keras 2 or 3) 
 ``horovod_hetero.tensorflow.keras`` is the same module under Horovod's name for it. Every strategy class of
 ``strategies.registry.REGISTRY`` is ``hh.<its name>``, looked up when it is read.
 """
+from __future__ import annotations
+
 from typing import TYPE_CHECKING, Any
 
 from horovod_hetero.common.process_sets import check_process_set, wagma_process_sets  # noqa: F401
@@ -16,6 +18,7 @@ from horovod_hetero.keras import callbacks  # noqa: F401
 from horovod_hetero.runtime.seams import DEFAULT_TIMEOUT_S
 from horovod_hetero.strategies import (  # noqa: F401
     GradientAveraging, GradientWeighting, Mean, ModelAveraging, Normalized, OuterSGD, Steps, Strategy)
+import horovod_hetero.auto  # noqa: F401  (registers hh.Auto, the strategy the library chooses)
 from horovod_hetero.strategies.registry import REGISTRY, classes
 from horovod_hetero.validation import check_bool, check_float, check_int
 
@@ -24,6 +27,8 @@ __all__ = ["DistributedOptimizer", "callbacks", "wagma_process_sets", "keras_mod
            "HeteroError", "RankLostError", "CollectiveTimeoutError", "RoundMismatchError", "ElasticResetError"]
 
 if TYPE_CHECKING:
+    from horovod.common.process_sets import ProcessSet
+
     from horovod_hetero.strategies import (  # noqa: F401
         ADSP, Balanced, DSSP, ESync, ElasticBSP, LocalSGD, Synchronous, WAGMA)
 
@@ -41,7 +46,8 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__) | set(classes()))
 
 
-def DistributedOptimizer(optimizer, process_set=None, timeout=DEFAULT_TIMEOUT_S, **horovod_options):
+def DistributedOptimizer(optimizer: Any, process_set: ProcessSet | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+                         **horovod_options: Any) -> Any:
     """Synchronous data-parallel training for Keras: gradients averaged over the ranks every step.
 
     The ``Synchronous`` strategy for Keras (a callback cannot average gradients). On Keras 3 the

@@ -5,11 +5,16 @@ callback is ``HeteroSyncCallbackImpl`` with the strategy filled in. Nothing here
 or torch: weights are read and written through the Keras variable API (``value``, ``assign``) and
 Python operators, and the collectives are the backend's (``keras._backend.collectives_class``).
 """
+from __future__ import annotations
+
 import copy
 import logging
-from typing import Any
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from horovod_hetero.keras._backend import collectives_class, strategy_callbacks, to_numpy, to_tensor, value, weights
 from horovod_hetero.errors import troubleshooting
@@ -20,7 +25,7 @@ from horovod_hetero.common.options import check_run_options, check_samples_known
 from horovod_hetero.common.process_sets import check_process_set
 from horovod_hetero.common.ranks import follow_ranks
 from horovod_hetero.rules.partition import epoch_indices, step_batch, step_times_of
-from horovod_hetero.runtime.seams import DEFAULT_TIMEOUT_S, Model
+from horovod_hetero.runtime.seams import DEFAULT_TIMEOUT_S, Model, Tensor
 from horovod_hetero.runtime.controller import HeteroController, check_state
 from horovod_hetero.runtime.runner import check_aggregate, runner_for
 from horovod_hetero.runtime.straggler import Pacer, Slowdown
@@ -30,19 +35,28 @@ from horovod_hetero.strategies.registry import check_strategy, rebuild
 log = logging.getLogger("horovod_hetero")
 from horovod_hetero.validation import check_bool, check_float, check_int
 
+if TYPE_CHECKING:
+    from horovod.common.process_sets import ProcessSet
 
-def _is_float(variable):
+    from horovod_hetero.common.horovod_collectives import HorovodCollectives
+    from horovod_hetero.runtime.membership import Membership
+    from horovod_hetero.runtime.straggler import SlowdownFactors
+    from horovod_hetero.runtime.telemetry import Telemetry
+    from horovod_hetero.strategies import Aggregation, Strategy
+
+
+def _is_float(variable: Any) -> bool:
     dtype = variable.dtype
     floating = getattr(dtype, "is_floating", None)
     return bool(floating) if floating is not None else "float" in str(dtype)
 
 
-def _nbytes(variable):
+def _nbytes(variable: Any) -> int:
     size = getattr(variable.dtype, "size", None) or np.dtype(str(variable.dtype).replace("bfloat16", "float16")).itemsize
     return int(np.prod(tuple(variable.shape))) * size
 
 
-def batch_loss(batches, mean, previous):
+def batch_loss(batches: int, mean: float, previous: tuple[int, float] | None) -> float:
     """The mean loss of the batches since the previous call, from Keras' running mean of the epoch.
 
     Keras logs at each batch's end the loss averaged over the epoch so far (its loss tracker is a
@@ -67,26 +81,26 @@ class KerasModel(Model):
     """A Keras model's floating-point weights (trainable and not, so BatchNorm statistics too),
     looked up when first needed: a model built by its first batch has them by then."""
 
-    def __init__(self, keras_model):
+    def __init__(self, keras_model: Any) -> None:
         self._model = keras_model
-        self._variables = None
+        self._variables: list[Any] | None = None
 
     @property
-    def variables(self):
+    def variables(self) -> list[Any]:
         if not self._variables:                  # not cached while the model has no weights yet
             self._variables = [v for v in weights(self._model) if _is_float(v)]
         return self._variables
 
-    def tensors(self):
+    def tensors(self) -> list[Tensor]:
         return [value(v) for v in self.variables]
 
-    def assign(self, values, divisor=1.0, add_current=False):
+    def assign(self, values: Sequence[Tensor], divisor: float = 1.0, add_current: bool = False) -> None:
         for v, s in zip(self.variables, values):
             if add_current:
                 s = s + value(v)
             v.assign(s / divisor if divisor != 1.0 else s)
 
-    def place(self, values):
+    def place(self, values: Sequence[Any]) -> list[Tensor]:
         values = list(values)
         if len(values) != len(self.variables):
             raise ValueError(f"{len(values)} tensors do not fit a model of {len(self.variables)} weights: "
@@ -101,7 +115,7 @@ class KerasModel(Model):
         return out
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         return sum(_nbytes(v) for v in self.variables)
 
 
@@ -144,8 +158,11 @@ class StrategyCallbackImpl(CheckpointState):
 
     model: Any                         # set by Keras (set_model) before any hook runs
 
-    def __init__(self, strategy, process_set=None, telemetry=None, slowdown=None, batch_size=None,
-                 timeout=DEFAULT_TIMEOUT_S, epoch_sync=True, share_epochs=None, aggregate=None):
+    def __init__(self, strategy: Strategy, process_set: ProcessSet | None = None,
+                 telemetry: Telemetry | str | os.PathLike[str] | None = None,
+                 slowdown: SlowdownFactors | Slowdown | None = None, batch_size: int | None = None,
+                 timeout: float = DEFAULT_TIMEOUT_S, epoch_sync: bool = True, share_epochs: bool | None = None,
+                 aggregate: Aggregation | None = None) -> None:
         super().__init__()
         if strategy is None:
             raise TypeError("strategy must be a strategy, e.g. hh.LocalSGD(period=8), hh.ESync() or hh.Synchronous() "
@@ -167,61 +184,69 @@ class StrategyCallbackImpl(CheckpointState):
                              "it needs epoch_sync=True (with epoch_sync=False no epoch ends together; "
                              "drop share_epochs)")
         check_samples_known(slowdown, self.batch_size)
-        self._membership = None                # built at fit: it needs hvd.init() and the model
+        # built at fit: it needs hvd.init() and the model
+        self._membership: Membership[HeteroController] | None = None
         self._gradients: Any = None            # the model's gradient average (KerasGradients), at fit
-        self._pending_state = None
-        self._loss_mean = None                 # (batches, Keras' running mean of the loss) this epoch
-        self._synced_epoch = None              # the epoch whose end sync_model() ran (epoch_sync)
-        self.epoch_shares = None               # every rank's batches this epoch (None: Keras' own count)
+        self._pending_state: dict[str, Any] | None = None
+        self._loss_mean: tuple[int, float] | None = None   # (batches, Keras' running mean of the loss) this epoch
+        self._synced_epoch: int | None = None  # the epoch whose end sync_model() ran (epoch_sync)
+        self.epoch_shares: list[int] | None = None   # every rank's batches this epoch (None: Keras' own count)
         self._same_steps = False               # share_epochs, and every rank's fit has the same batches per epoch
         self._said_shared = False              # rank 0 said once that ranks share epochs
-        self._epoch = None                     # (epoch, this rank's batch, every rank's) of the latest epoch_plan
+        # (epoch, this rank's batch, every rank's) of the latest epoch_plan
+        self._epoch: tuple[int, int, tuple[int, ...] | None] | None = None
 
     @property
-    def strategy(self):
+    def strategy(self) -> Strategy:
         """The strategy the callback runs (``set_strategy`` changes it)."""
         return self._strategy if self._hh is None else self._hh.strategy
 
     @property
-    def _hh(self):
+    def _hh(self) -> HeteroController | None:
         """The controller, or None before the first fit."""
         return None if self._membership is None else self._membership.controller
 
-    def _build(self, telemetry):
+    def _build(self, telemetry: Telemetry | str | os.PathLike[str] | None) -> HeteroController:
         """The controller for Horovod's current ranks (a new one after ``hvd.elastic``'s reset)."""
         collectives = collectives_class()(self.process_set, self.timeout, owner=type(self).__name__)
         slowdown = self._slowdown if isinstance(self._slowdown, Slowdown) else \
             Slowdown(collectives.rank, self._slowdown, size=collectives.size)
         if self._gradients is None:
-            self._gradients = KerasGradients(self.model, lambda: self.strategy, lambda: self._hh.collectives.root)
+            # root: the set's first rank, of the controller then (built by then: it asks only in a sync)
+            self._gradients = KerasGradients(self.model, lambda: self.strategy, lambda: cast(
+                "HorovodCollectives", cast(HeteroController, self._hh).collectives).root)
+        # a strategy hands over (Auto) at an epoch's end only: within an epoch ranks may take different batches
         controller = HeteroController(self.strategy, collectives, KerasModel(self.model), telemetry, [slowdown.pad],
-                                      aggregate=self.aggregate, gradients=self._gradients)
+                                      aggregate=self.aggregate, gradients=self._gradients,
+                                      batches_planned=self._epoch is not None, handover_at_rounds=False)
         if self._pending_state is not None:            # loaded before the first fit
             controller.load_state_dict(self._pending_state)
             self._pending_state = None
         return controller
 
-    def _follow(self):
+    def _follow(self) -> Membership[HeteroController]:
         """The ``Membership`` that gives the controller (made at the first fit: it needs ``hvd.init()``)."""
         if self._membership is None:
-            self._membership = follow_ranks(collectives_class().hvd, self.process_set, self._telemetry, self._build)
+            # Membership[HeteroController]: _build makes no OutsideController (a non-member is refused there)
+            membership = follow_ranks(collectives_class().hvd, self.process_set, self._telemetry, self._build)
+            self._membership = cast("Membership[HeteroController]", membership)
         return self._membership
 
-    def _hh_controller(self):
+    def _hh_controller(self) -> HeteroController:
         return self._follow().current()
 
     @property
-    def telemetry(self):
+    def telemetry(self) -> Telemetry:
         return self._hh_controller().telemetry
 
-    def _ranks(self):
+    def _ranks(self) -> tuple[int, int]:
         hvd = collectives_class().hvd
         ps = self.process_set or hvd.global_process_set
         return ps.rank(), ps.size()
 
     # -- training --
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         begin_training(self.model, self.timeout)
         strategy_callbacks(self.model).add(self)
         carry_state(self.model, self)
@@ -230,6 +255,9 @@ class StrategyCallbackImpl(CheckpointState):
             raise ValueError(f"{type(hh.strategy).__name__} plans every rank's batch: fit each epoch on "
                              f"callback.epoch_plan(len(x), epoch)'s indices and batch size\n"
                              + troubleshooting("troubleshooting-balanced-sampler"))
+        if hh.strategy.runs is not hh.strategy and not self._gradients.switchable():
+            raise TypeError(f"{type(hh.strategy).__name__} runs strategies of either kind in turn: compile the model "
+                            f"with hh.DistributedOptimizer(optimizer) on Keras 3, whose average it switches on and off")
         hh.runner.begin(self._gradients, hh.rank, hh.size)       # the model's average, as the runner needs it
         hh.start()
         self._gradients.begin_fit(hh.size)
@@ -237,12 +265,12 @@ class StrategyCallbackImpl(CheckpointState):
         self._same_steps = self.share_epochs and len(set(hh.collectives.allgather_object(
             steps, what="every rank's batches per epoch (share_epochs)"))) == 1
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._loss_mean = None
         self._synced_epoch = None
         self.epoch_shares = self._shares()
 
-    def _shares(self):
+    def _shares(self) -> list[int] | None:
         """Every rank's batches this epoch by speed (``Runner.epoch_shares``), or None (Keras' own count):
         without ``share_epochs`` and ``epoch_sync``, without a known number of batches, when the ranks' fits
         hold different numbers (shards sized by hand), for a lockstep strategy, or before the rounds tell the
@@ -262,7 +290,7 @@ class StrategyCallbackImpl(CheckpointState):
                         "count", shares)
         return shares
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         with self._follow().guard() as hh:
             if logs and "loss" in logs:
                 mean = float(logs["loss"])
@@ -277,12 +305,12 @@ class StrategyCallbackImpl(CheckpointState):
             if self.epoch_shares is not None and batch + 1 >= self.epoch_shares[hh.rank]:
                 self.model.stop_training = self.model.stop_training or EPOCH_SHARED    # this rank's share is done
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self.model.stop_training is EPOCH_SHARED:        # the epoch's end, not fit's
             self.model.stop_training = False
         self.sync_epoch(epoch)
 
-    def sync_epoch(self, epoch):
+    def sync_epoch(self, epoch: int) -> None:
         """``sync_model()`` once at ``epoch``'s end if ``epoch_sync``, as in the torch loop: every rank
         leaves the epoch at the same round with identical weights, so the callbacks after this one
         (metric averaging, checkpoints) meet in their collectives; the next batch reopens the strategy.
@@ -291,17 +319,17 @@ class StrategyCallbackImpl(CheckpointState):
             self.sync_model()
             self._synced_epoch = epoch
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         self._epoch = None                     # the next fit needs the next epoch's plan
         self.sync_model()
 
-    def sync_model(self):
+    def sync_model(self) -> None:
         """Bring every rank to identical weights and the same round (a model-averaging strategy joins the
         rounds until every rank has called it); what the strategy opened is closed."""
         with self._follow().guard() as hh:
             hh.sync()
 
-    def set_strategy(self, strategy):
+    def set_strategy(self, strategy: Strategy) -> None:
         """Run ``strategy`` from the next batch on, of either kind (the model compiled with
         ``hh.DistributedOptimizer`` for a gradient-averaging one). Every rank calls it at the same point, at
         an epoch's end or between ``fit`` calls: the model is synced first (``sync_model()``), then the new
@@ -323,7 +351,8 @@ class StrategyCallbackImpl(CheckpointState):
 
     # -- epochs planned by the callback --
 
-    def epoch_plan(self, n, epoch, seed=0, shuffle=True):
+    def epoch_plan(self, n: int, epoch: int, seed: int = 0,
+                   shuffle: bool = True) -> tuple[npt.NDArray[np.int64], int]:
         """``(indices, batch_size)`` of this rank for ``epoch`` of ``n`` samples: fit on ``x[indices]`` with
         ``batch_size=batch_size, shuffle=False`` (one ``fit`` per epoch). Where the strategy plans every rank's
         batch (``Balanced``), every rank takes the same number of steps at its planned batch; else every rank
@@ -342,9 +371,9 @@ class StrategyCallbackImpl(CheckpointState):
         if planned is None:
             if self.batch_size is None:
                 raise ValueError("epoch_plan needs the callback's batch_size= (every rank's batch)")
-            indices = self.epoch_indices(n, epoch, seed, shuffle)
+            share = self.epoch_indices(n, epoch, seed, shuffle)
             self._epoch = (epoch, self.batch_size, None)
-            return np.asarray(indices, dtype=np.int64), self.batch_size
+            return np.asarray(share, dtype=np.int64), self.batch_size
         steps, sizes = planned
         order = (np.random.default_rng([check_int("seed", seed), epoch]).permutation(n)
                  if check_bool("shuffle", shuffle) else np.arange(n))
@@ -352,7 +381,7 @@ class StrategyCallbackImpl(CheckpointState):
         self._epoch = (epoch, sizes[rank], sizes)
         return indices, int(sizes[rank])
 
-    def epoch_indices(self, n, epoch, seed=0, shuffle=True):
+    def epoch_indices(self, n: int, epoch: int, seed: int = 0, shuffle: bool = True) -> list[int]:
         """This rank's sample indices for ``epoch`` of ``n`` samples: every sample once per epoch over
         the ranks, each rank's share proportional to the speed the rounds measured (an even split
         before the first round, and for a lockstep strategy), the same split on every rank
@@ -377,13 +406,13 @@ class StrategyCallbackImpl(CheckpointState):
 
     # -- state --
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any] | None:
         """The strategy's counters (and what rebuilds it) and the round number, to resume on the same steps."""
         if self._hh is None:
             return self._pending_state
         return self._hh.state_dict()
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Counters from ``state_dict()`` (this rank's or rank 0's), of this strategy or of another one the
         state rebuilds (saved after ``set_strategy``); before the first ``fit`` they are kept for it, checked
         now (a ``ValueError`` here, not at the first batch)."""
@@ -416,7 +445,7 @@ class SlowdownCallbackImpl:
 
     model: Any                         # set by Keras (set_model) before any hook runs
 
-    def __init__(self, slowdown=None, batch_size=None):
+    def __init__(self, slowdown: SlowdownFactors | Slowdown | None = None, batch_size: int | None = None) -> None:
         super().__init__()
         check_run_options(None, slowdown)
         self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
@@ -424,16 +453,16 @@ class SlowdownCallbackImpl:
         self._slowdown = slowdown
         self._pacer: Pacer | None = None
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         begin_training(self.model)
         hvd = collectives_class().hvd
         slowdown = self._slowdown
         self._pacer = Pacer(slowdown if isinstance(slowdown, Slowdown) else Slowdown(hvd.rank(), slowdown, size=hvd.size()))
 
-    def on_train_batch_begin(self, batch, logs=None):
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self._pacer is not None:                  # made by on_train_begin
             self._pacer.start()
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self._pacer is not None:
             self._pacer.pad(samples=self.batch_size)

@@ -9,30 +9,48 @@ as before. Only ``load_checkpoint_state`` reads the entry back: a ``load_weights
 counters. The entry holds the callback's ``state_dict()``: the counters as JSON (never pickle: a
 checkpoint may come from anywhere), the aggregation's tensors as arrays.
 """
+from __future__ import annotations
+
 import io
 import json
 import os
 import warnings
 import zipfile
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from horovod_hetero.keras._backend import keras_module, to_numpy
 from horovod_hetero.strategies.registry import rebuild
+
+if TYPE_CHECKING:
+    from horovod_hetero.strategies import Strategy
 
 #: The model's attribute, and the group of the checkpoint's weights file, that hold the state.
 ATTRIBUTE = "_horovod_hetero_state"
 _PARTS = ("start", "momentum")           # the aggregation's tensor lists (``Aggregator.state_dict``)
 
 
-def _plain(obj):
+class Restorable(Protocol):
+    """What a checkpoint's state is loaded into and saved from: a strategy callback (``StrategyCallbackImpl``)."""
+
+    @property
+    def strategy(self) -> Strategy: ...
+
+    def state_dict(self) -> dict[str, Any] | None: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def _plain(obj: object) -> object:
     if isinstance(obj, np.generic):
         return obj.item()
     raise TypeError(f"{type(obj).__name__} in a strategy's state is not JSON")
 
 
-def encode(state):
+def encode(state: Mapping[str, Any]) -> dict[str, npt.NDArray[Any]]:
     """``{key: array}`` for a checkpoint's entry: ``state`` (a ``state_dict()``) without its tensors as
     UTF-8 JSON under ``"state"``, the aggregation's tensors as ``"start.i"`` and ``"momentum.i"``.
 
@@ -41,10 +59,11 @@ def encode(state):
         >>> sorted(entry), decode(entry)["aggregation"]["start"][0].tolist()
         (['start.0', 'state'], [1.0, 1.0])
     """
+    arrays: dict[str, npt.NDArray[Any]]
     state, arrays = dict(state), {}
     aggregation = state.get("aggregation")
     if isinstance(aggregation, dict):
-        counts = {}
+        counts: dict[str, int | None] = {}
         for part in _PARTS:
             tensors = aggregation.get(part)
             counts[part] = None if tensors is None else len(tensors)
@@ -55,7 +74,7 @@ def encode(state):
     return arrays
 
 
-def decode(entry):
+def decode(entry: Mapping[str, Any]) -> dict[str, Any] | None:
     """The ``state_dict()`` an ``encode``d entry holds (``entry``: a mapping with ``keys()``), or
     ``None`` where it holds none (a checkpoint written without a strategy callback)."""
     keys = set(entry.keys())
@@ -69,7 +88,7 @@ def decode(entry):
         raise ValueError(f"the checkpoint's {ATTRIBUTE!r} entry is not a horovod-hetero strategy state")
     counts = state.get("aggregation")
     if isinstance(counts, dict):
-        aggregation = {}
+        aggregation: dict[str, list[npt.NDArray[Any]] | None] = {}
         for part in _PARTS:
             n = counts.get(part)
             if n is not None and (type(n) is not int or not 0 <= n <= len(keys)
@@ -80,12 +99,12 @@ def decode(entry):
     return state
 
 
-def _kind(state):
+def _kind(state: Mapping[str, Any]) -> str | None:
     inner = state.get("strategy", state)
     return inner.get("kind") if isinstance(inner, dict) else None
 
 
-def restore(callback, state):
+def restore(callback: Restorable, state: dict[str, Any]) -> bool:
     """Load ``state`` into ``callback``; a state of another strategy (saved after ``set_strategy``) switches the
     callback to it where it can be rebuilt (``strategies.registry.rebuild``), else warns (the callback's strategy
     starts afresh, and the weights load as Keras loads them). True if loaded."""
@@ -106,7 +125,7 @@ def restore(callback, state):
 _holder_classes: dict[str, type] = {}    # Keras module name -> its StrategyState
 
 
-def _state_class():
+def _state_class() -> type:
     """``StrategyState``, a subclass of the running Keras' ``Layer`` (made once per Keras: it is chosen at run time)."""
     keras = keras_module()
     if keras.__name__ not in _holder_classes:
@@ -115,17 +134,17 @@ def _state_class():
         class StrategyState(layer):
             """No weights: what Keras' saving finds on the model, the strategy callback's state."""
 
-            def __init__(self, callback):
+            def __init__(self, callback: Restorable) -> None:
                 super().__init__(name="horovod_hetero_state", trainable=False)
                 object.__setattr__(self, "callback", callback)      # untracked: not a Keras object
 
-            def save_own_variables(self, store):
+            def save_own_variables(self, store: Any) -> None:
                 state = self.callback.state_dict()
                 if state is not None:
                     for key, array in encode(state).items():
                         store[key] = array
 
-            def load_own_variables(self, store):
+            def load_own_variables(self, store: Any) -> None:
                 """Nothing: a load restores no counters by itself (``load_checkpoint_state`` does, on every
                 rank): rank 0 alone loading weights to evaluate must not leave it in another round."""
 
@@ -133,7 +152,7 @@ def _state_class():
     return _holder_classes[keras.__name__]
 
 
-def carry_state(model, callback):
+def carry_state(model: Any, callback: Restorable) -> None:
     """Make ``model``'s Keras checkpoints carry ``callback``'s state (an attribute the model does not
     track: its layers and weights stay as they are)."""
     holder = model.__dict__.get(ATTRIBUTE)
@@ -146,7 +165,7 @@ def carry_state(model, callback):
 class CheckpointState:
     """What a strategy callback adds for Keras checkpoints (``state_dict``/``load_state_dict`` are its own)."""
 
-    def load_checkpoint_state(self, filepath):
+    def load_checkpoint_state(self: Restorable, filepath: str | os.PathLike[str]) -> bool:
         """Resume the strategy's schedule from a Keras checkpoint: its counters (step, round, plans)
         and aggregation state, which every ``.weights.h5`` or ``.keras`` file of the model written
         once this callback trained it holds (``ModelCheckpoint``, ``model.save_weights``,
@@ -174,7 +193,7 @@ class CheckpointState:
         return state is not None and restore(self, state)
 
 
-def read_state(filepath):
+def read_state(filepath: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The strategy state a Keras checkpoint holds (``.weights.h5``, or ``.keras``), or ``None``.
 
     Raises:

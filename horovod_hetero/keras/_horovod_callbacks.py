@@ -4,8 +4,10 @@ initial broadcast, metric averaging, learning-rate warm-up.
 Horovod 0.28.1's callbacks use Keras 2's variable API and raise on Keras 3. These work on Keras 3
 with the TensorFlow or PyTorch backend and on Keras 2, through the backend's ``Collectives``.
 """
+from __future__ import annotations
+
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -15,6 +17,9 @@ from horovod_hetero.keras._optimizer import optimizer_variables
 from horovod_hetero.keras._train_guard import begin_training
 from horovod_hetero.runtime.seams import DEFAULT_TIMEOUT_S
 from horovod_hetero.validation import check_bool, check_float, check_int
+
+if TYPE_CHECKING:
+    from horovod.common.process_sets import ProcessSet
 
 log = logging.getLogger("horovod_hetero")
 
@@ -26,14 +31,15 @@ class BroadcastGlobalVariablesCallbackImpl:
 
     model: Any                         # set by Keras (set_model) before any hook runs
 
-    def __init__(self, root_rank=0, process_set=None, timeout=DEFAULT_TIMEOUT_S):
+    def __init__(self, root_rank: int = 0, process_set: ProcessSet | None = None,
+                 timeout: float = DEFAULT_TIMEOUT_S) -> None:
         super().__init__()
         self.root_rank = check_int("root_rank", root_rank, 0)
         self.process_set = check_process_set(process_set)        # membership: at fit, after hvd.init()
         self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
         self.broadcast_done = False
 
-    def _broadcast(self):
+    def _broadcast(self) -> bool:
         chosen = weights(self.model)
         if not chosen:
             return False
@@ -48,12 +54,12 @@ class BroadcastGlobalVariablesCallbackImpl:
             variable.assign(new)
         return True
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         begin_training(self.model, self.timeout)
         if not self.broadcast_done:
             self.broadcast_done = self._broadcast()
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if not self.broadcast_done:
             self.broadcast_done = self._broadcast()
 
@@ -66,14 +72,14 @@ class MetricAverageCallbackImpl:
 
     model: Any                         # set by Keras (set_model) before any hook runs
 
-    def __init__(self, timeout=DEFAULT_TIMEOUT_S):
+    def __init__(self, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         super().__init__()
         self.timeout = check_float("timeout", timeout, 0.0, min_exclusive=True)
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         begin_training(self.model, self.timeout)
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         sync_epoch(self.model, epoch)           # a strategy callback later in the list syncs now
         if logs is None:
             return
@@ -94,16 +100,18 @@ class LearningRateWarmupCallbackImpl:
     model: Any                         # set by Keras (set_model) before any hook runs
     params: dict[str, Any]             # set by Keras (set_params)
 
-    def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None, verbose=0):
+    def __init__(self, initial_lr: float, warmup_epochs: int = 5, momentum_correction: bool = True,
+                 steps_per_epoch: int | None = None, verbose: int = 0) -> None:
         super().__init__()
         self.initial_lr = check_float("initial_lr", initial_lr, 0.0, min_exclusive=True)
         self.warmup_epochs = check_int("warmup_epochs", warmup_epochs, 1)
         self.momentum_correction = check_bool("momentum_correction", momentum_correction)
         self.steps_per_epoch = None if steps_per_epoch is None else check_int("steps_per_epoch", steps_per_epoch, 1)
         self.verbose = check_int("verbose", verbose, 0)
-        self._epoch, self._restore = 0, None
+        self._epoch = 0
+        self._restore: float | None = None
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         begin_training(self.model)
         collectives = collectives_class()(None, DEFAULT_TIMEOUT_S, owner=type(self).__name__)
         self._size, self._rank = collectives.size, collectives.rank
@@ -113,10 +121,10 @@ class LearningRateWarmupCallbackImpl:
                 raise ValueError(f"{type(self).__name__}: fit() does not tell the number of batches per epoch; "
                                  f"pass steps_per_epoch=")
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._epoch = epoch
 
-    def learning_rate(self, epoch):
+    def learning_rate(self, epoch: float) -> float:
         """Horovod's warm-up multiplier at fractional ``epoch`` times ``initial_lr``."""
         if self.steps_per_epoch is None:
             raise RuntimeError(f"{type(self).__name__}.learning_rate: the batches per epoch are known once fit() "
@@ -124,12 +132,12 @@ class LearningRateWarmupCallbackImpl:
         epoch += 1.0 / self.steps_per_epoch
         return self.initial_lr / self._size * (epoch * (self._size - 1) / self.warmup_epochs + 1)
 
-    def on_train_batch_begin(self, batch, logs=None):
+    def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self._epoch >= self.warmup_epochs:
             return
         optimizer = self.model.optimizer
         old = float(np.asarray(optimizer.learning_rate))
-        new = self.learning_rate(self._epoch + batch / self.steps_per_epoch)
+        new = self.learning_rate(self._epoch + batch / cast(int, self.steps_per_epoch))   # set at on_train_begin
         optimizer.learning_rate = new
         momentum = getattr(optimizer, "momentum", None)
         if self.momentum_correction and momentum is not None and old > 0:
@@ -141,12 +149,12 @@ class LearningRateWarmupCallbackImpl:
                 log.warning("%s: the optimizer's momentum is a constant, so momentum correction is skipped",
                             type(self).__name__)
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self._restore is not None:
             self.model.optimizer.momentum.assign(self._restore)
             self._restore = None
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         lr = float(np.asarray(self.model.optimizer.learning_rate))
         if logs is not None:
             logs["lr"] = lr

@@ -5,6 +5,11 @@ Horovod 0.28.1 hooks Keras 2's optimizer methods: on Keras 3 its ``DistributedOp
 nothing. This works on Keras 3 with the TensorFlow or PyTorch backend and on Keras 2, through the
 backend's ``Collectives``.
 """
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 
 from horovod_hetero.common import compat
@@ -12,8 +17,12 @@ from horovod_hetero.keras._backend import collectives_class, keras_major, keras_
 from horovod_hetero.runtime.seams import DEFAULT_TIMEOUT_S
 from horovod_hetero.errors import troubleshooting
 
+if TYPE_CHECKING:
+    from horovod_hetero.common.horovod_collectives import HorovodCollectives
+    from horovod_hetero.runtime.seams import Collectives
+    from horovod_hetero.strategies import Strategy
 
-def optimizer_variables(optimizer):
+def optimizer_variables(optimizer: Any) -> list[Any]:
     """The optimizer's variables, a list (none for ``None``)."""
     if optimizer is None:
         return []
@@ -21,11 +30,11 @@ def optimizer_variables(optimizer):
     return list(found() if callable(found) else found)
 
 
-def _averages(optimizer):
+def _averages(optimizer: Any) -> bool:
     return getattr(type(optimizer), "_hh_averaging", False)
 
 
-def check_optimizer(model):
+def check_optimizer(model: Any) -> None:
     """Refuse, by name, optimizers that would let ranks train apart or fall out of step on Keras 3:
     ``hvd.DistributedOptimizer`` (averages nothing there), a loss-scale optimizer around
     ``hh.DistributedOptimizer`` (each rank would skip the average when its own gradients overflow),
@@ -50,7 +59,7 @@ def check_optimizer(model):
                          + troubleshooting("troubleshooting-keras3-horovod-optimizer"))
 
 
-def check_keras_optimizer(optimizer, name="optimizer"):
+def check_keras_optimizer(optimizer: Any, name: str = "optimizer") -> Any:
     """``optimizer`` if it is an optimizer of the Keras that runs (Keras 2: also a legacy one), else a
     ``TypeError`` naming ``name``."""
     optimizers = keras_module().optimizers
@@ -73,14 +82,14 @@ class GradientScale:
     step's own compute excludes). All are Keras variables: a compiled step reads and assigns them, so a
     strategy can change between fits and inside one."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         keras = keras_module()
         self.active = keras.Variable(1.0, trainable=False, dtype="float32", name="hh_gradient_active")
         self.scale = keras.Variable(1.0, trainable=False, dtype="float32", name="hh_gradient_scale")
         self.seconds = keras.Variable(0.0, trainable=False, dtype="float32", name="hh_gradient_seconds")
 
 
-def averaging_optimizer(optimizer, collectives):
+def averaging_optimizer(optimizer: Any, collectives: Collectives) -> Any:
     """``optimizer`` (a Keras 3 optimizer), whose ``apply`` now first averages the gradients over
     ``collectives``: synchronous data-parallel SGD.
 
@@ -95,17 +104,17 @@ def averaging_optimizer(optimizer, collectives):
     ops = keras_module().ops
     state = GradientScale()
 
-    def apply(self, grads, trainable_variables=None):
+    def apply(self: Any, grads: Sequence[Any], trainable_variables: Sequence[Any] | None = None) -> Any:
         targets = self._trainable_variables if trainable_variables is None else trainable_variables
         grads = [ops.zeros_like(v) if g is None else g for g, v in zip(grads, targets)]
 
-        def average():
+        def average() -> tuple[list[Any], Any]:
             scale = ops.convert_to_tensor(value(state.scale))
             averaged, seconds = collectives.timed_mean([g * ops.cast(scale, g.dtype) for g in grads],
                                                        name="horovod_hetero.gradients")
             return list(averaged), ops.cast(seconds, "float32")
 
-        def own():                                 # a model-averaging strategy runs: each rank's own
+        def own() -> tuple[list[Any], Any]:        # a model-averaging strategy runs: each rank's own
             return list(grads), ops.zeros((), "float32")
 
         grads, seconds = switch(state.active, average, own)
@@ -128,14 +137,15 @@ class KerasGradients:
         root: ``() -> the set's first rank`` (every rank takes its model at a sync with the average open).
     """
 
-    def __init__(self, model, strategy, root):
+    def __init__(self, model: Any, strategy: Callable[[], Strategy], root: Callable[[], int]) -> None:
         self._model, self._strategy, self._root = model, strategy, root
-        self._weight, self._opened = None, False
+        self._weight: Callable[[], float] | None = None
+        self._opened = False
 
-    def _state(self):
+    def _state(self) -> GradientScale | None:
         return getattr(type(getattr(self._model, "optimizer", None)), "_hh_gradient", None)
 
-    def open(self, weight):
+    def open(self, weight: Callable[[], float] | None) -> None:
         state, optimizer = self._state(), getattr(self._model, "optimizer", None)
         name = type(self._strategy()).__name__
         if state is None and (weight is not None or not compat.is_horovod_keras2_optimizer(optimizer)):
@@ -148,7 +158,7 @@ class KerasGradients:
             state.active.assign(1.0)
             state.scale.assign(1.0)
 
-    def close(self):
+    def close(self) -> None:
         state, optimizer = self._state(), getattr(self._model, "optimizer", None)
         if state is None and compat.is_horovod_keras2_optimizer(optimizer):
             raise TypeError(f"{type(self._strategy()).__name__} averages the models, but the model's optimizer is "
@@ -158,25 +168,29 @@ class KerasGradients:
         if state is not None:
             state.active.assign(0.0)
 
-    def join(self):
+    def switchable(self) -> bool:
+        """Whether the model's optimizer can switch its average on and off (``hh.DistributedOptimizer`` on Keras 3)."""
+        return self._state() is not None
+
+    def join(self) -> int | None:
         """With the average open every rank took the same steps inside ``fit``: the set's first rank's model
         and counters are every rank's (``None`` closed: the rounds join)."""
         return self._root() if self._opened else None
 
-    def begin_fit(self, size):
+    def begin_fit(self, size: int) -> None:
         """At a ``fit``'s start: the weight of this rank's gradient for its batches (constant within a ``fit``:
         Keras fixes its batch size), as the mean's factor, ``weight * size``."""
         state = self._state()
         if state is not None and self._weight is not None:
             state.scale.assign(float(self._weight()) * size)
 
-    def seconds(self):
+    def seconds(self) -> float:
         """The seconds the last average took (0 where none ran)."""
         state = self._state()
         return 0.0 if state is None else float(np.asarray(value(state.seconds)))
 
 
-def step_collectives(optimizer, timeout=DEFAULT_TIMEOUT_S):
+def step_collectives(optimizer: Any, timeout: float = DEFAULT_TIMEOUT_S) -> HorovodCollectives | None:
     """The ``Collectives`` that average gradients inside ``optimizer``'s update, hence inside Keras'
     compiled train step: ``hh.DistributedOptimizer``'s, or for Horovod's Keras 2
     ``hvd.DistributedOptimizer`` ones over its process set (made once, ``timeout`` for their object

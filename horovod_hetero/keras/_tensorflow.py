@@ -1,13 +1,19 @@
 """``Collectives`` over ``horovod.tensorflow``."""
+from __future__ import annotations
+
 import functools
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import tensorflow as tf
 
 import horovod.tensorflow as hvd
 
 from horovod_hetero.common.horovod_collectives import HorovodCollectives
-from horovod_hetero.runtime.seams import call_with_timeout
+from horovod_hetero.runtime.seams import Tensor, call_with_timeout
+
+if TYPE_CHECKING:
+    from horovod.common.process_sets import ProcessSet
 
 
 class TensorFlowCollectives(HorovodCollectives):
@@ -27,12 +33,15 @@ class TensorFlowCollectives(HorovodCollectives):
 
     hvd = hvd
 
-    def allreduce_sum(self, tensors, control, *, ranks=None, name, what, inplace=False, like=None):
+    def allreduce_sum(self, tensors: Sequence[Tensor], control: Sequence[float], *,
+                      ranks: Sequence[int] | None = None, name: str, what: str, inplace: bool = False,
+                      like: Tensor | None = None) -> tuple[list[Tensor], list[float]]:
         process_set = self.process_set_of(ranks)
         return call_with_timeout(lambda: self._grouped_sum(tensors, control, process_set, name), self.timeout, what)
 
     @staticmethod
-    def _grouped(tensors, op, process_set, name, control=None):
+    def _grouped(tensors: Sequence[Tensor], op: int, process_set: ProcessSet, name: str,
+                 control: Sequence[float] | None = None) -> tuple[list[Tensor], Tensor | None]:
         """One grouped allreduce per dtype; ``control`` rides with float64 tensors if any, else float32."""
         tensors = [tf.convert_to_tensor(t) for t in tensors]          # Keras 3 hands variables
         by_dtype: dict[Any, list[int]] = {}
@@ -57,22 +66,24 @@ class TensorFlowCollectives(HorovodCollectives):
                 summed_control = reduced[-1]
         return out, summed_control
 
-    def _grouped_sum(self, tensors, control, process_set, name):
+    def _grouped_sum(self, tensors: Sequence[Tensor], control: Sequence[float], process_set: ProcessSet,
+                     name: str) -> tuple[list[Tensor], list[float]]:
+        summed_control: Tensor          # control given: its sum, never None
         sums, summed_control = self._grouped(tensors, hvd.Sum, process_set, name, control)
         return sums, summed_control.numpy().tolist()
 
-    def copy(self, tensors):
+    def copy(self, tensors: Sequence[Tensor]) -> list[Tensor]:
         return [tf.identity(t) for t in tensors]
 
-    def broadcast(self, tensors, root_rank, *, name, what):
+    def broadcast(self, tensors: Sequence[Tensor], root_rank: int, *, name: str, what: str) -> list[Tensor]:
         return call_with_timeout(lambda: [hvd.broadcast(tf.convert_to_tensor(t), root_rank, name=f"{name}.{i}",
                                                         process_set=self.process_set) for i, t in enumerate(tensors)],
                                  self.timeout, what)
 
-    def mean(self, tensors, *, name):
+    def mean(self, tensors: Sequence[Tensor], *, name: str) -> list[Tensor]:
         return self._grouped(tensors, hvd.Average, self.process_set, name)[0]
 
-    def timed_mean(self, tensors, *, name):
+    def timed_mean(self, tensors: Sequence[Tensor], *, name: str) -> tuple[list[Tensor], Tensor]:
         """``mean`` and the seconds it took, as a float64 tensor (``tf.timestamp`` around it: inside a
         compiled step too)."""
         start = tf.timestamp()
@@ -89,7 +100,7 @@ NAMED_KEPT = 256
 
 
 @functools.lru_cache(maxsize=NAMED_KEPT)
-def _named_allreduce(name, op, process_set):
+def _named_allreduce(name: str, op: int, process_set: ProcessSet) -> Callable[[list[Tensor]], list[Tensor]]:
     """A compiled ``hvd.grouped_allreduce`` whose Horovod name is ``name`` (eager ops have none). A
     partial, not a closure: TensorFlow counts the traces of one code object as retracing, and warns."""
     return tf.function(functools.partial(hvd.grouped_allreduce, op=op, process_set=process_set, name=name),

@@ -1,6 +1,9 @@
 """A lost rank named (``RankLostError``) when synchronous training's gradient average fails inside
 Keras' compiled step, and what every hh callback does when training begins."""
-from typing import Any
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from horovod_hetero.common import compat
 from horovod_hetero.common.ranks import collective_failed, under_elastic
@@ -8,6 +11,9 @@ from horovod_hetero.keras._backend import value
 from horovod_hetero.keras._optimizer import check_optimizer, step_collectives
 from horovod_hetero.runtime.controller import rank_lost_error
 from horovod_hetero.runtime.seams import DEFAULT_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from horovod_hetero.common.horovod_collectives import HorovodCollectives
 
 
 class GuardedTrainFunction:
@@ -24,11 +30,11 @@ class GuardedTrainFunction:
     Keras' ``fit`` re-raises it ``from None``: the original error is its ``__context__``.
     """
 
-    def __init__(self, function, model, collectives):
+    def __init__(self, function: Callable[..., Any], model: Any, collectives: HorovodCollectives) -> None:
         self.__wrapped__, self._model, self._collectives = function, model, collectives
         self.restart()
 
-    def restart(self):
+    def restart(self) -> None:
         """Take the step count from the optimizer (a ``fit`` begins: it may have loaded a checkpoint)."""
         self._done = self._iterations()
         per_call: Any = getattr(self._model, "_steps_per_execution", None)  # Keras 2: a variable
@@ -36,10 +42,10 @@ class GuardedTrainFunction:
             per_call = getattr(self._model, "steps_per_execution", 1)
         self._single = int(value(per_call) if hasattr(per_call, "value") else per_call) == 1
 
-    def _iterations(self):
+    def _iterations(self) -> int:
         return int(value(self._model.optimizer.iterations))
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
             logs = self.__wrapped__(*args, **kwargs)
         except Exception as error:
@@ -54,11 +60,11 @@ class GuardedTrainFunction:
         self._done = self._done + 1 if self._single else self._iterations()
         return logs
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.__wrapped__, name)
 
 
-def guard_train_function(model, timeout=DEFAULT_TIMEOUT_S):
+def guard_train_function(model: Any, timeout: float = DEFAULT_TIMEOUT_S) -> None:
     """Wrap ``model.train_function`` in a ``GuardedTrainFunction`` if its optimizer averages inside
     the step (``step_collectives``), once per train function (later fits only ``restart`` it); first
     note where every rank runs (``know_peers``: an object allgather, so on every rank at the same
@@ -76,7 +82,7 @@ def guard_train_function(model, timeout=DEFAULT_TIMEOUT_S):
         compat.replace_train_function(model, GuardedTrainFunction(function, model, collectives))
 
 
-def begin_training(model, timeout=DEFAULT_TIMEOUT_S):
+def begin_training(model: Any, timeout: float = DEFAULT_TIMEOUT_S) -> None:
     """What every hh callback does when training begins: ``check_optimizer``, then
     ``guard_train_function`` (the first callback wraps, on every rank alike)."""
     check_optimizer(model)

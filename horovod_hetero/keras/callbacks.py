@@ -5,23 +5,36 @@ but not on Keras 3 (broadcast, metric average, warm-up).
 Every argument, and every environment variable that fills in for one, is checked when a callback is
 built: a ``TypeError``/``ValueError`` names it; what needs ``hvd.init()`` (process-set membership,
 factors per rank) is checked when training begins."""
+from __future__ import annotations
+
 import inspect
-from collections.abc import Mapping
-from typing import Any
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from horovod_hetero.keras._backend import keras_module
 from horovod_hetero.keras._callback import HeteroSyncCallbackImpl, SlowdownCallbackImpl
 from horovod_hetero.keras._horovod_callbacks import (
     BroadcastGlobalVariablesCallbackImpl, LearningRateWarmupCallbackImpl, MetricAverageCallbackImpl)
+from horovod_hetero.auto import Auto
 from horovod_hetero.runtime.seams import DEFAULT_TIMEOUT_S
 from horovod_hetero.strategies import ADSP, Balanced, DSSP, ESync, ElasticBSP, LocalSGD, Strategy, WAGMA
 from horovod_hetero.validation import check_options, check_removed
 
+if TYPE_CHECKING:
+    from horovod.common.process_sets import ProcessSet
+
+    from horovod_hetero.runtime.straggler import Slowdown, SlowdownFactors
+    from horovod_hetero.runtime.telemetry import Telemetry
+    from horovod_hetero.strategies import Steps
+
 #: the running Keras' ``Callback`` (Keras 2 or 3: chosen at run time)
 Callback: Any = keras_module().callbacks.Callback
+_C = TypeVar("_C", bound="HeteroSyncCallback")
 
 
-def _strategy_options(name, options, strategy, given):
+def _strategy_options(name: str, options: Mapping[str, Any] | None, strategy: type[Strategy],
+                      given: Sequence[str]) -> dict[str, Any]:
     """``options`` checked as keyword arguments of ``strategy`` other than those in ``given`` (the
     callback's own arguments)."""
     accepted = [p for p in inspect.signature(strategy).parameters if p not in given]
@@ -99,7 +112,7 @@ class HeteroSyncCallback(HeteroSyncCallbackImpl, Callback):
     #: ``None`` here: any strategy, of either kind, given to it
     strategy_class: "type[Strategy] | None" = None
 
-    def __new__(cls, *args, **options):
+    def __new__(cls: type[_C], *args: Any, **options: Any) -> _C:
         check_removed(cls.__name__, options, {*inspect.signature(cls.__init__).parameters,
                                               *inspect.signature(HeteroSyncCallbackImpl.__init__).parameters})
         return super().__new__(cls)
@@ -115,7 +128,7 @@ class LocalSGDCallback(HeteroSyncCallback):
 
     strategy_class = LocalSGD
 
-    def __init__(self, period, warmup_steps=0, **options):
+    def __init__(self, period: int | Callable[[int], int], warmup_steps: int = 0, **options: Any) -> None:
         super().__init__(LocalSGD(period, warmup_steps), **options)
 
 
@@ -130,7 +143,8 @@ class ESyncCallback(HeteroSyncCallback):
 
     strategy_class = ESync
 
-    def __init__(self, mode="blocking", esync_options=None, **options):
+    def __init__(self, mode: str = "blocking", esync_options: Mapping[str, Any] | None = None,
+                 **options: Any) -> None:
         esync_options = _strategy_options("esync_options", esync_options, ESync, ("mode",))
         super().__init__(ESync(mode, **esync_options), **options)
 
@@ -148,7 +162,8 @@ class WAGMACallback(HeteroSyncCallback):
 
     strategy_class = WAGMA
 
-    def __init__(self, group_size=None, sync_period=10, wagma_options=None, **options):
+    def __init__(self, group_size: int | None = None, sync_period: int | Callable[[int], int] = 10,
+                 wagma_options: Mapping[str, Any] | None = None, **options: Any) -> None:
         wagma_options = _strategy_options("wagma_options", wagma_options, WAGMA, ("group_size", "sync_period"))
         super().__init__(WAGMA(group_size, sync_period, **wagma_options), **options)
 
@@ -163,7 +178,7 @@ class ElasticBSPCallback(HeteroSyncCallback):
 
     strategy_class = ElasticBSP
 
-    def __init__(self, lookahead=15, **options):
+    def __init__(self, lookahead: int = 15, **options: Any) -> None:
         super().__init__(ElasticBSP(lookahead), **options)
 
 
@@ -177,7 +192,7 @@ class DSSPCallback(HeteroSyncCallback):
 
     strategy_class = DSSP
 
-    def __init__(self, staleness=(3, 15), tolerance=0.05, **options):
+    def __init__(self, staleness: Sequence[int] = (3, 15), tolerance: float = 0.05, **options: Any) -> None:
         super().__init__(DSSP(staleness, tolerance), **options)
 
 
@@ -192,9 +207,29 @@ class ADSPCallback(HeteroSyncCallback):
 
     strategy_class = ADSP
 
-    def __init__(self, check_period=60.0, search_every=None, adsp_options=None, **options):
+    def __init__(self, check_period: float | str | Steps = 60.0, search_every: float | str | Steps | None = None,
+                 adsp_options: Mapping[str, Any] | None = None, **options: Any) -> None:
         adsp_options = _strategy_options("adsp_options", adsp_options, ADSP, ("check_period", "search_every"))
         super().__init__(ADSP(check_period, search_every, **adsp_options), **options)
+
+
+class AutoCallback(HeteroSyncCallback):
+    """``HeteroSyncCallback(Auto(**auto_options))``: the library chooses the strategy (see ``hh.Auto``). Compile the
+    model with ``hh.DistributedOptimizer``: it starts as Synchronous, and the callback switches the optimizer's
+    average off and on as the strategy it runs needs. Under Keras it changes strategy at an epoch's end.
+
+    Example::
+
+        model.compile(optimizer=hh.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size())), loss=...)
+        model.fit(x, y, epochs=5, callbacks=[hh.callbacks.BroadcastGlobalVariablesCallback(0),
+                                             hh.callbacks.AutoCallback()])
+    """
+
+    strategy_class = Auto
+
+    def __init__(self, auto_options: Mapping[str, Any] | None = None, **options: Any) -> None:
+        auto_options = _strategy_options("auto_options", auto_options, Auto, ())
+        super().__init__(Auto(**auto_options), **options)
 
 
 class BalancedCallback(HeteroSyncCallback):
@@ -230,8 +265,10 @@ class BalancedCallback(HeteroSyncCallback):
 
     strategy_class = Balanced
 
-    def __init__(self, global_batch=None, max_batch=None, batch_size=None, process_set=None, telemetry=None,
-                 slowdown=None, timeout=DEFAULT_TIMEOUT_S, min_batch=None):
+    def __init__(self, global_batch: int | None = None, max_batch: int | None = None, batch_size: int | None = None,
+                 process_set: ProcessSet | None = None, telemetry: Telemetry | str | os.PathLike[str] | None = None,
+                 slowdown: SlowdownFactors | Slowdown | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+                 min_batch: int | None = None) -> None:
         if global_batch is None and batch_size is None:
             raise ValueError("give batch_size= (one rank's batch; the global batch is the number of ranks times it) "
                              "or global_batch=")

@@ -13,6 +13,7 @@ from horovod_hetero.errors import (  # noqa: F401
 from horovod_hetero.runtime.seams import DEFAULT_TIMEOUT_S  # noqa: F401
 from horovod_hetero.strategies import (  # noqa: F401
     GradientAveraging, GradientWeighting, Mean, ModelAveraging, Normalized, OuterSGD, Steps, Strategy)
+import horovod_hetero.auto  # noqa: F401  (registers hh.Auto, the strategy the library chooses)
 from horovod_hetero.strategies.registry import REGISTRY, classes
 from horovod_hetero.torch.sampler import DistributedSampler  # noqa: F401
 from horovod_hetero.torch.slowdown import slow_down  # noqa: F401

@@ -5,9 +5,12 @@ Every wait here polls (``wait_done``) before ``hvd.synchronize``: Horovod's own 
 waiting so keeps a core from the ranks and Horovod background threads that would end its wait
 (measured: Horovod's Gloo exchanges then stalled past their 30 s timeout, in about one job in two
 of the torch averager test on 2 cores and 4 ranks; none in 5 with polling)."""
+from __future__ import annotations
+
 import itertools
 import pickle
 import time
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -19,13 +22,13 @@ from horovod_hetero.common.failures import gil_guarded
 from horovod_hetero.runtime.seams import Model, check_background, timeout_error
 
 
-def wait(handle, timeout_s, what):
+def wait(handle: int, timeout_s: float, what: str) -> Any:
     """``hvd.synchronize(handle)``, but raise ``CollectiveTimeoutError`` after ``timeout_s`` seconds."""
     wait_done(handle, timeout_s, what)
     return hvd.synchronize(handle)
 
 
-def wait_done(handle, timeout_s, what):
+def wait_done(handle: int, timeout_s: float, what: str) -> None:
     """Return once ``handle``'s collective is done (it stays Horovod's to synchronize), or raise
     ``CollectiveTimeoutError`` after ``timeout_s`` seconds."""
     # Back off to 1 ms between polls: polling harder measurably slows training when ranks and
@@ -53,7 +56,9 @@ class TorchCollectives(HorovodCollectives):
     hvd = hvd
 
     @torch.no_grad()
-    def allreduce_sum(self, tensors, control, *, ranks=None, name, what, inplace=False, like=None):
+    def allreduce_sum(self, tensors: Sequence[torch.Tensor], control: Sequence[float], *,
+                      ranks: Sequence[int] | None = None, name: str, what: str, inplace: bool = False,
+                      like: torch.Tensor | None = None) -> tuple[list[torch.Tensor], list[float]]:
         device = tensors[0].device if len(tensors) else like.device if like is not None else torch.device("cpu")
         group = list(tensors) + [torch.tensor(control, dtype=torch.float64, device=device)]
         enqueue = hvd.grouped_allreduce_async_ if inplace else hvd.grouped_allreduce_async
@@ -61,7 +66,8 @@ class TorchCollectives(HorovodCollectives):
                                           process_set=self.process_set_of(ranks)), what)
         return out[:-1], out[-1].tolist()
 
-    def broadcast_object(self, obj, *, what, root=None, name="horovod_hetero.broadcast"):
+    def broadcast_object(self, obj: Any, *, what: str, root: int | None = None,
+                         name: str = "horovod_hetero.broadcast") -> Any:
         """``obj`` of the set's first rank (or of global rank ``root``) on every rank of the set, as
         ``hvd.broadcast_object`` (pickled: a size, then the bytes), with polled waits."""
         root = self.root if root is None else root
@@ -76,7 +82,7 @@ class TorchCollectives(HorovodCollectives):
                                                  process_set=self.process_set), what)
         return obj if sender else pickle.loads(data.numpy().tobytes())
 
-    def allgather_object(self, obj, *, what):
+    def allgather_object(self, obj: Any, *, what: str) -> list[Any]:
         """Every rank's ``obj``, in rank order, as ``hvd.allgather_object`` (over all ranks), with polled waits."""
         data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
         sizes = self.polled(lambda: hvd.allgather_async(torch.tensor([data.numel()], dtype=torch.int64),
@@ -85,7 +91,7 @@ class TorchCollectives(HorovodCollectives):
         starts = itertools.accumulate(sizes, initial=0)
         return [pickle.loads(gathered[start:start + n].numpy().tobytes()) for start, n in zip(starts, sizes)]
 
-    def polled(self, enqueue, what):
+    def polled(self, enqueue: Callable[[], int], what: str) -> Any:
         """Enqueue one collective (``enqueue()``: its handle) and return its result, polled (``wait``);
         never into a failed Horovod, where the enqueue would block (``check_enqueue``)."""
         self.check_enqueue(what)
@@ -94,21 +100,22 @@ class TorchCollectives(HorovodCollectives):
         return wait(handle, self.timeout, what)
 
     @torch.no_grad()
-    def copy(self, tensors):
+    def copy(self, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         return [t.clone() for t in tensors]
 
-    def broadcast(self, tensors, root_rank, *, name, what):
+    def broadcast(self, tensors: Sequence[torch.Tensor], root_rank: int, *, name: str,
+                  what: str) -> list[torch.Tensor]:
         self.check_enqueue(what)
         with gil_guarded():
             handles = [hvd.broadcast_async(t.detach(), root_rank, name=self.named(f"{name}.{i}"),
                                            process_set=self.process_set) for i, t in enumerate(tensors)]
         return [wait(h, self.timeout, what) for h in handles]
 
-    def mean(self, tensors, *, name):
+    def mean(self, tensors: Sequence[torch.Tensor], *, name: str) -> list[torch.Tensor]:
         return self.polled(lambda: hvd.grouped_allreduce_async(list(tensors), op=hvd.Average, name=self.named(name),
                                                                process_set=self.process_set), "the gradient average")
 
-    def timed_mean(self, tensors, *, name):
+    def timed_mean(self, tensors: Sequence[torch.Tensor], *, name: str) -> tuple[list[torch.Tensor], float]:
         """``mean`` and the seconds it took (eager: the wall clock around it)."""
         start = time.perf_counter()
         out = self.mean(tensors, name=name)
@@ -162,12 +169,12 @@ class TorchModel(Model):
         2.0
     """
 
-    def __init__(self, tensors, flat=True):
+    def __init__(self, tensors: Iterable[torch.Tensor], flat: bool = True) -> None:
         self._sources = list(tensors)
         self._flat = flat
         self._pack()
 
-    def _overlaps(self):
+    def _overlaps(self) -> tuple[dict[int, int], set[int]]:
         """Which tensors share memory: ``({i: j}`` for a tensor that is exactly the earlier tensor j's
         memory (same bytes, dtype, shape, strides), ``{i, ...}`` for tensors that partly overlap)."""
         spans: list[tuple[Any, ...]] = []
@@ -200,7 +207,7 @@ class TorchModel(Model):
         return alias_of, overlapping
 
     @torch.no_grad()
-    def _pack(self):
+    def _pack(self) -> None:
         """Copy the contiguous tensors into one flat tensor per (dtype, device), in order; rebind them."""
         alias_of, overlapping = self._overlaps()
         groups: dict[tuple[Any, Any], list[int]] = {}
@@ -225,13 +232,13 @@ class TorchModel(Model):
         self._tensors += [self._sources[i].data for i in loose]
         self._bound = [t.data_ptr() for t in self._sources]
 
-    def tensors(self):
+    def tensors(self) -> list[torch.Tensor]:
         if any(t.data_ptr() != ptr for t, ptr in zip(self._sources, self._bound)):
             self._pack()                        # a tensor was rebound (model.to(), p.data = ...)
         return self._tensors
 
     @torch.no_grad()
-    def assign(self, values, divisor=1.0, add_current=False):
+    def assign(self, values: Sequence[torch.Tensor], divisor: float = 1.0, add_current: bool = False) -> None:
         """In place; ``values`` are consumed (summed into, divided)."""
         for t, s in zip(self.tensors(), values):
             if add_current:
@@ -242,7 +249,7 @@ class TorchModel(Model):
                 t.copy_(s.div_(divisor) if divisor != 1.0 else s)
 
     @torch.no_grad()
-    def place(self, values):
+    def place(self, values: Sequence[Any]) -> list[torch.Tensor]:
         tensors = self.tensors()
         values = list(values)
         if len(values) != len(tensors):
@@ -257,5 +264,5 @@ class TorchModel(Model):
         return out
 
     @property
-    def nbytes(self):
+    def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())

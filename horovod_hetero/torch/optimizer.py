@@ -8,15 +8,19 @@ runs the strategy (``runtime.controller``). It only reports steps; the strategy 
 runner of its kind decides what a step does with the gradients, and ``set_strategy`` swaps the strategy at a
 sync point. It can be subclassed like any optimizer.
 """
+from __future__ import annotations
+
 import contextlib
+import os
 import time
 import warnings
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, cast, overload
 
 import torch
 
 import horovod.torch as hvd
-from horovod.torch.compression import Compression
+from horovod.torch.compression import Compression, Compressor
 
 from horovod_hetero.common.compat import horovod_optimizer_module, torch_join_async, torch_optimizer_bases
 from horovod_hetero.common.options import check_run_options
@@ -31,6 +35,18 @@ from horovod_hetero.torch.adapter import TorchCollectives, TorchModel, wait_done
 from horovod_hetero.torch.sampler import DistributedSampler, register_optimizer
 from horovod_hetero.validation import check_bool, check_float, check_int
 
+if TYPE_CHECKING:
+    from horovod.common.process_sets import ProcessSet
+
+    from horovod_hetero.common.ranks import Controller
+    from horovod_hetero.runtime.membership import Membership
+    from horovod_hetero.runtime.runner import Runner
+    from horovod_hetero.runtime.telemetry import Telemetry
+    from horovod_hetero.runtime.straggler import SlowdownFactors
+    from horovod_hetero.strategies import Aggregation, Strategy
+
+#: ``(name, tensor)`` pairs, as ``model.named_parameters()`` and ``model.named_buffers()`` give them
+Named = list[tuple[str, torch.Tensor]]
 _STATE_KEY = "horovod_hetero"
 #: sync_model() warns once (no ``hh.DistributedSampler`` bound) when a rank waited there for more than this
 #: share of the time since the previous sync_model(): an even split of the epoch left it idle
@@ -38,7 +54,7 @@ IDLE_SHARE = 0.25
 _DistributedOptimizer, _DistributedAdasumOptimizer = torch_optimizer_bases()
 
 
-def _named(named, what, fallback):
+def _named(named: Iterable[tuple[str, torch.Tensor]] | None, what: str, fallback: Named) -> Named:
     """List of (name, tensor), validated like Horovod does for named_parameters."""
     if named is None:
         return fallback
@@ -56,7 +72,8 @@ def _named(named, what, fallback):
     return sorted(named, key=lambda item: item[0])
 
 
-def _named_tensors(optimizer, named_parameters, named_buffers):
+def _named_tensors(optimizer: torch.optim.Optimizer, named_parameters: Iterable[tuple[str, torch.Tensor]] | None,
+                   named_buffers: Iterable[tuple[str, torch.Tensor]] | None) -> tuple[Named, Named, Named]:
     """The optimizer's parameters, the model's floating-point buffers and its other buffers (integer or
     bool, BatchNorm's ``num_batches_tracked``: broadcast, not averaged), each as sorted (name, tensor);
     a complex buffer is refused by name."""
@@ -88,14 +105,14 @@ class _Counters:
     count from the same one.
     """
 
-    def __init__(self, optimizer):
+    def __init__(self, optimizer: DistributedOptimizer) -> None:
         self._optimizer = optimizer
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
         state = self._optimizer._hh.state_dict()          # None on a rank outside the process set
         return (dict, (state,)) if state is not None else (type(None), ())
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<horovod_hetero counters {self._optimizer._hh.state_dict()}>"
 
 
@@ -103,8 +120,9 @@ class _HorovodOptions:
     """Horovod's options of the gradient allreduce, checked once, as Horovod checks them (a ``ValueError`` or
     ``TypeError`` even before ``hvd.init()``), and against each strategy the wrapper runs (``check_for``)."""
 
-    def __init__(self, compression, backward_passes_per_step, op, gradient_predivide_factor, groups, sparse_as_dense,
-                 num_groups):
+    def __init__(self, compression: type[Compressor], backward_passes_per_step: int, op: int,
+                 gradient_predivide_factor: float, groups: int | Sequence[Sequence[torch.Tensor]] | None,
+                 sparse_as_dense: bool, num_groups: int) -> None:
         if check_int("num_groups", num_groups, 0) != 0:
             warnings.warn("Parameter `num_groups` has been replaced by `groups` and will be removed in v0.23.0.",
                           DeprecationWarning)
@@ -120,13 +138,13 @@ class _HorovodOptions:
         self.gradient_predivide_factor, self.sparse_as_dense = gradient_predivide_factor, sparse_as_dense
         self._groups_name = "groups" if num_groups == 0 else "num_groups"
 
-    def check_for(self, strategy, sampler):
+    def check_for(self, strategy: Strategy, sampler: DistributedSampler | None) -> None:
         """Refuse, naming them, the options ``strategy``'s runner cannot honour: Horovod's gradient options beside
         a model-averaging strategy (it runs no gradient allreduce), ``op`` and ``gradient_predivide_factor`` beside
         one that weighs the gradients itself, and a strategy that plans every rank's batch without a batch
         sampler (``sampler``) bound."""
         runner, name = runner_for(strategy), type(strategy).__name__
-        if not runner.steps_together:
+        if not runner.steps_together or strategy.runs is not strategy:   # or it may run a model-averaging one (Auto)
             if self.op != hvd.Average:
                 raise ValueError(f"op must be hvd.Average with {name} (models are averaged); "
                                  f"op=hvd.Adasum or hvd.Sum apply to gradients, with strategy=hh.Synchronous()\n"
@@ -157,34 +175,34 @@ class _Engine:
 
     # set on the class built from Horovod's: Horovod's class it copies, and the HorovodGradients it serves
     _hh_base: Any
-    _hh_gradients: Any
+    _hh_gradients: HorovodGradients
     _handles: dict
 
-    def _make_hook(self, p):
+    def _make_hook(self, p: torch.Tensor) -> Callable[..., Any]:
         hook = self._hh_base._make_hook(self, p)
 
-        def gated(*args):
+        def gated(*args: Any) -> Any:
             if self._hh_gradients.active:           # closed: each rank keeps its own gradients
                 return hook(*args)
         return gated
 
     # Horovod's gradient hooks enqueue here during loss.backward(), outside step()'s guard: a lost rank
     # must fail there as it fails in step() (RankLostError, or elastic's reset)
-    def _allreduce_grad_async(self, p):
+    def _allreduce_grad_async(self, p: torch.Tensor) -> tuple[Any, Any]:
         try:
             self._hh_gradients.before_enqueue(self, [p])
             return self._hh_base._allreduce_grad_async(self, p)
         except Exception as e:
             self._hh_gradients.reraise(e)
 
-    def _grouped_allreduce_grad_async(self, ps):
+    def _grouped_allreduce_grad_async(self, ps: list[torch.Tensor]) -> tuple[Any, Any]:
         try:
             self._hh_gradients.before_enqueue(self, ps)
             return self._hh_base._grouped_allreduce_grad_async(self, ps)
         except Exception as e:
             self._hh_gradients.reraise(e)
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         t0 = time.perf_counter()
         try:
             self._hh_gradients.wait_allreduces(self._handles)
@@ -209,58 +227,61 @@ class HorovodGradients:
         reraise: ``reraise(error)``, what a failed enqueue raises instead (``Membership.reraise``).
     """
 
-    def __init__(self, optimizer, named_parameters, options, process_set, adasum, current, reraise):
+    def __init__(self, optimizer: torch.optim.Optimizer, named_parameters: Named | None, options: _HorovodOptions,
+                 process_set: ProcessSet, adasum: bool, current: Callable[[], Controller],
+                 reraise: Callable[[BaseException], NoReturn]) -> None:
         self.optimizer, self._named, self.options = optimizer, named_parameters, options
         self.process_set, self.adasum = process_set, adasum
         self._current, self.reraise = current, reraise
         self.active = False
         self.comm = 0.0                 # seconds waited for the allreduces since the last step (telemetry)
         self._engine: Any = None        # Horovod's optimizer, built at the first open
-        self._weight = None
-        self._names, self._names_session = None, ""
+        self._weight: Callable[[], float] | None = None
+        self._names: dict[torch.Tensor, str] | None = None      # Horovod's names of the parameters, as built
+        self._names_session = ""
 
     # -- Gradients --
 
-    def open(self, weight):
+    def open(self, weight: Callable[[], float] | None) -> None:
         engine = self._engine if self._engine is not None else self._build()
         engine.op = hvd.Sum if weight is not None else self.options.op
         self._weight, self.active = weight, True
 
-    def close(self):
+    def close(self) -> None:
         self._weight, self.active = None, False
 
-    def join(self):
+    def join(self) -> int | None:
         """``hvd.join`` (polled: Horovod's own wait spins) over every rank, with the allreduce open; ``None``
         on another process set (``hvd.join`` is global)."""
         if self.process_set != hvd.global_process_set or not self.active:
             return None
-        collectives = self._current().collectives
+        collectives = cast(TorchCollectives, self._current().collectives)      # open: a member's
         return int(collectives.polled(torch_join_async, "hvd.join in sync_model").item())
 
     # -- what the wrapper's methods do --
 
-    def step(self, closure=None):
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         return self._engine.step(closure) if self.active else self.optimizer.step(closure)
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         """Horovod's ``synchronize`` while open; under model averaging nothing to wait for."""
         if self.active:
             self._engine.synchronize()
 
-    def skip_synchronize(self):
+    def skip_synchronize(self) -> contextlib.AbstractContextManager[Any]:
         return self._engine.skip_synchronize() if self.active else contextlib.nullcontext()
 
-    def zero_grad(self, set_to_none=True):
+    def zero_grad(self, set_to_none: bool = True) -> None:
         if self.active and self._engine._handles:
             self._engine.zero_grad()            # Horovod's refusal after backward(), before step()
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
-    def set_backward_passes_per_step(self, passes):
+    def set_backward_passes_per_step(self, passes: int) -> None:
         self.options.backward_passes_per_step = check_int("passes", passes, 1)
         if self._engine is not None:
             self._engine.set_backward_passes_per_step(self.options.backward_passes_per_step)
 
-    def rebind(self):
+    def rebind(self) -> None:
         """After the user's optimizer loaded a state (new param groups and state objects), share them again."""
         if self._engine is not None:
             self._engine.param_groups, self._engine.state = self.optimizer.param_groups, self.optimizer.state
@@ -269,7 +290,7 @@ class HorovodGradients:
 
     # -- the engine --
 
-    def _build(self):
+    def _build(self) -> Any:
         """Horovod's optimizer over the user's optimizer's param groups, built as Horovod builds it (its hooks
         registered now: a collective where ``groups`` is given, so every rank opens at the same point), then
         sharing the user's optimizer's param groups and state."""
@@ -289,7 +310,7 @@ class HorovodGradients:
         self._engine = engine
         return engine
 
-    def before_enqueue(self, engine, ps):
+    def before_enqueue(self, engine: Any, ps: Sequence[torch.Tensor]) -> None:
         """Before Horovod enqueues the allreduce of ``ps``: the controller for Horovod's current ranks started
         (a new one after ``hvd.elastic``'s reset starts at the first hook of ``loss.backward()``), Horovod's
         names of the allreduces in its session (``Collectives.session``, as the rounds' names: an allreduce
@@ -307,7 +328,7 @@ class HorovodGradients:
                 if p.grad is not None:
                     p.grad.mul_(weight)
 
-    def wait_allreduces(self, handles):
+    def wait_allreduces(self, handles: dict[torch.Tensor, tuple[Any, Any]]) -> None:
         """Poll the gradient allreduces the hooks started until they are done (``wait_done``), before
         Horovod's ``synchronize`` collects them. Horovod's own wait is a loop of ``sched_yield`` calls
         that takes the GIL back each turn: where ranks outnumber cores, the waiting ranks take the
@@ -330,7 +351,12 @@ class _WrappedStep(torch.optim.Optimizer):
 
     optimizer: torch.optim.Optimizer
 
-    def step(self, closure=None):
+    @overload
+    def step(self, closure: None = None) -> None: ...
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         return self.optimizer.step(closure)
 
 
@@ -365,8 +391,9 @@ class DistributedOptimizer(_WrappedStep):
         strategy: ``Synchronous()`` (default), ``Balanced(global_batch, rebalance_every)``,
             ``LocalSGD(period, warmup_steps)``, ``ESync(mode)``, ``WAGMA(group_size, sync_period)``,
             or any ``ModelAveraging``/``GradientAveraging`` strategy; ``set_strategy`` changes it.
-        compression, backward_passes_per_step, op, gradient_predivide_factor, groups, sparse_as_dense,
-            process_set, num_groups: Horovod's, as ``hvd.DistributedOptimizer`` takes them.
+        compression: Horovod's, as ``hvd.DistributedOptimizer`` takes it (gradient averaging only); so are
+            ``backward_passes_per_step``, ``op``, ``gradient_predivide_factor``, ``groups``, ``sparse_as_dense``,
+            ``process_set`` and ``num_groups``.
         named_buffers: ``model.named_buffers()``: floating-point buffers (BatchNorm's running
             statistics) are averaged with the parameters and the others (``num_batches_tracked``)
             copied from one rank in ``sync_model()`` (the process set's first; under ``Synchronous``
@@ -401,10 +428,17 @@ class DistributedOptimizer(_WrappedStep):
         opt.sync_model()                     # every rank: identical state_dict() afterwards
     """
 
-    def __init__(self, optimizer, named_parameters=None, strategy=None, compression=Compression.none,
-                 backward_passes_per_step=1, op=hvd.Average, gradient_predivide_factor=1.0, groups=None,
-                 sparse_as_dense=False, process_set=hvd.global_process_set, named_buffers=None, telemetry=None,
-                 slowdown=None, timeout=DEFAULT_TIMEOUT_S, num_groups=0, sampler=None, aggregate=None):
+    def __init__(self, optimizer: torch.optim.Optimizer,
+                 named_parameters: Iterable[tuple[str, torch.Tensor]] | None = None, strategy: Strategy | None = None,
+                 compression: type[Compressor] = Compression.none, backward_passes_per_step: int = 1,
+                 op: int = hvd.Average, gradient_predivide_factor: float = 1.0,
+                 groups: int | Sequence[Sequence[torch.Tensor]] | None = None, sparse_as_dense: bool = False,
+                 process_set: ProcessSet | None = hvd.global_process_set,
+                 named_buffers: Iterable[tuple[str, torch.Tensor]] | None = None,
+                 telemetry: Telemetry | str | os.PathLike[str] | None = None,
+                 slowdown: SlowdownFactors | Slowdown | None = None, timeout: float = DEFAULT_TIMEOUT_S,
+                 num_groups: int = 0, sampler: DistributedSampler | None = None,
+                 aggregate: Aggregation | None = None) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         strategy = check_strategy(strategy)
@@ -440,9 +474,10 @@ class DistributedOptimizer(_WrappedStep):
         # packed into flat tensors: a round is one in-place allreduce; sync_model() broadcasts them
         model = TorchModel([p for _, p in params] + [b for _, b in buffers], flat=True)
         first = [collectives]               # the first controller's; after an elastic reset, new ones
-        self._hh_membership: Any = None
+        # follow_ranks' below; build() reads it only once it is set (at the first current())
+        self._hh_membership = cast("Membership[Controller]", None)
 
-        def build(records):
+        def build(records: Telemetry | str | os.PathLike[str] | None) -> Controller:
             previous = self._hh_membership.controller
             current = first.pop() if first else TorchCollectives(process_set, timeout, owner=owner, members_only=False)
             running = strategy if previous is None else previous.strategy        # set_strategy's, after a reset
@@ -451,6 +486,7 @@ class DistributedOptimizer(_WrappedStep):
             hooks = [Slowdown(current.rank, slowdown, size=current.size).pad] if not isinstance(slowdown, Slowdown) \
                 else [slowdown.pad]
             return HeteroController(running, current, model, records, hooks, aggregate=aggregate,
+                                    batches_planned=sampler is not None and sampler.batch_size is not None,
                                     gradients=self._hh_gradients)
 
         self._hh_counts = [b for _, b in counts]
@@ -468,11 +504,11 @@ class DistributedOptimizer(_WrappedStep):
     # -- what the strategy and the runtime need --
 
     @property
-    def _hh(self):
+    def _hh(self) -> Controller:
         """The controller for Horovod's current ranks (a new one after ``hvd.elastic``'s reset)."""
         return self._hh_membership.current()
 
-    def _hh_ready(self):
+    def _hh_ready(self) -> Controller:
         """The controller, started (its counters adopted first): before a step, and at the first gradient hook
         of ``loss.backward()`` after a reset."""
         hh = self._hh
@@ -481,7 +517,7 @@ class DistributedOptimizer(_WrappedStep):
             hh.start()
         return hh
 
-    def _hh_adopt(self):
+    def _hh_adopt(self) -> None:
         """Take counters that arrived in the param group (broadcast, checkpoint, elastic restore)."""
         group = self.param_groups[0]
         state = group.get(_STATE_KEY)
@@ -492,33 +528,33 @@ class DistributedOptimizer(_WrappedStep):
             self._hh_bind_batches(self._hh)
         group[_STATE_KEY] = self._hh_counters
 
-    def _hh_bind_batches(self, hh):
+    def _hh_bind_batches(self, hh: Controller) -> None:
         """Give the strategy the bound batch sampler's batch (``Balanced``'s global batch)."""
         sampler = self._hh_sampler
         if sampler is not None and sampler.batch_size is not None and hh.collectives is not None:
             hh.runner.use_batch(sampler.batch_size, hh.collectives.size)
 
     @property
-    def strategy(self):
+    def strategy(self) -> Strategy:
         """The strategy the optimizer runs (``set_strategy`` changes it)."""
         return self._hh.strategy
 
     @property
-    def runner(self):
+    def runner(self) -> Runner:
         """How the current strategy's kind runs (``runtime.runner.Runner``): e.g. ``opt.runner.steps_together``,
         whether every step averages the gradients, so that every rank holds the same model after each."""
         return self._hh.runner
 
     @property
-    def telemetry(self):
+    def telemetry(self) -> Telemetry:
         """This rank's ``Telemetry``; ``opt.telemetry.annotate(loss=..., samples=...)`` adds fields."""
         return self._hh.telemetry
 
     @property
-    def backward_passes_per_step(self):
+    def backward_passes_per_step(self) -> int:
         return self._hh_options.backward_passes_per_step
 
-    def report_loss(self, loss):
+    def report_loss(self, loss: float | torch.Tensor) -> None:
         """This step's training loss (a number or a one-element tensor) for the strategy (ADSP's
         search) and the telemetry: ``opt.telemetry.annotate(loss=...)``. Called before ``step()`` it
         goes with that step, after it with the next one."""
@@ -527,7 +563,12 @@ class DistributedOptimizer(_WrappedStep):
 
     # -- the optimizer --
 
-    def step(self, closure=None):
+    @overload
+    def step(self, closure: None = None) -> None: ...
+    @overload
+    def step(self, closure: Callable[[], float]) -> float: ...
+
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
         with self._hh_membership.guard() as hh:
             self._hh_check_drawn(hh)
             self._hh_ready()            # opens at the first step (no collective when built: hvd.elastic's rule)
@@ -539,7 +580,7 @@ class DistributedOptimizer(_WrappedStep):
             hh.after_step(comm_s=comm, bytes_sent=ring_bytes(payload, hh.size or 1))
         return loss
 
-    def _hh_check_drawn(self, hh):
+    def _hh_check_drawn(self, hh: Controller) -> None:
         sampler = self._hh_sampler
         if sampler is not None and sampler.drawn == 0 and hh.runner.plans_batches and hh.strategy.step >= 1:
             raise ValueError(f"{type(hh.strategy).__name__} plans every rank's batch, but no batch was drawn from the "
@@ -548,43 +589,43 @@ class DistributedOptimizer(_WrappedStep):
                              f"hh.DistributedOptimizer(..., sampler=sampler)\n"
                              f"{troubleshooting('troubleshooting-balanced-sampler')}")
 
-    def synchronize(self):
+    def synchronize(self) -> None:
         """Horovod's ``synchronize()`` under gradient averaging; under model averaging each rank steps with its
         own gradients, and there is nothing to wait for."""
         self._hh_gradients.synchronize()
 
-    def skip_synchronize(self):
+    def skip_synchronize(self) -> contextlib.AbstractContextManager[Any]:
         """As Horovod's (``optimizer.synchronize()``, then ``with optimizer.skip_synchronize(): optimizer.step()``)."""
         return self._hh_gradients.skip_synchronize()
 
-    def set_backward_passes_per_step(self, passes):
+    def set_backward_passes_per_step(self, passes: int) -> None:
         self._hh_gradients.set_backward_passes_per_step(passes)
 
-    def zero_grad(self, set_to_none=True):
+    def zero_grad(self, set_to_none: bool = True) -> None:
         self._hh_gradients.zero_grad(set_to_none)
 
-    def add_param_group(self, param_group):
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
         if "optimizer" not in self.__dict__:       # torch's __init__ filling a list the wrapped optimizer's replaces
             return super().add_param_group(param_group)
         self.optimizer.add_param_group(param_group)
 
-    def state_dict(self):
+    def state_dict(self) -> dict[str, Any]:
         self._hh_adopt()
         state = self.optimizer.state_dict()
         state["param_groups"][0][_STATE_KEY] = self._hh.state_dict()      # a snapshot, not the live object
         return state
 
-    def load_state_dict(self, state_dict):
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(state_dict)
         self.param_groups, self.state = self.optimizer.param_groups, self.optimizer.state   # new objects
         self._hh_gradients.rebind()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"{type(self).__name__}({self.optimizer!r}, strategy={self.strategy!r})"
 
     # -- synchronising --
 
-    def sync_model(self):
+    def sync_model(self) -> None:
         """Bring every rank to identical models and the same round now; every rank must call it.
 
         With a model-averaging strategy, a rank that calls it early (it ran out of data) keeps joining
@@ -606,7 +647,7 @@ class DistributedOptimizer(_WrappedStep):
             self._hh_copy_counts(hh, root)
         self._hh_check_idle(t0)
 
-    def set_strategy(self, strategy):
+    def set_strategy(self, strategy: Strategy) -> None:
         """Run ``strategy`` from the next step on, of either kind (ESync to Balanced, Synchronous to ElasticBSP,
         and back). Every rank calls it at the same point: it first syncs the model (``sync_model()``: the old
         strategy finishes, every rank holds the same model and round), then the new strategy starts from rank
@@ -625,11 +666,11 @@ class DistributedOptimizer(_WrappedStep):
             hh.set_strategy(strategy)
             self._hh_bind_batches(hh)
 
-    def _hh_copy_counts(self, hh, root):
+    def _hh_copy_counts(self, hh: Controller, root: int | None) -> None:
         """Integer buffers (BatchNorm's ``num_batches_tracked``) are not averaged: every rank takes those of
         ``root`` (default: the process set's first rank; under ``Synchronous`` the rank that joined last,
         whose model is broadcast), so the whole ``state_dict()`` is identical."""
-        collectives = hh.collectives
+        collectives = cast("TorchCollectives | None", hh.collectives)
         if not self._hh_counts or collectives is None:
             return
         counts = collectives.broadcast(self._hh_counts, collectives.root if root is None else root,
@@ -639,7 +680,7 @@ class DistributedOptimizer(_WrappedStep):
             for mine, theirs in zip(self._hh_counts, counts):
                 mine.copy_(theirs)
 
-    def _hh_check_idle(self, started):
+    def _hh_check_idle(self, started: float) -> None:
         """Warn once if this rank waited in sync_model() for over ``IDLE_SHARE`` of the time since the last
         one while the epoch was split evenly (no ``hh.DistributedSampler`` bound to this optimizer) under a
         strategy whose ranks do not step together."""

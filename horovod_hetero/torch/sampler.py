@@ -1,9 +1,15 @@
 """``hh.DistributedSampler``: torch's ``DistributedSampler``, with each rank's share of the epoch
 proportional to its speed; with ``batch_size``, a batch sampler that hands each rank its batch of every
 step (``Balanced``'s sizes)."""
+from __future__ import annotations
+
 import gc
 import weakref
+from collections.abc import Iterator, Sized
+from typing import TYPE_CHECKING, Protocol, cast
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 import horovod.torch as hvd
@@ -14,17 +20,28 @@ from horovod_hetero.strategies.balanced import even_split
 from horovod_hetero.validation import check_bool, check_int
 from horovod_hetero.errors import troubleshooting
 
+if TYPE_CHECKING:
+    from horovod_hetero.runtime.controller import HeteroController
+    from horovod_hetero.runtime.runner import Runner
+
+
+class BoundOptimizer(Protocol):
+    """What a sampler needs of the ``hh.DistributedOptimizer`` it binds to (``torch.optimizer``, which
+    imports this module): the flag it sets; it reads the optimizer's controller (``_hh``) if there is one."""
+
+    _hh_split_by_speed: bool
+
 
 #: every ``hh.DistributedOptimizer`` of this process (weakly: an optimizer the user dropped is not held)
-_optimizers: "weakref.WeakSet[object]" = weakref.WeakSet()
+_optimizers: weakref.WeakSet[BoundOptimizer] = weakref.WeakSet()
 
 
-def register_optimizer(optimizer):
+def register_optimizer(optimizer: BoundOptimizer) -> None:
     """An ``hh.DistributedOptimizer`` was built: a sampler built without one binds to it."""
     _optimizers.add(optimizer)
 
 
-def _the_optimizer():
+def _the_optimizer() -> BoundOptimizer | None:
     """The process's one ``hh.DistributedOptimizer`` (None before there is one); several: ``ValueError``."""
     if len(_optimizers) > 1:
         gc.collect()                    # optimizers the user dropped (reference cycles hold them)
@@ -95,8 +112,9 @@ class DistributedSampler(torch.utils.data.Sampler):
             opt.sync_model()                 # every rank at the same round: the next split agrees
     """
 
-    def __init__(self, dataset, num_replicas=None, rank=None, shuffle=True, seed=0, optimizer=None, batch_size=None,
-                 loader_batch_size=None):
+    def __init__(self, dataset: Sized, num_replicas: int | None = None, rank: int | None = None, shuffle: bool = True,
+                 seed: int = 0, optimizer: BoundOptimizer | None = None, batch_size: int | None = None,
+                 loader_batch_size: int | None = None) -> None:
         if not hasattr(dataset, "__len__"):
             raise TypeError(f"dataset must have a length (a map-style dataset), got {type(dataset).__name__}")
         self.dataset = dataset
@@ -105,7 +123,7 @@ class DistributedSampler(torch.utils.data.Sampler):
         self.shuffle = check_bool("shuffle", shuffle)
         self.seed = check_int("seed", seed)
         self.epoch = 0
-        self._optimizer = None
+        self._optimizer: BoundOptimizer | None = None
         if optimizer is not None:
             self.optimizer = optimizer
         self.batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
@@ -113,10 +131,10 @@ class DistributedSampler(torch.utils.data.Sampler):
                                   else check_int("loader_batch_size", loader_batch_size, 1))
         self._per_step = loader_batch_size is not None      # samples a step: the first epoch's rest may split
         self.drawn = 0                  # batches handed out (a loader that never draws them is named)
-        self._share = None
+        self._share: list[int] | None = None
 
     @property
-    def optimizer(self):
+    def optimizer(self) -> BoundOptimizer | None:
         """The ``hh.DistributedOptimizer`` whose rounds measure the speeds (bound at first need, see ``Args``)."""
         if self._optimizer is None:
             found = _the_optimizer()
@@ -125,25 +143,25 @@ class DistributedSampler(torch.utils.data.Sampler):
         return self._optimizer
 
     @optimizer.setter
-    def optimizer(self, optimizer):
+    def optimizer(self, optimizer: BoundOptimizer | None) -> None:
         self._optimizer = optimizer
         if optimizer is not None:
             optimizer._hh_split_by_speed = True
 
     @property
-    def num_replicas(self):
+    def num_replicas(self) -> int:
         return hvd.size() if self._num_replicas is None else self._num_replicas
 
     @property
-    def rank(self):
+    def rank(self) -> int:
         return hvd.rank() if self._rank is None else self._rank
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s permutation and the speeds measured so far for the next iteration."""
         self.epoch = check_int("epoch", epoch)
         self._share = None
 
-    def step_times(self):
+    def step_times(self) -> npt.NDArray[np.float64]:
         """Every rank's latest seconds per step (NaN: not measured yet, e.g. before any round)."""
         controller = getattr(self.optimizer, "_hh", None)
         try:
@@ -151,20 +169,20 @@ class DistributedSampler(torch.utils.data.Sampler):
         except ValueError as e:
             raise ValueError(f"num_replicas={self.num_replicas} does not match the optimizer's ranks: {e}") from None
 
-    def _runner(self):
+    def _runner(self) -> Runner | None:
         """The runner of the bound optimizer's strategy (``runtime.runner``), or None without one."""
         controller = getattr(self.optimizer, "_hh", None)
         return getattr(controller, "runner", None)
 
     @property
-    def global_batch(self):
+    def global_batch(self) -> int:
         """Samples per step over every rank (batch mode): the bound strategy's, else ``num_replicas *
         batch_size``."""
-        runner = self._runner()
-        return (runner.global_batch(self.batch_size, self.num_replicas) if runner is not None
-                else self.num_replicas * self.batch_size)
+        runner, batch_size = self._runner(), cast(int, self.batch_size)      # batch mode: an int
+        return (runner.global_batch(batch_size, self.num_replicas) if runner is not None
+                else self.num_replicas * batch_size)
 
-    def batch_sizes(self, step):
+    def batch_sizes(self, step: int) -> tuple[int, ...]:
         """Every rank's batch at local step ``step`` (1-based): the bound strategy's plan, else an even split."""
         runner = self._runner()
         sizes = None if runner is None else runner.batch_sizes(step, self.num_replicas)
@@ -175,7 +193,7 @@ class DistributedSampler(torch.utils.data.Sampler):
                              f"optimizer plans batches for")
         return sizes
 
-    def _batches(self):
+    def _batches(self) -> Iterator[list[int]]:
         order = (torch.randperm(len(self.dataset), generator=torch.Generator().manual_seed(self.seed + self.epoch))
                  if self.shuffle else torch.arange(len(self.dataset))).tolist()
         runner = self._runner()
@@ -185,13 +203,13 @@ class DistributedSampler(torch.utils.data.Sampler):
             self.drawn += 1
             yield batch
 
-    def _current(self):
+    def _current(self) -> list[int]:
         if self._share is None:
             self._share = epoch_indices(len(self.dataset), self.step_times(), self.rank, self.epoch, self.seed,
                                         self.shuffle, multiple=self.loader_batch_size)
         return self._share
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int] | Iterator[list[int]]:
         if self.batch_size is not None:
             return self._batches()
         controller = getattr(self.optimizer, "_hh", None)
@@ -201,7 +219,7 @@ class DistributedSampler(torch.utils.data.Sampler):
         self._share = None
         return self._resplit_when_measured(controller)
 
-    def _resplit_when_measured(self, controller):
+    def _resplit_when_measured(self, controller: HeteroController) -> Iterator[int]:
         """This rank's share of the epoch, split with the speeds known now (none, in a first epoch), until
         the controller has measured every rank (``speeds_measured``); from then on what every rank has
         left, split by speed (``rules.partition.resplit_rest``). Every rank has drawn at least
@@ -210,6 +228,7 @@ class DistributedSampler(torch.utils.data.Sampler):
         multiple = self.loader_batch_size
         order, counts = epoch_split(len(self.dataset), self.step_times(), self.epoch, self.seed, self.shuffle,
                                     multiple)
+        start: npt.NDArray[np.int64] | None
         rank, start = self.rank, controller.steps_seen
         share = rank_part(order, counts, rank)
         i = 0
@@ -224,7 +243,7 @@ class DistributedSampler(torch.utils.data.Sampler):
             yield share[i]
             i += 1
 
-    def __len__(self):
+    def __len__(self) -> int:
         if self.batch_size is not None:
             return steps_per_epoch(len(self.dataset), self.global_batch)
         return len(self._current())

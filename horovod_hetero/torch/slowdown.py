@@ -1,14 +1,19 @@
 """``hh.slow_down(optimizer)``: simulated heterogeneity for a plain ``hvd.DistributedOptimizer``."""
+from __future__ import annotations
+
+from typing import Any
+
 import torch
 
 import horovod.torch as hvd
 
 from horovod_hetero.common.options import check_run_options, check_samples_known
-from horovod_hetero.runtime.straggler import Pacer, Slowdown
+from horovod_hetero.runtime.straggler import Pacer, Slowdown, SlowdownFactors
 from horovod_hetero.validation import check_int
 
 
-def slow_down(optimizer, slowdown=None, batch_size=None):
+def slow_down(optimizer: torch.optim.Optimizer, slowdown: SlowdownFactors | Slowdown | None = None,
+              batch_size: int | None = None) -> Pacer:
     """Make this rank's steps of ``optimizer`` slower as ``HOROVOD_HETERO_SLOWDOWN`` says.
 
     ``hh.DistributedOptimizer`` applies the slowdown itself; this gives a plain
@@ -39,7 +44,7 @@ def slow_down(optimizer, slowdown=None, batch_size=None):
     batch_size = None if batch_size is None else check_int("batch_size", batch_size, 1)
     check_samples_known(slowdown, batch_size)
     pacer = Pacer(slowdown if isinstance(slowdown, Slowdown) else Slowdown(hvd.rank(), slowdown, size=hvd.size()))
-    def after_step(*_):
+    def after_step(*_: Any) -> None:
         pacer.pad(samples=batch_size)
 
     pacer.hooks = (optimizer.register_step_pre_hook(lambda *_: pacer.stop()),
