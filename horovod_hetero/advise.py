@@ -32,7 +32,7 @@ import numpy as np
 from horovod_hetero import simulate as sim
 from horovod_hetero.runtime.telemetry import rounds_of
 from horovod_hetero.runtime.runner import runner_for
-from horovod_hetero.strategies.base import Strategy
+from horovod_hetero.strategies.base import RoundStats, Strategy
 
 #: steps a rank records before the first one measured (start-up: tracing, the first allreduces)
 SKIP_STEPS = 5
@@ -119,23 +119,25 @@ def measure(by_rank: Mapping[int, Sequence[Mapping[str, Any]]], skip: int = SKIP
                     transient_share, steps)
 
 
-def cluster(measured: Measured, seed: int = 0) -> sim.Cluster:
+def cluster(measured: Measured, seed: int = 0, batch_share: float = 1.0) -> sim.Cluster:
     """The simulator's ``Cluster`` for ``measured``: its typical steps, its measured step factors, and a
-    network that moves ``model_bytes`` in ``comm_s`` (all of it bandwidth: no separate latency)."""
+    network that moves ``model_bytes`` in ``comm_s`` (all of it bandwidth: no separate latency);
+    ``batch_share``: the share of a step's time that grows with its batch (``sim.Cluster``)."""
     n = measured.size
     ring = 2 * (n - 1) / n * measured.model_bytes
     bandwidth = ring / measured.comm_s if ring > 0 and measured.comm_s > 0 else 1e15
     return sim.Cluster(measured.step_s, model_bytes=measured.model_bytes, latency_s=0.0, bandwidth=bandwidth,
                        samples_per_step=max(1, round(measured.samples_per_step)), seed=seed,
-                       step_factors=measured.factors)
+                       step_factors=measured.factors, batch_share=batch_share)
 
 
-def predict(measured: Measured, strategies: Mapping[str, Strategy],
-            duration: float | None = None) -> list[tuple[str, sim.SimResult]]:
+def predict(measured: Measured, strategies: Mapping[str, Strategy], duration: float | None = None,
+            batch_share: float = 1.0) -> list[tuple[str, sim.SimResult]]:
     """Simulate ``{name: Strategy}`` (e.g. ``registry.configured(name)``) on ``measured``'s cluster;
-    ``[(name, SimResult)]``, the most samples/s first. ``duration``: simulated seconds (default: 300 of the slowest rank's typical steps)."""
+    ``[(name, SimResult)]``, the most samples/s first. ``duration``: simulated seconds (default: 300 of the
+    slowest rank's typical steps); ``batch_share``: as ``cluster``'s (1: a step's time proportional to its batch)."""
     duration = duration or 300 * max(measured.step_s)
-    c = cluster(measured)
+    c = cluster(measured, batch_share=batch_share)
     for s in strategies.values():                 # a planned global batch (Balanced): the ranks' batches, as in the run
         runner_for(s).use_batch(c.samples_per_step, measured.size)
     results = [(name, sim.compare(c, [s], duration)[0]) for name, s in strategies.items()]
@@ -186,3 +188,156 @@ def format_advice(measured: Measured, results: Sequence[tuple[str, sim.SimResult
     lines += ["", "predicted by the simulator from these measurements; samples/s is not accuracy: "
                   "horovod-hetero bench measures time to accuracy on a task"]
     return "\n".join(lines)
+
+
+# --- the choice, shared with hh.Auto -------------------------------------------------------------------
+
+#: The order in which strategies predicted equally fast are preferred: Synchronous (every step averaged) and
+#: Balanced (Synchronous's gradient, sized batches) first, then the model-averaging strategies by how close
+#: their models stay between rounds.
+PREFERENCE = ("sync", "balanced", "esync", "elasticbsp", "dssp", "adsp", "localsgd", "wagma")
+#: predictions within this share of the best are ties, broken by ``PREFERENCE``
+TIE = 0.05
+#: the least predicted gain over the strategy running that makes ``choose`` move away from it
+MIN_GAIN = 0.15
+#: how many times the measured noise the predicted gain must also exceed
+NOISE_FACTOR = 3.0
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What ``choose`` decided.
+
+    Attributes:
+        name: the strategy to run (the registry's name).
+        current: the strategy running when it decided.
+        gain: ``name``'s predicted samples/s over ``current``'s (1 where it stays).
+        predicted: predicted samples/s by name.
+        reason: one line saying why.
+    """
+
+    name: str
+    current: str
+    gain: float
+    predicted: dict[str, float]
+    reason: str
+
+    @property
+    def switches(self) -> bool:
+        return self.name != self.current
+
+
+def choose(measured: Measured, strategies: Mapping[str, Strategy], current: str, noise: float = 0.0,
+           duration: float | None = None, batch_share: float | None = None) -> Choice:
+    """The strategy to run on ``measured``'s cluster: ``hh.Auto``'s decision at a round, and ``advise``'s
+    advice from a finished run's telemetry (the same function, so the advice is what ``Auto`` would have
+    done). Every candidate of ``strategies`` (names of the registry) is simulated on the measured cluster
+    (``predict``); the fastest wins, candidates within ``TIE`` of it counting as ties broken by
+    ``PREFERENCE``; the winner replaces ``current`` only if its predicted gain exceeds ``MIN_GAIN`` and
+    ``NOISE_FACTOR`` times ``noise`` (how much the gain itself moves between halves of the measurements:
+    ``gain_noise``), so that noise never makes the choice flap. ``batch_share``: the share of a step's time that grows with its batch, where
+    measured; unknown (``None``) it is taken as 0, Balanced's worst case (it then gains nothing here).
+
+    Example:
+        >>> from horovod_hetero.strategies import ESync, LocalSGD, Synchronous
+        >>> steps = {r: [{"rank": r, "step": s, "compute_s": 0.1 * (4 if r == 3 else 1), "comm_s": 0.01,
+        ...               "bytes_sent": 1_500_000, "samples": 32} for s in range(1, 41)] for r in range(4)}
+        >>> c = choose(measure(steps), {"sync": Synchronous(), "esync": ESync(), "localsgd": LocalSGD(8)}, "sync")
+        >>> c.name, round(c.gain, 1)
+        ('esync', 3.3)
+    """
+    if current not in strategies:
+        raise ValueError(f"current={current!r} is not among the candidates {', '.join(strategies)}")
+    results = predict(measured, strategies, duration, 0.0 if batch_share is None else batch_share)
+    rates = {name: r.samples_per_s for name, r in results}
+    top = max(rates.values())
+    rank = lambda name: PREFERENCE.index(name) if name in PREFERENCE else len(PREFERENCE)   # noqa: E731
+    best = min((name for name in rates if rates[name] >= top * (1 - TIE)), key=rank)
+    gain = rates[best] / rates[current] if rates[current] > 0 else float("inf")
+    needed = max(MIN_GAIN, NOISE_FACTOR * noise)
+    if best == current:
+        return Choice(current, current, 1.0, rates, f"{current} is predicted the fastest")
+    if gain <= 1.0 + needed:
+        return Choice(current, current, 1.0, rates, f"{best} is predicted {gain:.2f}x {current}'s samples/s, within "
+                                                    f"the {1 + needed:.2f}x a switch needs ({measured.kind})")
+    return Choice(best, current, gain, rates, f"{best} is predicted {gain:.2f}x {current}'s samples/s "
+                                               f"({measured.kind}; needed {1 + needed:.2f}x)")
+
+
+def measure_rounds(rounds: Sequence[RoundStats], samples_per_step: float = 1.0) -> Measured:
+    """Characterise the cluster from rounds' statistics (``RoundStats``, identical on every rank: what ``hh.Auto``
+    sees), as ``measure`` does from telemetry: each rank's typical step (the median of its shortest step per
+    round), its steps' spread (each round's steps as a rank's two-point mix of undelayed and delayed steps
+    that has the round's shortest step, mean and mean square), the collective's cost (the least any rank spent
+    in collectives per step: the others were also waiting), persistent and transient stragglers. The rounds
+    must carry every rank's step statistics (``step_min``, ``step_mean``, ``step_sq``); rounds where a rank took
+    no step are left out. A ``ValueError`` where none is left.
+
+    Example:
+        >>> import numpy as np
+        >>> def stats(mins, means, sqs):
+        ...     n = len(mins)
+        ...     return RoundStats(np.full(n, 10), np.array(means), np.full(n, np.nan), np.zeros(n, int), np.zeros(n, bool),
+        ...                       np.array(mins), np.array(means), np.array(sqs), np.full(n, 0.01), np.full(n, 1.0))
+        >>> m = measure_rounds([stats([0.1, 0.1, 0.1, 0.4], [0.1, 0.1, 0.1, 0.4], [0.01, 0.01, 0.01, 0.16])] * 3)
+        >>> m.kind, m.slow_ranks, [round(s, 2) for s in m.step_s]
+        ('persistent', [3], [0.1, 0.1, 0.1, 0.4])
+    """
+    usable = [r for r in rounds if np.isfinite(r.step_min).all() and np.isfinite(r.step_mean).all()
+              and np.isfinite(r.step_sq).all() and (r.local_steps > 0).all()]
+    if not usable:
+        raise ValueError("no round carried every rank's step statistics yet")
+    mins = np.array([r.step_min for r in usable])                  # rounds x ranks
+    means = np.maximum(np.array([r.step_mean for r in usable]), mins)
+    sqs = np.maximum(np.array([r.step_sq for r in usable]), means ** 2)
+    typical = np.maximum(np.median(mins, axis=0), 1e-6)
+    n = typical.size
+    # each round as a two-point mix: undelayed steps at its shortest, delayed ones at ``low + reach`` with
+    # probability ``share``, matching the round's mean and mean square
+    excess = means - mins
+    variance = sqs - means ** 2
+    with np.errstate(invalid="ignore", divide="ignore"):
+        reach = np.where(excess > 1e-12, (variance + excess ** 2) / excess, 0.0)
+        share = np.where(reach > 0, excess / reach, 0.0)
+    points = 20
+    factors = []
+    for q in range(n):
+        values = []
+        for low, high, p in zip(mins[:, q], mins[:, q] + reach[:, q], np.clip(share[:, q], 0.0, 1.0)):
+            slow = int(round(p * points))
+            values += [high / typical[q]] * slow + [low / typical[q]] * (points - slow)
+        factors.append(np.maximum(np.array(values), 1e-3))
+    fastest = mins.min(axis=1, keepdims=True)
+    slow_ranks = [q for q in range(n) if typical[q] >= SLOW_RATIO * typical.min()
+                  and np.mean(mins[:, q] >= SLOW_RATIO * fastest[:, 0]) >= PERSISTENT_SHARE]
+    delayed = np.where((mins + reach) >= TRANSIENT_FACTOR * typical, share, 0.0)
+    transient_share = float(np.mean(delayed))
+    transient = transient_share >= TRANSIENT_SHARE
+    kind = {(True, True): "both", (True, False): "persistent", (False, True): "transient",
+            (False, False): "even"}[(bool(slow_ranks), transient)]
+    comms = np.array([r.comm_s for r in usable])
+    comm_s = float(np.median(np.nanmin(comms, axis=1))) if np.isfinite(comms).any() else 0.0
+    return Measured([float(t) for t in typical], factors, float(samples_per_step), 1e6, max(comm_s, 0.0), kind,
+                    slow_ranks, transient_share, int(min(r.local_steps.min() for r in usable) * len(usable)))
+
+
+def gain_noise(rounds: Sequence[RoundStats], best: Strategy, current: Strategy, duration: float | None = None) -> float:
+    """How much ``best``'s predicted gain over ``current`` moves between the older and the newer half of
+    ``rounds`` (each half measured and simulated alone): half the difference of the two gains over their mean,
+    0 with fewer than four rounds. What a decision's gain must outgrow (``choose``'s ``noise``): the spread of
+    the measurement, not of the steps themselves (a transient straggler's slow steps are the cluster, and the
+    prediction accounts for them)."""
+    if len(rounds) < 4:
+        return 0.0
+    half = len(rounds) // 2
+    gains = []
+    for part in (rounds[:half], rounds[half:]):
+        try:
+            measured = measure_rounds(part)
+        except ValueError:
+            return 0.0
+        rates = dict((name, r.samples_per_s) for name, r in predict(measured, {"best": best, "current": current},
+                                                                       duration, 0.0))
+        gains.append(rates["best"] / rates["current"] if rates["current"] > 0 else 0.0)
+    mean = (gains[0] + gains[1]) / 2
+    return abs(gains[0] - gains[1]) / (2 * mean) if mean > 0 else 0.0

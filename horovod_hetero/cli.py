@@ -1,20 +1,30 @@
 """The ``horovod-hetero`` command: ``simulate``, ``advise`` (strategies ranked from a run's telemetry),
 ``plan``, ``telemetry`` and ``doctor`` (what will and will not work in this environment); and the commands installed packages add through the ``horovod_hetero.commands``
-entry points: the lab's ``bench``, ``report`` and ``demo`` (lab/ in a checkout; ``make`` installs it)."""
+entry points: the lab's ``bench``, ``report``, ``demo`` and ``benchmark`` (lab/ in a checkout; ``make``
+installs it)."""
+from __future__ import annotations
+
 import pathlib
 import sys
+from collections.abc import Iterable, Sequence
 from importlib import metadata
+from typing import TYPE_CHECKING
 
 import click
 
+import horovod_hetero.auto  # noqa: F401  (registers hh.Auto: simulate and advise list it)
 import horovod_hetero.doctor as doctor_checks
-from horovod_hetero.runtime.telemetry import format_summary, load, summarize
+from horovod_hetero.runtime.telemetry import format_summary, format_switches, load, summarize, switches
 from horovod_hetero.strategies.registry import REGISTRY, check_names, configured
+
+if TYPE_CHECKING:
+    from horovod_hetero.simulate import SimResult
+    from horovod_hetero.strategies import Strategy
 
 #: the entry point group whose commands ``horovod-hetero`` adds (each ``name = "module:click_command"``)
 COMMANDS = "horovod_hetero.commands"
 #: the commands of horovod-hetero's lab, named in the hint where it is not installed
-LAB_COMMANDS = ("bench", "report", "demo")
+LAB_COMMANDS = ("bench", "report", "demo", "benchmark")
 
 
 class Commands(click.Group):
@@ -23,17 +33,17 @@ class Commands(click.Group):
     running that one names the error)."""
 
     @staticmethod
-    def installed() -> dict:
+    def installed() -> dict[str, metadata.EntryPoint]:
         if sys.version_info >= (3, 10):
             group = metadata.entry_points(group=COMMANDS)
         else:                                       # Python 3.9: a dict of groups
             group = metadata.entry_points().get(COMMANDS, [])
         return {ep.name: ep for ep in group}
 
-    def list_commands(self, ctx):
+    def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.installed()})
 
-    def plugin(self, name):
+    def plugin(self, name: str) -> tuple[click.Command | None, str | None]:
         """``(command, why)``: the command entry point ``name`` gives, or ``None`` and why there is none
         (``None`` too for a name that is no plugin's and no lab command: click's own message says so)."""
         entry = self.installed().get(name)
@@ -45,11 +55,12 @@ class Commands(click.Group):
         except ImportError as e:
             return None, f"{name!r} ({entry.value}) cannot be imported: {e}{hint}"
 
-    def get_command(self, ctx, name):
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         command = super().get_command(ctx, name)
         return command if command is not None else self.plugin(name)[0]
 
-    def resolve_command(self, ctx, args):
+    def resolve_command(self, ctx: click.Context,
+                        args: list[str]) -> tuple[str | None, click.Command | None, list[str]]:
         name = args[0] if args else ""
         if not ctx.resilient_parsing and super().get_command(ctx, name) is None:
             why = self.plugin(name)[1]
@@ -60,11 +71,11 @@ class Commands(click.Group):
 
 @click.group(cls=Commands)
 @click.version_option(package_name="horovod-hetero")
-def cli():
+def cli() -> None:
     """Heterogeneity-aware synchronisation for Horovod."""
 
 
-def parse_speeds(text):
+def parse_speeds(text: str) -> list[float]:
     """``"1,1,1,4"`` or ``"1.0x4,3.2x4"`` (value x count) into a list of step times."""
     out = []
     for part in text.split(","):
@@ -76,7 +87,7 @@ def parse_speeds(text):
     return out
 
 
-def parse_floats(text, name):
+def parse_floats(text: str, name: str) -> list[float]:
     try:
         return [float(v) for v in text.split(",")]
     except ValueError:
@@ -111,9 +122,11 @@ def parse_floats(text, name):
 @click.option("--seed", default=0, show_default=True)
 @click.option("--per-worker", is_flag=True, help="also print every worker's steps and compute ratio")
 @click.option("--png", type=click.Path(dir_okay=False), default=None, help="write a bar chart here")
-def simulate(speeds, strategies, duration, jitter, change_at, change_factors, model_mb, bandwidth_gbps,
-             latency_us, batch, batch_share, period, lookahead, s_lower, s_upper, group_size, wagma_period, check_period,
-             rebalance_every, seed, per_worker, png):
+def simulate(speeds: str, strategies: str, duration: float, jitter: float, change_at: float | None,
+             change_factors: str | None, model_mb: float, bandwidth_gbps: float, latency_us: float, batch: int,
+             batch_share: float, period: int, lookahead: int, s_lower: int, s_upper: int, group_size: int | None,
+             wagma_period: int, check_period: str, rebalance_every: int, seed: int, per_worker: bool,
+             png: str | None) -> None:
     """Simulate the strategies on a cluster of workers with the given speeds.
 
     The strategies are the library's own objects (one per simulated worker), on a virtual clock."""
@@ -161,7 +174,7 @@ def simulate(speeds, strategies, duration, jitter, change_at, change_factors, mo
 PLANS = ["elasticbsp", "dssp", "adsp"]
 
 
-def chosen(strategies, registered=REGISTRY):
+def chosen(strategies: str, registered: Iterable[str] = REGISTRY) -> list[str]:
     """The names ``--strategy`` gives (``all``, or a comma list of ``registered``)."""
     names = list(registered) if strategies == "all" else [n.strip() for n in strategies.split(",")]
     try:
@@ -176,7 +189,7 @@ def chosen(strategies, registered=REGISTRY):
               help=f"all, or a comma list of {', '.join(REGISTRY)}")
 @click.option("--duration", type=float, default=None,
               help="simulated seconds (default: 300 steps of the slowest rank)")
-def advise(directory, strategies, duration):
+def advise(directory: str, strategies: str, duration: float | None) -> None:
     """Rank the strategies for the cluster a run's telemetry shows.
 
     DIRECTORY holds rank<r>.jsonl files (telemetry=DIR in a run with any strategy, e.g.
@@ -201,9 +214,13 @@ def advise(directory, strategies, duration):
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     click.echo(adv.format_advice(measured, results))
+    from horovod_hetero.auto import DEFAULT, SIMULATED_STEPS
+    candidates = {n: configured(n) for n in DEFAULT if n in REGISTRY}
+    choice = adv.choose(measured, candidates, "sync", duration=SIMULATED_STEPS * max(measured.step_s))
+    click.echo(f"hh.Auto, started as Synchronous on this cluster, would run {choice.name}: {choice.reason}")
 
 
-def plot_results(results, path):
+def plot_results(results: Sequence[SimResult], path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -237,7 +254,7 @@ def plot_results(results, path):
 @click.option("--s-upper", default=15, show_default=True, help="DSSP upper staleness bound")
 @click.option("--check-period", default="10steps", show_default=True,
               help="ADSP check period: steps of the slowest worker (10steps) or seconds (4s)")
-def plan(step_times, strategies, lookahead, s_lower, s_upper, check_period):
+def plan(step_times: str, strategies: str, lookahead: int, s_lower: int, s_upper: int, check_period: str) -> None:
     """Print the local steps each worker runs before the next round, as the strategy objects plan
     them after a round that measured these step times (ElasticBSP, DSSP), or as they run them per
     commit at the search's first rate (ADSP, on the simulator's virtual clock)."""
@@ -259,7 +276,7 @@ def plan(step_times, strategies, lookahead, s_lower, s_upper, check_period):
         click.echo(f"{strategy.label}: barrier at {max(ends):g} s, longest wait {max(ends) - min(ends):g} s")
 
 
-def steady_round(strategy, step_s, rounds=4):
+def steady_round(strategy: Strategy, step_s: Sequence[float], rounds: int = 4) -> list[int]:
     """Each worker's local steps in round ``rounds`` of ``strategy`` simulated at these step times
     (no jitter): a strategy that decides step by step, on its own clock (ADSP), instead of planning."""
     from horovod_hetero import simulate as sim
@@ -274,12 +291,15 @@ def steady_round(strategy, step_s, rounds=4):
 
 @cli.command()
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
-def telemetry(directory):
+def telemetry(directory: str) -> None:
     """Summarise a telemetry directory (one rank<r>.jsonl per worker)."""
     by_rank = load(directory)
     if not by_rank:
         raise click.ClickException(f"no rank*.jsonl files in {directory}")
     click.echo(format_summary(summarize(by_rank)))
+    found = switches(by_rank[min(by_rank)])
+    if found:
+        click.echo(f"\nstrategy switches (hh.Auto, rank {min(by_rank)}):\n{format_switches(found)}")
 
 
 #: how ``doctor`` shows each status
@@ -295,7 +315,7 @@ STATUS_COLOURS = {"OK": "green", "WARN": "yellow", "FAIL": "red"}
               help="the framework the job needs")
 @click.option("--strategy", type=click.Choice(list(REGISTRY)), default=None, help="the strategy the job runs")
 @click.option("--elastic", is_flag=True, help="the job runs under hvd.elastic")
-def doctor(np, hosts, framework, strategy, elastic):
+def doctor(np: int | None, hosts: str | None, framework: str, strategy: str | None, elastic: bool) -> None:
     """Say what will and will not work in this environment, and why.
 
     As horovodrun --check-build does for Horovod (Horovod is not initialised): Horovod's version and
@@ -327,7 +347,7 @@ def doctor(np, hosts, framework, strategy, elastic):
     raise SystemExit(code)
 
 
-def main():
+def main() -> None:
     cli()
 
 

@@ -266,6 +266,10 @@ class _SimTransports:
                     patience: float, timeout: float) -> None:
         """Group averages are carried out (costed) by the simulation itself."""
 
+    def groups_available(self, rank_lists: Sequence[Sequence[int]]) -> bool:
+        """Every group can be averaged over in a simulation."""
+        return True
+
 
 class _World:
     """What the simulated workers share: the virtual clock and the state server's state."""
@@ -297,10 +301,17 @@ def simulate(cluster: Cluster, strategy: Strategy, duration: float) -> SimResult
     world = _World(n)
     workers = [copy.deepcopy(strategy) for _ in range(n)]
     runners = [runner_for(worker) for worker in workers]        # how the strategy's kind runs (it checks the kind)
-    for rank, worker in enumerate(workers):
-        worker.start(Context(rank, n, _SimTransports(world, rank), None, world.clock))
+
+    def start_all() -> None:
+        world.esync = None                                       # a new state server for every start
+        for rank, worker in enumerate(workers):
+            worker.start(Context(rank, n, _SimTransports(world, rank), None, world.clock))
+
+    start_all()
     steps, compute, wait, comm, syncs, sent, samples = (np.zeros(n) for _ in range(7))
     since, since_s = np.zeros(n, dtype=np.int64), np.zeros(n)      # this round's steps and compute
+    since_min, since_sq = np.full(n, np.inf), np.zeros(n)          # this round's shortest step, squared steps
+    since_comm, round_t = np.zeros(n), 0.0                         # this round's collectives' seconds; its start
     since_loss, progress = np.zeros(n), 0.0                         # the synthetic loss (Cluster.staleness)
     since_samples = np.zeros(n, dtype=np.int64)
     running, batch = np.zeros(n), np.full(n, cluster.samples_per_step)   # each worker's step: seconds, samples
@@ -309,7 +320,7 @@ def simulate(cluster: Cluster, strategy: Strategy, duration: float) -> SimResult
     events: list[tuple[float, int]]
     round_steps: list[np.ndarray]
     barrier, past, events, rounds, end, round_steps = {}, set(), [], 0, 0.0, []
-    gradients = runners[0].steps_together                    # an allreduce after every step
+    together = [runners[0].steps_together]                  # an allreduce after every step (the kind may change)
 
     def begin(q: int, t: float) -> None:
         sizes = runners[q].batch_sizes(workers[q].step + 1, n)
@@ -326,6 +337,8 @@ def simulate(cluster: Cluster, strategy: Strategy, duration: float) -> SimResult
         compute[q] += running[q]
         since[q] += 1
         since_s[q] += running[q]
+        since_min[q] = min(since_min[q], running[q])
+        since_sq[q] += running[q] ** 2
         samples[q] += batch[q]
         since_samples[q] += batch[q]
         progress += 1.0 / (1.0 + since[q] / cluster.staleness)
@@ -335,29 +348,42 @@ def simulate(cluster: Cluster, strategy: Strategy, duration: float) -> SimResult
         if t >= duration:
             past.add(q)
         # a gradient allreduce after every step (the runner's steps_together), a round when the strategy says so
-        if gradients or decision is AVERAGE or decision is MEASURE:
+        if together[0] or decision is AVERAGE or decision is MEASURE:
             barrier[q] = (t, decision)
             if len(barrier) < n:
                 continue
             arrived = np.array([barrier[r][0] for r in range(n)])
             decisions = [barrier[r][1] for r in range(n)]
-            averaged = gradients or AVERAGE in decisions
+            averaged = together[0] or AVERAGE in decisions
             cost = cluster.allreduce_s(n) if averaged else 2 * (n - 1) * cluster.latency_s
             world.now = end = arrived.max() + cost
             wait += arrived.max() - arrived
             comm += cost
+            since_comm += arrived.max() - arrived + cost
             syncs += 1
             sent += cluster.ring_bytes(n) if averaged else 0.0
             if AVERAGE in decisions or MEASURE in decisions:
                 rounds += 1
                 with np.errstate(invalid="ignore", divide="ignore"):
                     stats = RoundStats(local_steps=since.copy(), step_s=since_s / since, loss=since_loss / since,
-                                       samples=since_samples.copy(), done=np.zeros(n, dtype=bool))
+                                       samples=since_samples.copy(), done=np.zeros(n, dtype=bool),
+                                       step_min=np.where(since > 0, since_min, np.nan), step_mean=since_s / since,
+                                       step_sq=since_sq / since,
+                                       comm_s=since_comm / since, wall_s=np.full(n, end - round_t))
                 result = RoundResult(rounds, 1.0, float(n), 0, stats)
                 round_steps.append(stats.local_steps)
                 for worker in workers:
                     worker.after_round(result)
                 since[:], since_s[:], since_loss[:], since_samples[:] = 0, 0.0, 0.0, 0
+                since_min[:], since_sq[:], since_comm[:], round_t = np.inf, 0.0, 0.0, end
+                successors = [worker.handover() for worker in workers]   # every worker alike: the same statistics
+                if any(s is not None for s in successors):
+                    for q, successor in enumerate(successors):
+                        if successor is not None:
+                            successor.take_over(workers[q].step)
+                            workers[q], runners[q] = successor, runner_for(successor)
+                    together[0] = runners[0].steps_together
+                    start_all()
             barrier.clear()
             if end >= duration:
                 break

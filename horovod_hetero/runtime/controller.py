@@ -124,6 +124,9 @@ class HeteroController:
             model-averaging strategies that follow.
         gradients: the adapter's ``Gradients`` (the gradient allreduce its runner opens or closes); default
             ``NoGradients()``.
+        batches_planned: the adapter hands every rank a batch its strategy plans (``Context.batches_planned``).
+        handover_at_rounds: a strategy may hand over (``Strategy.handover``) at any global round; ``False``: only
+            at a sync (the Keras callback: ranks may take different numbers of batches within an epoch).
 
     Lifecycle: ``start()`` opens the strategy's transports (the torch wrapper calls it at the first step,
     Keras in ``on_train_begin``); ``sync()`` brings every rank to identical models and the same round, as the
@@ -134,11 +137,13 @@ class HeteroController:
     def __init__(self, strategy: Strategy, collectives: Collectives, model: Model,
                  telemetry: Telemetry | str | os.PathLike[str] | None = None, step_hooks: Sequence[StepHook] = (),
                  clock: Callable[[], float] = time.perf_counter, aggregate: Aggregation | None = None,
-                 gradients: Gradients | None = None) -> None:
+                 gradients: Gradients | None = None, batches_planned: bool = False,
+                 handover_at_rounds: bool = True) -> None:
         self.collectives, self.model = collectives, model
         self.size, self.rank = collectives.size, collectives.rank
         self.aggregate = check_aggregate(aggregate, strategy)
         self.gradients: Gradients = NoGradients() if gradients is None else gradients
+        self.batches_planned, self.handover_at_rounds = bool(batches_planned), bool(handover_at_rounds)
         self.runner = self._runner(strategy)
         self.runner.begin(self.gradients, self.rank, self.size)     # the gradient allreduce opened or closed
         self.protocol = RoundProtocol(self._average, self.size, self.rank, policy=self.runner)
@@ -155,6 +160,8 @@ class HeteroController:
         # what it collects later (this rank steps again); before that, what it serves is never collected
         self._all_joined = True
         self._extra_comm = 0.0
+        self._carried_comm = 0.0       # the latest round's or group average's seconds: the next step's statistics
+        self._round_t = clock()        # when the latest round ended (a round carries the wall seconds since)
         self._plan_s = 0.0             # the strategy's bookkeeping after the latest round (telemetry)
         self._t_last = clock()
         self._started = False          # the first start() takes the set's first rank's counters
@@ -209,8 +216,8 @@ class HeteroController:
             self._started = True
         transports = Transports(self.rank, self.size, self.collectives, self.model_changed)
         try:
-            self.strategy.start(Context(self.rank, self.size, transports,
-                                        self.collectives, self._clock))
+            self.strategy.start(Context(self.rank, self.size, transports, self.collectives, self._clock,
+                                        self.batches_planned))
         except BaseException:
             transports.close()                 # a half-opened strategy stays closed; the next step retries
             raise
@@ -246,9 +253,11 @@ class HeteroController:
         return the rank whose integer state every rank should take (``None``: the set's first)."""
         self.start()
         try:
-            return self.runner.sync(self, self.gradients)
+            root = self.runner.sync(self, self.gradients)
         finally:
             self.close()
+        self._hand_over()                      # a sync is a point where every rank holds the same model
+        return root
 
     def finish(self) -> int:
         """Join rounds until every rank has joined (all then hold identical tensors); close the transports."""
@@ -312,7 +321,8 @@ class HeteroController:
             compute += hook(compute, self.strategy.step + 1, pending.get("samples"))
         report = StepReport(compute, pending.get("loss"), pending.get("samples"))
         local_steps = self.protocol.steps_since_round + 1
-        self.protocol.local_step(compute, report.loss, report.samples)
+        self.protocol.local_step(compute, report.loss, report.samples, comm_s + self._extra_comm + self._carried_comm)
+        self._carried_comm = 0.0
         t0 = self._clock()
         if self._left:                                  # training again after a join
             self._left = False
@@ -327,10 +337,13 @@ class HeteroController:
         elif isinstance(decision, GroupAverage):
             fields = self._group_average(decision)
             bytes_sent += ring_bytes(self.model.nbytes, len(decision.group))
-        comm_s += self._clock() - t0
+        self._carried_comm = self._clock() - t0
+        comm_s += self._carried_comm
         self.telemetry.record(step=self.strategy.step, local_steps=local_steps, compute_s=compute,
                               comm_s=comm_s + self._extra_comm, bytes_sent=bytes_sent, synced=decision is AVERAGE,
                               **fields, **self.strategy.telemetry_fields())
+        if (decision is AVERAGE or decision is MEASURE) and self.handover_at_rounds:
+            self._hand_over()
         self._extra_comm = 0.0
         self._t_last = self._clock()
         self._activity = None
@@ -370,9 +383,20 @@ class HeteroController:
         return control[:head]
 
     def _round(self, done: bool = False, measure: bool = False) -> RoundResult:
-        result = self.protocol.run_round(done, average=self._measure if measure else None)
+        result = self.protocol.run_round(done, average=self._measure if measure else None,
+                                         wall_s=self._clock() - self._round_t)
+        self._round_t = self._clock()
         self._after_round(result)
         return result
+
+    def _hand_over(self) -> None:
+        """After a global round, where every rank holds the same model and round: if the strategy hands over
+        to another (``Strategy.handover``, e.g. ``Auto`` changing the strategy it runs), close what it opened
+        and run the other from the next step on (its runner chosen again: the kind may have changed)."""
+        successor = self.strategy.handover()
+        if successor is not None:
+            self.close()
+            self.set_strategy(successor)
 
     def _after_round(self, result: RoundResult) -> None:
         if result.stats is not None:
@@ -476,7 +500,7 @@ class OutsideController:
         telemetry: as ``HeteroController``'s.
     """
 
-    model = step_times = collectives = rank = size = transports = None
+    model = step_times = speeds_measured = steps_seen = collectives = rank = size = transports = None
 
     def __init__(self, strategy: Strategy, rank: int,
                  telemetry: Telemetry | str | os.PathLike[str] | None = None) -> None:

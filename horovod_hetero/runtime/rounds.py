@@ -7,8 +7,10 @@ weighted mean of the others. Ranks count rounds, not steps, so a fast rank and a
 made different numbers of steps still enter the same round with the same name.
 
 The control vector is ``[w_i, done_i, round]`` followed by one block per rank of
-``RoundStats.FIELDS`` (done, local steps, mean step time, mean loss, samples since the previous
-round), where rank i fills only its own block. The sum therefore hands every rank every rank's
+``RoundStats.FIELDS`` (done, local steps, mean step time, mean loss, samples, shortest step, mean squared
+step, its mean, the mean squared step, communication seconds per step and wall seconds since the previous
+round), where rank i fills only
+its own block. The sum therefore hands every rank every rank's
 statistics, bit-identical everywhere (each slot is one value plus zeros): after a round every rank
 knows every rank's speed with no extra message, and rank-independent plans computed from them are
 identical by construction.
@@ -108,7 +110,7 @@ class RoundProtocol:
         self._reset_stats()
 
     def _reset_stats(self) -> None:
-        self._loss, self._losses, self._samples = 0.0, 0, 0
+        self._loss, self._losses, self._samples, self._comm = 0.0, 0, 0, 0.0
         self._times: list[float] = []
 
     @property
@@ -116,17 +118,20 @@ class RoundProtocol:
         """Samples this rank reported since the previous round (0: none reported)."""
         return self._samples
 
-    def local_step(self, step_s: float = 0.0, loss: float | None = None, samples: int | None = None) -> None:
-        """Record one local update that the next round must carry, and its statistics."""
+    def local_step(self, step_s: float = 0.0, loss: float | None = None, samples: int | None = None,
+                   comm_s: float = 0.0) -> None:
+        """Record one local update that the next round must carry, and its statistics (``comm_s``: the seconds
+        it spent in collectives)."""
         self.steps_since_round += 1
         self._times.append(step_s)
+        self._comm += comm_s
         if loss is not None and math.isfinite(loss):
             self._loss += loss
             self._losses += 1
         if samples:
             self._samples += samples
 
-    def _control(self, weight: float, done: bool, tag: int) -> list[float]:
+    def _control(self, weight: float, done: bool, tag: int, wall_s: float) -> list[float]:
         control = [0.0] * (_HEAD + _WIDTH * self.size)
         control[:_HEAD] = [weight, 1.0 if done else 0.0, float(tag)]
         steps = self.steps_since_round
@@ -134,22 +139,27 @@ class RoundProtocol:
         control[start:start + _WIDTH] = [
             1.0 if done else 0.0, float(steps),
             self.policy.step_time(self._times) if self._times else (0.0 if steps else math.nan),
-            self._loss / self._losses if self._losses else math.nan, float(self._samples)]
+            self._loss / self._losses if self._losses else math.nan, float(self._samples),
+            min(self._times) if self._times else math.nan,
+            sum(self._times) / len(self._times) if self._times else math.nan,
+            sum(t * t for t in self._times) / len(self._times) if self._times else math.nan,
+            self._comm / steps if steps else math.nan, wall_s]
         return control
 
-    def run_round(self, done: bool = False,
-                  average: Callable[[float, list[float]], Sequence[float]] | None = None) -> RoundResult:
+    def run_round(self, done: bool = False, average: Callable[[float, list[float]], Sequence[float]] | None = None,
+                  wall_s: float = math.nan) -> RoundResult:
         """Enter the next round; return its ``RoundResult``.
 
         The weight is 1 if this rank has updates the others have not seen (it stepped since
         the last round, or no round has happened yet), else 0. ``average``: this round's
         collective, with the same contract as the protocol's (for example one that carries the
-        control vector alone: a round of statistics); by default the protocol's.
+        control vector alone: a round of statistics); by default the protocol's. ``wall_s``: this rank's
+        wall-clock seconds since the previous round, carried in its statistics.
         """
         weight = 1.0 if (self.steps_since_round > 0 or self.round == 0) else 0.0
         self.round += 1
         mine = tag(self.round, self.size)
-        control = self._control(weight, done, mine)
+        control = self._control(weight, done, mine, wall_s)
         summed = (average or self._average)(weight, control)
         present, absent = self.size, None
         if summed[2] != mine * present and len(summed) == len(control):
@@ -168,6 +178,7 @@ class RoundProtocol:
         blocks = np.array(np.reshape(summed[_HEAD:], (self.size, _WIDTH)), dtype=np.float64)
         if absent is not None:          # read as a rank with no step since the round: no time, no loss
             blocks[absent, 2:4] = math.nan
+            blocks[absent, 5:] = math.nan
         stats = RoundStats.from_block(blocks)
         return RoundResult(self.round, weight, float(summed[0]), int(round(summed[1])), stats)
 

@@ -231,9 +231,9 @@ class WeightedGradientRunner(GradientRunner):
     carries_counters = True
     plans_batches = True
 
-    def __init__(self, strategy: GradientWeighting) -> None:
+    def __init__(self, strategy: Strategy, weighting: GradientWeighting) -> None:
         super().__init__(strategy)
-        self.weighting = strategy
+        self.weighting = weighting             # ``strategy`` itself, or the one it runs now (``Strategy.runs``)
 
     def begin(self, gradients: Gradients, rank: int, size: int) -> None:
         gradients.open(lambda: self.weighting.gradient_weight(rank, size))
@@ -277,9 +277,10 @@ def runner_for(strategy: Strategy, aggregate: Aggregation | None = None,
         ['ModelAveragingRunner', 'GradientRunner', 'WeightedGradientRunner']
     """
     check_kind(strategy)
-    if isinstance(strategy, GradientWeighting):
-        return WeightedGradientRunner(strategy)
-    if isinstance(strategy, GradientAveraging):
+    kind = strategy.runs                   # the strategy itself, or the one it runs now (Auto)
+    if isinstance(kind, GradientWeighting):
+        return WeightedGradientRunner(strategy, kind)
+    if isinstance(kind, GradientAveraging):
         return GradientRunner(strategy)
     return ModelAveragingRunner(strategy, aggregate, copy)
 
@@ -299,7 +300,8 @@ def check_aggregate(aggregate: object, strategy: Strategy) -> Aggregation | None
         ValueError: aggregate=Normalized() combines the models of a model-averaging strategy's rounds; Synchronous averages gradients every step, so it has none: leave aggregate=None, or use a model-averaging strategy such as hh.LocalSGD(period=8)
     """
     checked = check_form(aggregate)
-    if checked is not None and not runner_for(strategy).combines_models:
+    runs_others = strategy.runs is not strategy              # it may run a model-averaging strategy (Auto)
+    if checked is not None and not runner_for(strategy).combines_models and not runs_others:
         raise ValueError(f"aggregate={checked!r} combines the models of a model-averaging strategy's rounds; "
                          f"{type(strategy).__name__} averages gradients every step, so it has none: leave "
                          f"aggregate=None, or use a model-averaging strategy such as hh.LocalSGD(period=8)")

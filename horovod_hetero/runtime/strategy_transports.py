@@ -104,6 +104,14 @@ class Transports:
             self._open(_Unsubscribe(self._model_changed.subscribe(self.groups.model_changed)))
         return self.groups
 
+    def groups_available(self, rank_lists: Sequence[Sequence[int]]) -> bool:
+        """Whether every group of ``rank_lists`` can be averaged over (its process set registered)."""
+        try:
+            self._collectives.require_groups(rank_lists, "")
+        except ValueError:
+            return False
+        return True
+
     def close(self) -> None:
         """Close everything opened, newest first (idempotent)."""
         self._finalizer()

@@ -179,6 +179,24 @@ def round_cost_and_wait(by_rank: Mapping[int, Sequence[Mapping[str, Any]]],
     return cost, statistics.fmean(waits)
 
 
+def switches(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The strategy switches a rank's records report (``hh.Auto``'s ``switch`` field), in order.
+
+    Example:
+        >>> recs = [{"step": 1, "auto": "sync"}, {"step": 20, "auto": "sync", "switch": {"from": "sync", "to": "esync",
+        ...         "round": 4, "step": 20, "why": "esync is predicted 3.25x sync's samples/s"}}]
+        >>> format_switches(switches(recs))
+        "step 20 (round 4): sync -> esync: esync is predicted 3.25x sync's samples/s"
+    """
+    return [dict(r["switch"]) for r in records if isinstance(r.get("switch"), Mapping)]
+
+
+def format_switches(found: Sequence[Mapping[str, Any]]) -> str:
+    """One line per switch (``switches``)."""
+    return "\n".join(f"step {s.get('step')} (round {s.get('round')}): {s.get('from')} -> {s.get('to')}: {s.get('why')}"
+                     for s in found)
+
+
 def format_summary(summary: Mapping[int, Mapping[str, Any]]) -> str:
     """The summary as a text table, one row per rank."""
     head = (f"{'rank':>4} {'steps':>6} {'syncs':>6} {'samples/s':>10} {'compute':>8} {'wait':>6} {'MB sent':>8}"

@@ -80,6 +80,8 @@ class StrategyTransports(Protocol):
     def open_groups(self, rank_lists: Sequence[Sequence[int]], init_call: str, *, wait_avoiding: bool,
                     patience: float, timeout: float) -> object: ...
 
+    def groups_available(self, rank_lists: Sequence[Sequence[int]]) -> bool: ...
+
 
 @runtime_checkable
 class ObjectCollectives(Protocol):
@@ -101,6 +103,8 @@ class Context:
         collectives: ``broadcast_object``/``allgather_object`` over the ranks (an ``ObjectCollectives``),
             or ``None`` where there are none (the simulator).
         clock: seconds, monotonic (a virtual clock in the simulator).
+        batches_planned: the adapter can hand every rank the batch a strategy plans for it (a batch sampler
+            bound to the torch wrapper, Keras' ``epoch_plan``): a strategy that plans batches can run.
     """
 
     rank: int
@@ -108,6 +112,7 @@ class Context:
     transports: StrategyTransports
     collectives: ObjectCollectives | None = None
     clock: Callable[[], float] = time.perf_counter
+    batches_planned: bool = False
 
 
 @dataclass(frozen=True)
@@ -137,6 +142,15 @@ class RoundStats:
         loss: mean reported training loss since the previous round (NaN: none reported).
         samples: samples since the previous round (0: not reported).
         done: the rank has stopped stepping (it called ``sync_model()``).
+        step_min: the shortest step since the previous round (NaN: no step): its steps without a delay.
+        step_mean: the mean of its steps' seconds (NaN: no step; ``step_s`` is their median for a strategy that
+            plans from the typical step).
+        step_sq: the mean of its steps' squared seconds (NaN: no step): with ``step_min`` and ``step_mean``, how
+            its steps vary (a rank delayed now and then).
+        comm_s: mean seconds per step it spent in collectives since the previous round (a gradient
+            allreduce, a group average, the previous round itself), the waits for slower ranks included.
+        wall_s: wall-clock seconds since the previous round (NaN: not measured).
+        (The last five are ``NaN`` everywhere where a caller builds the statistics without them.)
     """
 
     local_steps: np.ndarray
@@ -144,15 +158,28 @@ class RoundStats:
     loss: np.ndarray
     samples: np.ndarray
     done: np.ndarray
+    # given or not, arrays after __post_init__ (NaN where not given)
+    step_min: np.ndarray = field(default=None)  # type: ignore[arg-type]
+    step_mean: np.ndarray = field(default=None)  # type: ignore[arg-type]
+    step_sq: np.ndarray = field(default=None)  # type: ignore[arg-type]
+    comm_s: np.ndarray = field(default=None)  # type: ignore[arg-type]
+    wall_s: np.ndarray = field(default=None)  # type: ignore[arg-type]
 
-    FIELDS = ("done", "local_steps", "step_s", "loss", "samples")
+    FIELDS = ("done", "local_steps", "step_s", "loss", "samples", "step_min", "step_mean", "step_sq", "comm_s",
+              "wall_s")
+
+    def __post_init__(self) -> None:
+        for name in ("step_min", "step_mean", "step_sq", "comm_s", "wall_s"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, np.full(len(self.local_steps), np.nan))
 
     @classmethod
     def from_block(cls, block: npt.ArrayLike) -> RoundStats:
         """From the round's summed per-rank block, shape (size, len(FIELDS))."""
         block = np.asarray(block, dtype=np.float64)
         return cls(local_steps=np.rint(block[:, 1]).astype(np.int64), step_s=block[:, 2], loss=block[:, 3],
-                   samples=np.rint(block[:, 4]).astype(np.int64), done=block[:, 0] > 0.5)
+                   samples=np.rint(block[:, 4]).astype(np.int64), done=block[:, 0] > 0.5, step_min=block[:, 5],
+                   step_mean=block[:, 6], step_sq=block[:, 7], comm_s=block[:, 8], wall_s=block[:, 9])
 
     def memo(self, key: Hashable, compute: Callable[[], _T]) -> _T:
         """``compute()``, once per ``key`` for these statistics (immutable; the simulator hands one
@@ -166,7 +193,9 @@ class RoundStats:
         """Lists, for telemetry (NaN becomes None)."""
         clean = lambda a: [None if isinstance(v, float) and math.isnan(v) else v for v in a.tolist()]  # noqa: E731
         return {"local_steps": self.local_steps.tolist(), "step_s": clean(self.step_s),
-                "loss": clean(self.loss), "samples": self.samples.tolist(), "done": self.done.tolist()}
+                "loss": clean(self.loss), "samples": self.samples.tolist(), "done": self.done.tolist(),
+                "step_min": clean(np.asarray(self.step_min)), "comm_s": clean(np.asarray(self.comm_s)),
+                "wall_s": clean(np.asarray(self.wall_s))}
 
 
 @dataclass(frozen=True)
@@ -375,6 +404,19 @@ class Strategy(abc.ABC):
     def on_leave(self) -> None:
         """This rank stopped stepping (e.g. tell a server not to wait for it)."""
 
+    @property
+    def runs(self) -> Strategy:
+        """The strategy whose kind says how this one runs (``runtime.runner.runner_for``): itself, or for a
+        strategy that runs others in turn (``Auto``) the one it runs now."""
+        return self
+
+    def handover(self) -> Strategy | None:
+        """Asked by the runtime after every global round (``AVERAGE``, ``MEASURE``), where every rank holds the
+        same model: a strategy to run from the next step on (it takes over the step count), or ``None`` to go
+        on. Every rank must answer alike: decide from the rounds' statistics alone. ``Auto`` answers itself
+        when it changes the strategy it runs (its kind may change)."""
+        return None
+
     def telemetry_fields(self) -> dict[str, Any]:
         """Extra per-step telemetry (e.g. a state-server round trip)."""
         return {}
@@ -532,7 +574,7 @@ def check_kind(strategy: object, what: str = "strategy") -> Strategy:
         ...
         TypeError: strategy must derive from ModelAveraging or GradientAveraging (the runtime carries out each kind on its own path); got Neither()
     """
-    if not isinstance(strategy, (ModelAveraging, GradientAveraging)):
+    if not isinstance(strategy, Strategy) or not isinstance(strategy.runs, (ModelAveraging, GradientAveraging)):
         raise TypeError(f"{what} must derive from ModelAveraging or GradientAveraging (the runtime carries out each "
                         f"kind on its own path); got {strategy!r}")
     return strategy

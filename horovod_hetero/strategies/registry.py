@@ -74,8 +74,10 @@ def register(entry: Registered) -> Registered:
     if not isinstance(entry.name, str) or not entry.name or entry.name != entry.name.strip() or "," in entry.name:
         raise ValueError(f"name must be a non-empty string without spaces at its ends or commas (a command-line "
                          f"choice), got {entry.name!r}")
-    if not (isinstance(entry.cls, type) and issubclass(entry.cls, (ModelAveraging, GradientAveraging))):
-        raise TypeError(f"cls must be a class deriving from ModelAveraging or GradientAveraging, got {entry.cls!r}")
+    runs_others = isinstance(entry.cls, type) and issubclass(entry.cls, Strategy) and entry.cls.runs is not Strategy.runs
+    if not (isinstance(entry.cls, type) and (issubclass(entry.cls, (ModelAveraging, GradientAveraging)) or runs_others)):
+        raise TypeError(f"cls must be a class deriving from ModelAveraging or GradientAveraging (or a Strategy that "
+                        f"runs others, Strategy.runs), got {entry.cls!r}")
     if not isinstance(entry.defaults, Mapping) or not all(isinstance(key, str) for key in entry.defaults):
         raise TypeError(f"defaults must be a dict of keyword arguments of {entry.cls.__name__}, got {entry.defaults!r}")
     takes = inspect.signature(entry.cls).parameters

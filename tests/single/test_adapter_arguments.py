@@ -21,7 +21,7 @@ def test_use_before_hvd_init_names_the_fix():
 
 
 @pytest.mark.parametrize("kwargs,error,match", [
-    ({"strategy": "localsgd"}, TypeError, "strategy must be one of ADSP, Balanced, DSSP, ESync, ElasticBSP, LocalSGD, Synchronous"),
+    ({"strategy": "localsgd"}, TypeError, "strategy must be one of ADSP, Auto, Balanced, DSSP, ESync, ElasticBSP, LocalSGD, Synchronous"),
     ({"strategy": hh.LocalSGD}, TypeError, "an instance"),
     ({"backward_passes_per_step": 0}, ValueError, "backward_passes_per_step"),
     ({"timeout": -1.0}, ValueError, "timeout"),

@@ -19,7 +19,9 @@ keras = hh.keras_module()
 def counters(name):
     """A controller's ``state_dict()`` for strategy ``name``, its counters moved off their start."""
     strategy = configured(name)
-    inner = dict(strategy.state_dict(), step=7, plan=[3, 1], plan_left=2, plan_done=1)
+    state = strategy.state_dict()
+    planned = {"plan": [3, 1], "plan_left": 2, "plan_done": 1} if "plan" in state else {}   # Auto's: the current's
+    inner = dict(state, step=7, **planned)
     return {"strategy": inner, "rounds": {"round": 2, "steps_since_round": 1}}
 
 

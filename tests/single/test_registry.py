@@ -7,6 +7,8 @@ import pkgutil
 
 import pytest
 
+from horovod_hetero.auto import Auto
+
 from horovod_hetero import cli, strategies
 from horovod_hetero.strategies import AVERAGE, CONTINUE, ModelAveraging
 from horovod_hetero.strategies.registry import (
@@ -60,8 +62,10 @@ def registered_mine():
 
 
 def test_every_strategy_class_is_registered_once_and_every_tool_lists_the_registry():
-    assert list(REGISTRY.values()) == list(BUILT_IN) and list(REGISTRY)[0] == "sync"
-    assert sorted(classes()) == sorted(defined_strategies())
+    # the built-ins, then hh.Auto, which registers itself in its own module (the hh namespaces import it)
+    assert list(REGISTRY.values()) == [*BUILT_IN, REGISTRY["auto"]] and list(REGISTRY)[0] == "sync"
+    assert REGISTRY["auto"].cls is Auto and REGISTRY["auto"].defaults == {}
+    assert sorted(classes()) == sorted([*defined_strategies(), "Auto"])
     assert all(getattr(strategies, name) is cls for name, cls in classes().items())
     assert set(classes()) <= set(dir(strategies))
     assert list(bench.STRATEGIES) == list(REGISTRY) == cli.chosen("all")
@@ -130,7 +134,7 @@ def test_the_lab_builds_each_class_from_the_examples_options_and_bench_options_b
     labels = {name: bench_label(name) for name in REGISTRY}
     assert labels == {"sync": "Synchronous", "localsgd": "LocalSGD(8)", "esync": "ESync", "wagma": "WAGMA(S=2,8)",
                       "elasticbsp": "ElasticBSP(15)", "dssp": "DSSP(3,15)", "adsp": "ADSP(10steps)",
-                      "balanced": "Balanced(5)"}
+                      "balanced": "Balanced(5)", "auto": "Auto"}
     for name, entry in REGISTRY.items():
         built = build_strategy(examples_parser().parse_args(bench_options(name)))
         # what bench runs is what the library's tools run (advise predicts bench's jobs)
@@ -162,7 +166,7 @@ def test_register_adds_a_strategy_every_tool_and_namespace_sees_and_refuses_a_cl
         register(Registered("mine3", type("Mine3", (Mine,), {}), {"period": 8}))
     with pytest.raises(TypeError, match="register takes a Registered"):
         register(("other", Mine))
-    assert list(REGISTRY)[-1] == "mine" and len(REGISTRY) == len(BUILT_IN) + 1     # nothing refused was added
+    assert list(REGISTRY)[-1] == "mine" and len(REGISTRY) == len(BUILT_IN) + 2     # Auto, and nothing refused
 
     # the library: its tools, the exports by name, rebuild, the message of a wrong strategy
     assert configured("mine").every == 3 and configured("mine", every=5, period=9).every == 5

@@ -1,0 +1,349 @@
+"""``hh.Auto()``: the library picks the strategy, and changes it when the cluster changes.
+
+A user with mixed GPUs should not have to study seven synchronisation algorithms. ``Auto`` starts as
+``Synchronous`` (safe, and the baseline every user knows) and measures from the statistics every round
+already carries (``RoundStats``, identical on every rank: no collective of its own): each rank's compute per
+step *before* communication (an allreduce evens out the steps' wall times and hides the straggler), how its
+steps vary (a persistent straggler, or transient ones), and what a collective costs. Then it predicts every
+candidate strategy with the simulator, which runs the library's own strategy objects on the measured cluster
+(``advise.choose``: the same decision ``horovod-hetero advise`` gives from a finished run's telemetry), and
+hands over to the best one at the next round where every rank holds the same model, when the predicted gain
+beats the measured noise. It keeps measuring: a straggler that appears or leaves, or a resize under
+``hvd.elastic``, makes it decide again, with hysteresis and a cap on switches.
+
+Samples per second is not accuracy. A guard compares the training loss the rounds carry (every rank's mean)
+against wall time before and after a switch, and goes back when the progress per second falls below
+``guard`` times what it was; the strategy it left is not tried again for a while. What the guard cannot see:
+the test accuracy (a model-averaging strategy whose training loss falls as fast may generalise differently),
+and a strategy that would have been better but was never run (the simulator's prediction decides what runs).
+
+How it maps onto Horovod: ``Auto`` is a strategy that runs another one (``Strategy.runs``), so the runtime
+carries out the kind of the one running (``runtime.runner``); a switch is ``Strategy.handover`` after a global
+round (an ``AVERAGE``, or a ``MEASURE`` round of statistics it adds every ``measure_every`` steps while a
+strategy whose ranks step together runs), so every rank switches at the same round, with the same model,
+and the next step takes rank 0's counters. Under Keras a switch waits for the epoch's end.
+
+Example:
+    >>> from horovod_hetero.strategies.base import RoundResult, RoundStats, StepReport
+    >>> import numpy as np
+    >>> auto = Auto(candidates=["sync", "esync", "localsgd"], measure_every=2, min_rounds=2)
+    >>> auto.current_name, [str(auto.after_step(StepReport(0.1))) for _ in range(2)]
+    ('sync', ['CONTINUE', 'MEASURE'])
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from horovod_hetero import advise
+from horovod_hetero.strategies.base import (CONTINUE, MEASURE, Context, Decision, Plan, RoundResult, RoundStats,
+                                            StepReport, Strategy)
+from horovod_hetero.strategies.registry import REGISTRY, Registered, configured, register
+from horovod_hetero.validation import check_float, check_int
+
+log = logging.getLogger("horovod_hetero")
+
+#: the candidates ``Auto`` predicts by default: every registered strategy but itself (Balanced where the
+#: adapter plans batches, WAGMA where its process sets exist)
+DEFAULT = ("sync", "balanced", "esync", "elasticbsp", "dssp", "adsp", "localsgd", "wagma")
+#: rounds of statistics kept for a decision (the newest)
+HISTORY = 12
+#: simulated steps of the slowest rank per candidate (a decision costs some 0.1 s on a CPU core)
+SIMULATED_STEPS = 40
+#: a rank's typical step changing by more than this share (and its noise) makes Auto decide again
+CHANGE = 0.3
+#: rounds a strategy the guard left is not tried again
+BANNED_ROUNDS = 60
+
+
+class Auto(Strategy):
+    """The strategy chosen by the library: starts as Synchronous, measures, and switches (see the module).
+
+    Args:
+        candidates: the registry's names of the strategies it may run (default ``DEFAULT``: all of them, with
+            WAGMA only where its process sets are registered and Balanced only where the adapter plans
+            batches); ``"sync"`` must be among them (it starts there).
+        measure_every: steps between the rounds of statistics it adds while a lockstep strategy runs
+            (Synchronous has no rounds of its own), an int >= 1.
+        min_rounds: rounds of statistics after a (re)start before it decides, an int >= 1 (the first round
+            after a start is left out: it holds the start-up).
+        max_switches: the most switches in a run, an int >= 0.
+        guard: go back where the training loss falls per second by less than this share of what it fell
+            before the switch, a number in [0, 1) (0: never go back).
+        settle_rounds: rounds after a switch before the guard compares, an int >= 1.
+        recheck_rounds: rounds between decisions while the measured speeds stay put, an int >= 1.
+
+    Example::
+
+        opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01 * hvd.size()),
+                                      named_parameters=model.named_parameters(), strategy=hh.Auto())
+        # Keras: hh.callbacks.AutoCallback(), with the model compiled with hh.DistributedOptimizer
+    """
+
+    def __init__(self, candidates: Sequence[str] | None = None, measure_every: int = 5, min_rounds: int = 3,
+                 max_switches: int = 6, guard: float = 0.5, settle_rounds: int = 3, recheck_rounds: int = 30) -> None:
+        super().__init__()
+        names = list(DEFAULT if candidates is None else candidates)
+        if isinstance(candidates, str) or not names:
+            raise TypeError(f"candidates must be a list of strategy names (of {', '.join(DEFAULT)}), got {candidates!r}")
+        unknown = [n for n in names if n not in REGISTRY or n == "auto"]
+        if unknown and candidates is not None:
+            raise ValueError(f"candidates: unknown {', '.join(map(repr, unknown))}; choose from "
+                             f"{', '.join(n for n in REGISTRY if n != 'auto')}")
+        if "sync" not in names:
+            raise ValueError("candidates must hold 'sync': Auto starts as Synchronous")
+        self.candidates = [n for n in dict.fromkeys(names) if n in REGISTRY and n != "auto"]
+        self.measure_every = check_int("measure_every", measure_every, 1)
+        self.min_rounds = check_int("min_rounds", min_rounds, 1)
+        self.max_switches = check_int("max_switches", max_switches, 0)
+        self.guard = check_float("guard", guard, 0.0, 1.0)
+        if self.guard >= 1.0:
+            raise ValueError(f"guard must be in [0, 1), got {guard!r}")
+        self.settle_rounds = check_int("settle_rounds", settle_rounds, 1)
+        self.recheck_rounds = check_int("recheck_rounds", recheck_rounds, 1)
+        self.current_name = "sync"
+        self.current: Strategy = configured("sync")
+        self.available = list(self.candidates)     # those this job can run (``start``)
+        self.switches: list[dict[str, Any]] = []   # every switch: round, step, from, to, why
+        self._rounds: list[RoundStats] = []        # statistics since the latest (re)start, switch or change
+        self._startup = True                       # the first of them holds a start-up (left out)
+        self._progress: list[tuple[float, float]] = []   # (seconds, mean training loss) per round, this phase
+        self._before: tuple[float, float] | None = None   # the loss's fall per second before the latest switch, its error
+        self._previous: str | None = None          # the strategy before the latest switch (the guard's way back)
+        self._banned: dict[str, int] = {}          # name -> the round it may be tried again from
+        self._decided_at: np.ndarray | None = None  # every rank's typical step at the latest decision
+        self._since_decision = 0
+        self._since_round = 0                      # steps since the latest round (the statistics rounds)
+        self._round = 0
+        self._pending: str | None = None
+        self._said: dict[str, Any] | None = None   # the switch this step's telemetry reports
+
+    # -- what it runs --
+
+    @property
+    def runs(self) -> Strategy:
+        return self.current
+
+    @property
+    def lockstep(self) -> bool:                  # type: ignore[override]
+        return self.current.lockstep
+
+    @property
+    def plan(self) -> Plan | None:
+        return self.current.plan
+
+    @plan.setter
+    def plan(self, value: Plan | None) -> None:
+        """Plans are the strategy's it runs (``Strategy.__init__`` sets none)."""
+
+    @property
+    def label(self) -> str:
+        return "Auto"
+
+    def __repr__(self) -> str:
+        return f"Auto(running {self.current!r})"
+
+    def check_size(self, size: int) -> None:
+        self.current.check_size(size)
+
+    # -- the template methods, on the strategy it runs --
+
+    def start(self, ctx: Context) -> None:
+        if ctx.size != self.size:                  # a new job size (hvd.elastic): measure it afresh
+            self._restart()
+        self.rank, self.size, self.clock = ctx.rank, ctx.size, ctx.clock
+        self.available = [name for name in self.candidates if self._runs_here(name, ctx)]
+        self.current.start(ctx)
+
+    def _runs_here(self, name: str, ctx: Context) -> bool:
+        """Whether candidate ``name`` can run in this job: a size it takes, WAGMA's process sets registered,
+        Balanced's batches planned by the adapter, SciPy for ADSP."""
+        try:
+            configured(name).check_size(ctx.size)
+        except ValueError:
+            return False
+        if name == "wagma":
+            from horovod_hetero.rules.grouping import nearest_group_size, process_set_ranks
+            return ctx.transports.groups_available(process_set_ranks(ctx.size, nearest_group_size(ctx.size)))
+        if name == "balanced":
+            return ctx.batches_planned
+        if name == "adsp":
+            try:
+                import scipy  # noqa: F401
+            except ImportError:
+                return False
+        return True
+
+    def after_step(self, report: StepReport = StepReport()) -> Decision:
+        decision = self.current.after_step(report)
+        self.step = self.current.step
+        self._since_round += 1
+        self._said = None
+        if decision is CONTINUE and self.current.lockstep and self._since_round >= self.measure_every:
+            return MEASURE                         # every rank at the same step: a round of statistics is safe
+        return decision
+
+    def after_round(self, result: RoundResult) -> None:
+        self.current.after_round(result)
+        self._since_round = 0
+        self._round += 1
+        if result.stats is None or result.done:    # a join's rounds: partial statistics
+            return
+        self._rounds = (self._rounds + [result.stats])[-HISTORY:]
+        walls, losses = result.stats.wall_s, result.stats.loss
+        seconds = float(np.nanmedian(walls)) if np.isfinite(walls).any() else float("nan")
+        loss = float(np.nanmean(losses)) if np.isfinite(losses).any() else float("nan")
+        last = self._progress[-1][0] if self._progress else 0.0
+        if np.isfinite(seconds):
+            self._progress = (self._progress + [(last + seconds, loss)])[-HISTORY:]
+        if self._pending is None:
+            self._decide()
+
+    def leave(self) -> None:
+        self.current.leave()
+
+    def take_over(self, step: int) -> None:
+        super().take_over(step)
+        self.current.take_over(step)
+
+    def telemetry_fields(self) -> dict[str, Any]:
+        fields = {**self.current.telemetry_fields(), "auto": self.current_name}
+        if self._said is not None:
+            fields["switch"] = self._said
+        return fields
+
+    def handover(self) -> Strategy | None:
+        """Itself, running the strategy it decided on at a round (``_pending``), else ``None``."""
+        if self._pending is None:
+            return None
+        name, self._pending = self._pending, None
+        self.current, self.current_name = configured(name), name
+        self._restart()
+        return self
+
+    # -- deciding --
+
+    def _restart(self) -> None:
+        """Measure afresh (a switch, a new job size): the rounds so far describe another strategy or job."""
+        self._rounds, self._progress, self._since_round, self._startup = [], [], 0, True
+
+    def _usable(self) -> list[RoundStats]:
+        """The rounds a decision reads: the latest ones, the first after a (re)start left out (start-up)."""
+        return self._rounds[1:] if self._startup else list(self._rounds)
+
+    def _changed(self) -> bool:
+        """Whether the latest round shows a rank's undelayed step moved by more than ``CHANGE`` from what the
+        latest decision measured (a straggler appeared or left): then the rounds before it are dropped, and
+        the next decision reads the cluster as it is now."""
+        if self._decided_at is None or not self._rounds:
+            return False
+        latest = np.asarray(self._rounds[-1].step_min, dtype=float)
+        if not np.isfinite(latest).all() or latest.size != self._decided_at.size:
+            return False
+        if np.max(np.abs(latest / self._decided_at - 1.0)) <= CHANGE:
+            return False
+        self._rounds, self._startup, self._decided_at = self._rounds[-1:], False, None
+        return True
+
+    def _decide(self) -> None:
+        rounds = self._usable()
+        if self._previous is not None:             # a switch to judge first
+            if len(rounds) >= self.settle_rounds:
+                self._judge()
+            return
+        if self._changed() or len(rounds) < self.min_rounds or len(self.switches) >= self.max_switches:
+            return
+        self._since_decision += 1
+        if self._decided_at is not None and self._since_decision < self.recheck_rounds:
+            return
+        try:
+            measured = advise.measure_rounds(rounds)
+        except ValueError:
+            return
+        self._decided_at, self._since_decision = np.array(measured.step_s), 0
+        names = [n for n in self.available if self._banned.get(n, 0) <= self._round or n == self.current_name]
+        if self.current_name not in names:
+            names.append(self.current_name)
+        strategies = {name: configured(name) for name in names}
+        duration = SIMULATED_STEPS * max(measured.step_s)
+        choice = advise.choose(measured, strategies, self.current_name, duration=duration)
+        if choice.switches:                        # the gain must outgrow the measurement's own spread too
+            noise = advise.gain_noise(rounds, strategies[choice.name], strategies[self.current_name], duration)
+            choice = advise.choose(measured, strategies, self.current_name, noise, duration)
+        if choice.switches:
+            self._switch(choice.name, choice.reason, choice.gain)
+
+    def _rate(self) -> tuple[float, float] | None:
+        """How fast the training loss fell this phase, per second (a least-squares slope, sign turned), and that
+        slope's standard error; None where the rounds carried too few losses."""
+        points = [(t, loss) for t, loss in self._progress if np.isfinite(loss)]
+        if len(points) < 3:
+            return None
+        t, loss = np.array(points).T
+        spread = float(np.sum((t - t.mean()) ** 2))
+        if spread <= 0:
+            return None
+        slope, intercept = np.polyfit(t, loss, 1)
+        residual = float(np.sum((loss - (slope * t + intercept)) ** 2))
+        return float(-slope), float(np.sqrt(residual / (len(points) - 2) / spread)) if len(points) > 2 else 0.0
+
+    def _switch(self, name: str, why: str, gain: float) -> None:
+        self._before, self._previous = self._rate(), self.current_name
+        self._pending = name
+        self._announce(name, why, gain)
+
+    def _judge(self) -> None:
+        """After a switch: keep it, or go back where the loss falls per second by less than ``guard`` times
+        what it fell before (the strategy left is then not tried again for ``BANNED_ROUNDS`` rounds). Both rates
+        must be told apart from the losses' noise (two standard errors of each slope): where the loss did not
+        measurably fall before, there is no progress to compare, and the switch stays."""
+        after, before, previous = self._rate(), self._before, self._previous
+        self._previous = self._before = None
+        if self.guard == 0 or after is None or before is None or previous is None or before[0] <= 2 * before[1]:
+            return
+        if after[0] + 2 * after[1] < self.guard * before[0]:
+            self._banned[self.current_name] = self._round + BANNED_ROUNDS
+            self._pending = previous
+            self._announce(previous, f"the training loss fell {after[0]:.3g}/s under {self.current_name}, against "
+                                     f"{before[0]:.3g}/s before it (the guard: at least {self.guard:g}x)", 1.0)
+
+    def _announce(self, name: str, why: str, gain: float) -> None:
+        said = {"round": self._round, "step": self.step, "from": self.current_name, "to": name, "why": why,
+                "gain": round(gain, 3)}
+        self.switches.append(said)
+        self._said = said
+        if self.rank == 0:
+            log.warning("Auto switches from %s to %s at round %d (step %d): %s", self.current_name, name,
+                        self._round, self.step, why)
+
+    # -- state --
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {k: v for k, v in super().state_dict().items() if not k.startswith("plan")}   # the current's
+        state.update(current=self.current_name, current_state=self.current.state_dict(),
+                     switches=list(self.switches), banned=dict(self._banned), round=self._round,
+                     since_round=self._since_round)
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """What it ran and measured, from ``state_dict()`` (a checkpoint, ``hvd.elastic``'s restore, rank 0's
+        counters after a switch)."""
+        name = state.get("current")
+        if name not in self.candidates:
+            raise ValueError(f"state['current'] must be one of Auto's candidates ({', '.join(self.candidates)}), "
+                             f"got {name!r}")
+        current = self.current if name == self.current_name else configured(name)
+        current.load_state_dict(state["current_state"])
+        super().load_state_dict({k: v for k, v in state.items() if k in ("kind", "step", "origin")})
+        self.current, self.current_name = current, name
+        self.switches = [dict(s) for s in state.get("switches", [])]
+        self._banned = {str(k): check_int("state['banned']", v, 0) for k, v in dict(state.get("banned", {})).items()}
+        self._round = check_int("state['round']", state.get("round", 0), 0)
+        self._since_round = check_int("state['since_round']", state.get("since_round", 0), 0)
+
+
+#: ``hh.Auto``'s line in the registry (it runs the others: its own module, as any strategy's)
+register(Registered("auto", Auto))

@@ -1,0 +1,54 @@
+"""``hh.callbacks.AutoCallback`` (Keras): with a persistent straggler it starts as Synchronous through
+``hh.DistributedOptimizer`` and leaves it at an epoch's end for a model-averaging strategy, every rank alike,
+the weights identical at every epoch's end; on Keras 2, whose optimizer cannot switch, it is refused by name."""
+import numpy as np
+import pytest
+
+import keras_helpers
+from horovod_hetero.runtime.straggler import Slowdown
+from keras_helpers import hh, keras, make_model
+
+RANK, SIZE = keras_helpers.init()
+
+
+class Ends(keras.callbacks.Callback):
+    """After the strategy callback: the strategy Auto runs and the weights at every epoch's end."""
+
+    def __init__(self, auto):
+        super().__init__()
+        self.auto, self.running, self.finals = auto, [], []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.running.append(self.auto.strategy.current_name)
+        self.finals.append([w.tolist() for w in keras_helpers.weights(self.model)])
+
+
+def data(n):
+    rng = np.random.default_rng(RANK)
+    return rng.normal(size=(n, 6)).astype("float32"), rng.integers(0, 3, size=n)
+
+
+@pytest.mark.skipif(hh.keras_major() < 3, reason="Keras 3: hh.DistributedOptimizer switches its average")
+def test_auto_leaves_synchronous_at_an_epochs_end_with_identical_weights():
+    x, y = data(8 * 12)
+    model = make_model(RANK, optimizer=hh.DistributedOptimizer(keras.optimizers.SGD(0.05)))
+    auto = hh.callbacks.AutoCallback(auto_options={"candidates": ["sync", "esync", "elasticbsp"], "measure_every": 3},
+                                     batch_size=8, slowdown=Slowdown(RANK, "1,1,1,4", base_step_s=0.02))
+    ends = Ends(auto)
+    model.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0,
+              callbacks=[hh.callbacks.BroadcastGlobalVariablesCallback(0), auto, ends])
+    everyone = keras_helpers.gathered((ends.running, ends.finals, auto.strategy.switches), name="test.auto.keras")
+    running, finals, switches = zip(*everyone)
+    assert all(r == running[0] for r in running) and all(s == switches[0] for s in switches)
+    assert running[0][0] != "sync" and switches[0][0]["from"] == "sync", running[0]      # switched at epoch 0's end
+    for epoch in range(3):
+        assert all(f[epoch] == finals[0][epoch] for f in finals), epoch
+
+
+@pytest.mark.skipif(hh.keras_major() >= 3, reason="Keras 2: hh.DistributedOptimizer is Horovod's")
+def test_keras_2_refuses_auto_by_name():
+    x, y = data(16)
+    model = make_model(RANK, optimizer=hh.DistributedOptimizer(keras.optimizers.SGD(0.05)))
+    with pytest.raises(TypeError, match=r"^Auto runs strategies of either kind in turn: compile the model with "
+                                        r"hh\.DistributedOptimizer\(optimizer\) on Keras 3"):
+        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[hh.callbacks.AutoCallback()])

@@ -1,0 +1,61 @@
+"""``hh.Auto`` under horovodrun (torch): with a persistent straggler (slowdown 1,1,1,4) it starts as
+Synchronous, leaves it for a model-averaging strategy within a few rounds, every rank at the same round and
+step, and the models end identical; the switch is in the telemetry and in ``state_dict()``; with equal ranks it
+keeps Synchronous."""
+import torch
+
+import horovod.torch as hvd
+import horovod_hetero.torch as hh
+import job
+from horovod_hetero.runtime.straggler import Slowdown
+
+job.init(hvd, hh)
+RANK, SIZE = hvd.rank(), hvd.size()
+torch.set_num_threads(1)
+
+
+def model_of():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+
+
+def train(factors, steps, candidates=("sync", "esync", "elasticbsp", "localsgd")):
+    model = model_of()
+    opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), named_parameters=model.named_parameters(),
+                                  strategy=hh.Auto(candidates=list(candidates)),
+                                  slowdown=Slowdown(RANK, factors, base_step_s=0.02))
+    g = torch.Generator().manual_seed(RANK)
+    for _ in range(steps):
+        x, y = torch.randn(16, 6, generator=g), torch.randint(0, 3, (16,), generator=g)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.telemetry.annotate(loss=loss.item(), samples=16)
+        opt.step()
+    opt.sync_model()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
+    switches = [r["switch"] for r in opt.telemetry.records if "switch" in r]
+    return hvd.allgather_object((flat, opt.strategy.switches, opt.strategy.current_name, switches,
+                                 opt.state_dict()["param_groups"][0]["horovod_hetero"]["strategy"]["current"]),
+                                name=f"test.auto.{factors}")
+
+
+def test_a_persistent_straggler_makes_auto_leave_synchronous_at_one_round_on_every_rank():
+    everyone = train("1,1,1,4", 80)
+    flats, decided, current, recorded, saved = zip(*everyone)
+    assert all(f == flats[0] for f in flats)                                   # identical models at the end
+    assert all(d == decided[0] for d in decided) and decided[0]               # the same switches everywhere
+    first = decided[0][0]
+    assert first["from"] == "sync" and first["to"] in ("esync", "elasticbsp") and first["step"] <= 40, first
+    assert "persistent" in first["why"] and len(set(current)) == 1 and current[0] != "sync"
+    assert recorded[0][0] == first and saved[0] == current[0]                  # in the telemetry and the state
+
+
+def test_equal_ranks_keep_synchronous_where_no_candidate_saves_them_time():
+    """ESync and ElasticBSP average as often as Synchronous where every rank is as fast: nothing to gain.
+    (LocalSGD would save collectives: with them costly, Auto may move there, as any strategy it predicts
+    faster.)"""
+    everyone = train("1,1,1,1", 60, ("sync", "esync", "elasticbsp"))
+    flats, decided, current, _, _ = zip(*everyone)
+    assert all(f == flats[0] for f in flats)
+    assert set(current) == {"sync"} and decided[0] == [], decided[0]

@@ -1,0 +1,127 @@
+"""``hh.Auto``: starts as Synchronous, measures from the rounds, switches at a round by the shared decision
+(``advise.choose``), guards with the training loss; all in the simulator (the library's own objects on a virtual
+clock) and against injected rounds."""
+import copy
+
+import numpy as np
+import pytest
+
+from horovod_hetero import advise
+from horovod_hetero import simulate as sim
+from horovod_hetero.auto import Auto
+from horovod_hetero.runtime.runner import GradientRunner, ModelAveragingRunner, runner_for
+from horovod_hetero.strategies.base import MEASURE, RoundResult, RoundStats, StepReport
+from horovod_hetero.strategies.registry import configured, rebuild
+
+CANDIDATES = ["sync", "esync", "elasticbsp", "dssp", "localsgd"]
+
+
+def run(cluster, strategy, duration=30.0):
+    cluster.rng, cluster._normals = np.random.default_rng(cluster.seed), []
+    return sim.simulate(cluster, strategy, duration)
+
+
+def test_a_persistent_straggler_is_left_behind_within_a_second_and_auto_runs_near_the_best():
+    cluster = sim.Cluster([0.05, 0.05, 0.05, 0.2], seed=1)
+    auto = Auto(candidates=CANDIDATES)
+    result = run(cluster, auto)
+    best = max(run(cluster, configured(name)).samples_per_s for name in CANDIDATES)
+    assert result.samples_per_s >= 0.9 * best, (result.samples_per_s, best)
+    assert result.samples_per_s >= 2.5 * run(cluster, configured("sync")).samples_per_s
+
+
+def test_steady_equal_ranks_keep_synchronous_and_its_speed():
+    cluster = sim.Cluster([0.05] * 4, seed=1)
+    auto = Auto(candidates=CANDIDATES)
+    result = run(cluster, auto)
+    assert result.samples_per_s >= 0.95 * run(cluster, configured("sync")).samples_per_s
+
+
+def test_a_straggler_that_appears_mid_run_is_answered_after_it_appears():
+    cluster = sim.Cluster([0.05] * 4, change_at=10.0, change_factors=[1, 1, 1, 4], seed=1)
+    result = run(cluster, Auto(candidates=CANDIDATES), duration=30.0)
+    sync = run(cluster, configured("sync"), duration=30.0)
+    esync = run(cluster, configured("esync"), duration=30.0)
+    assert result.samples_per_s >= 1.5 * sync.samples_per_s and result.samples_per_s >= 0.8 * esync.samples_per_s
+
+
+def statistics(step_s, loss=np.nan, wall=1.0, steps=5, spread=0.0):
+    """One round's statistics: every rank ``steps`` steps of ``step_s`` (a list, per rank)."""
+    step_s = np.asarray(step_s, dtype=float)
+    n = step_s.size
+    return RoundStats(np.full(n, steps), step_s, np.full(n, loss), np.full(n, 32 * steps), np.zeros(n, bool),
+                      step_min=step_s * (1 - spread), step_mean=step_s, step_sq=step_s ** 2 * (1 + spread),
+                      comm_s=np.full(n, 0.001), wall_s=np.full(n, wall))
+
+
+def feed(auto, rounds, start=1):
+    for i, stats in enumerate(rounds, start):
+        auto.after_round(RoundResult(i, 1.0, float(stats.local_steps.size), 0, stats))
+
+
+def test_it_adds_rounds_of_statistics_while_a_lockstep_strategy_runs_and_decides_alike_on_every_rank():
+    auto = Auto(candidates=CANDIDATES, measure_every=3)
+    assert [auto.after_step(StepReport(0.1)) for _ in range(3)][-1] is MEASURE
+    assert type(runner_for(auto)) is GradientRunner and auto.runs is auto.current
+    ranks = [copy.deepcopy(auto) for _ in range(4)]
+    rounds = [statistics([0.05, 0.05, 0.05, 0.2], loss=2.0 - 0.1 * i) for i in range(5)]
+    for rank in ranks:
+        feed(rank, rounds)
+    switched = [rank.handover() for rank in ranks]
+    assert all(s is rank for s, rank in zip(switched, ranks))                 # itself, running another
+    assert {rank.current_name for rank in ranks} == {"esync"} and all(r.switches == ranks[0].switches for r in ranks)
+    assert type(runner_for(ranks[0])) is ModelAveragingRunner
+    assert ranks[0].switches[0]["from"] == "sync" and "persistent" in ranks[0].switches[0]["why"]
+    assert ranks[0].handover() is None                                        # once
+
+
+def test_the_guard_goes_back_where_the_loss_falls_slower_and_bans_the_strategy_for_a_while():
+    auto = Auto(candidates=CANDIDATES, guard=0.5, settle_rounds=3)
+    feed(auto, [statistics([0.05, 0.05, 0.05, 0.2], loss=2.0 - 0.2 * i) for i in range(5)])
+    assert auto.handover() is auto and auto.current_name == "esync"
+    feed(auto, [statistics([0.05, 0.05, 0.05, 0.2], loss=1.0 + 0.01 * i) for i in range(5)], start=6)   # no progress
+    assert auto.handover() is auto and auto.current_name == "sync"
+    assert auto.switches[-1]["to"] == "sync" and "the guard" in auto.switches[-1]["why"]
+    feed(auto, [statistics([0.05, 0.05, 0.05, 0.2], loss=1.0 - 0.1 * i) for i in range(5)], start=11)
+    assert auto.current_name == "sync" or auto.switches[-1]["to"] != "esync"    # esync banned for a while
+
+
+def test_noise_and_equal_ranks_never_make_it_switch():
+    auto = Auto(candidates=CANDIDATES)
+    rng = np.random.default_rng(0)
+    feed(auto, [statistics(0.05 * (1 + 0.05 * rng.standard_normal(4)), spread=0.05) for _ in range(12)])
+    assert auto.handover() is None and auto.switches == []
+
+
+def test_its_state_holds_what_it_runs_and_rebuilds():
+    auto = Auto(candidates=CANDIDATES, measure_every=4)
+    feed(auto, [statistics([0.05, 0.05, 0.05, 0.2]) for _ in range(5)])
+    auto.handover()
+    state = auto.state_dict()
+    assert state["kind"] == "Auto" and state["current"] == "esync" and state["config"]["kwargs"]["measure_every"] == 4
+    again = rebuild(state)
+    again.load_state_dict(state)
+    assert again.current_name == "esync" and again.switches == auto.switches and again.measure_every == 4
+    with pytest.raises(ValueError, match="state\\['current'\\] must be one of Auto's candidates"):
+        Auto(candidates=["sync", "localsgd"]).load_state_dict(state)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"candidates": ["esync"]}, ValueError, "must hold 'sync'"),
+    ({"candidates": ["sync", "fast"]}, ValueError, "unknown 'fast'"),
+    ({"candidates": "sync"}, TypeError, "list of strategy names"),
+    ({"measure_every": 0}, ValueError, "measure_every"),
+    ({"guard": 1.0}, ValueError, r"guard must be in \[0, 1\)"),
+])
+def test_bad_arguments_are_refused_by_name(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        Auto(**kwargs)
+
+
+def test_advise_and_auto_decide_with_one_function():
+    rounds = [statistics([0.05, 0.05, 0.05, 0.2]) for _ in range(4)]
+    measured = advise.measure_rounds(rounds)
+    choice = advise.choose(measured, {n: configured(n) for n in CANDIDATES}, "sync")
+    auto = Auto(candidates=CANDIDATES)
+    feed(auto, [statistics([0.05, 0.05, 0.05, 0.2])] + rounds)
+    assert choice.switches and auto.handover() is auto and auto.current_name == choice.name
