@@ -164,6 +164,7 @@ class HeteroController:
         self._round_t = clock()        # when the latest round ended (a round carries the wall seconds since)
         self._plan_s = 0.0             # the strategy's bookkeeping after the latest round (telemetry)
         self._t_last = clock()
+        self._resumed = False          # the next step is the first after a sync (its time is not a step's)
         self._started = False          # the first start() takes the set's first rank's counters
         self._activity: str | None = None  # the collective this rank is in (names it if a rank is lost)
 
@@ -256,6 +257,7 @@ class HeteroController:
             root = self.runner.sync(self, self.gradients)
         finally:
             self.close()
+        self._resumed = True
         self._hand_over()                      # a sync is a point where every rank holds the same model
         return root
 
@@ -321,7 +323,11 @@ class HeteroController:
             compute += hook(compute, self.strategy.step + 1, pending.get("samples"))
         report = StepReport(compute, pending.get("loss"), pending.get("samples"))
         local_steps = self.protocol.steps_since_round + 1
-        self.protocol.local_step(compute, report.loss, report.samples, comm_s + self._extra_comm + self._carried_comm)
+        # the first step after a sync also timed what ran between the two (an epoch's end: evaluation, checkpoints,
+        # the next epoch's data): the rounds' step times leave it out (a rank's speed is its steps')
+        timed, self._resumed = not self._resumed, False
+        self.protocol.local_step(compute if timed else None, report.loss, report.samples,
+                                 comm_s + self._extra_comm + self._carried_comm)
         self._carried_comm = 0.0
         t0 = self._clock()
         if self._left:                                  # training again after a join

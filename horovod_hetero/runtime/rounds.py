@@ -118,12 +118,14 @@ class RoundProtocol:
         """Samples this rank reported since the previous round (0: none reported)."""
         return self._samples
 
-    def local_step(self, step_s: float = 0.0, loss: float | None = None, samples: int | None = None,
+    def local_step(self, step_s: float | None = 0.0, loss: float | None = None, samples: int | None = None,
                    comm_s: float = 0.0) -> None:
         """Record one local update that the next round must carry, and its statistics (``comm_s``: the seconds
-        it spent in collectives)."""
+        it spent in collectives; ``step_s`` ``None``: a step whose time says nothing of the rank's speed, left
+        out of the round's step times, which are NaN where no step of the round was timed)."""
         self.steps_since_round += 1
-        self._times.append(step_s)
+        if step_s is not None:
+            self._times.append(step_s)
         self._comm += comm_s
         if loss is not None and math.isfinite(loss):
             self._loss += loss
@@ -138,7 +140,7 @@ class RoundProtocol:
         start = _HEAD + _WIDTH * self.rank
         control[start:start + _WIDTH] = [
             1.0 if done else 0.0, float(steps),
-            self.policy.step_time(self._times) if self._times else (0.0 if steps else math.nan),
+            self.policy.step_time(self._times) if self._times else math.nan,
             self._loss / self._losses if self._losses else math.nan, float(self._samples),
             min(self._times) if self._times else math.nan,
             sum(self._times) / len(self._times) if self._times else math.nan,

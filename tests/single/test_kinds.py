@@ -118,3 +118,23 @@ def test_only_the_runners_selection_looks_at_a_strategys_kind():
             if "super(self.__class__" in line:
                 recursing.append(f"{path.relative_to(root)}: {line.strip()}")
     assert found == [] and recursing == []
+
+
+def test_the_first_step_after_a_sync_is_not_timed_as_a_step():
+    """What runs between a sync and the next step (an epoch's end: evaluation, a checkpoint, the next epoch's
+    data) is not the rank's speed: the rounds' step times leave that step out."""
+    now = [0.0]
+    ctl = HeteroController(EveryThird(), ArrayCollectives(lambda rank, arrays: arrays, rank=0, size=1),
+                           ArrayModel({"w": np.array([3.0])}), clock=lambda: now[0])
+
+    def steps(n, seconds):
+        for _ in range(n):
+            now[0] += seconds
+            ctl.after_step()
+
+    steps(3, 0.1)
+    ctl.sync()
+    now[0] += 5.0                                  # the evaluation after the epoch
+    steps(3, 0.1)                                  # the next round: its first step timed the evaluation too
+    assert ctl.speeds.step_times.tolist() == pytest.approx([0.1])
+    assert [r["local_steps"] for r in ctl.telemetry.records if r.get("synced")][-1] == 3
