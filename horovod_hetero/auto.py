@@ -19,16 +19,17 @@ and a strategy that would have been better but was never run (the simulator's pr
 
 How it maps onto Horovod: ``Auto`` is a strategy that runs another one (``Strategy.runs``), so the runtime
 carries out the kind of the one running (``runtime.runner``); a switch is ``Strategy.handover`` after a global
-round (an ``AVERAGE``, or a ``MEASURE`` round of statistics it adds every ``measure_every`` steps while a
-strategy whose ranks step together runs), so every rank switches at the same round, with the same model,
-and the next step takes rank 0's counters. Under Keras a switch waits for the epoch's end.
+round (an ``AVERAGE``, or a ``MEASURE`` round of statistics it adds while a strategy whose ranks step
+together runs: every step until it has decided, then every ``measure_every`` steps), so every rank switches
+at the same round, with the same model, and the next step takes rank 0's counters. Under Keras, where ranks
+may take different numbers of batches in an epoch, a switch away from a strategy whose ranks do waits for the
+epoch's end.
 
 Example:
-    >>> from horovod_hetero.strategies.base import RoundResult, RoundStats, StepReport
-    >>> import numpy as np
-    >>> auto = Auto(candidates=["sync", "esync", "localsgd"], measure_every=2, min_rounds=2)
+    >>> from horovod_hetero.strategies.base import StepReport
+    >>> auto = Auto(candidates=["sync", "esync", "localsgd"], measure_every=2)
     >>> auto.current_name, [str(auto.after_step(StepReport(0.1))) for _ in range(2)]
-    ('sync', ['CONTINUE', 'MEASURE'])
+    ('sync', ['MEASURE', 'MEASURE'])
 """
 from __future__ import annotations
 
@@ -67,9 +68,12 @@ class Auto(Strategy):
             WAGMA only where its process sets are registered and Balanced only where the adapter plans
             batches); ``"sync"`` must be among them (it starts there).
         measure_every: steps between the rounds of statistics it adds while a lockstep strategy runs
-            (Synchronous has no rounds of its own), an int >= 1.
+            (Synchronous has no rounds of its own) once it has decided, an int >= 1; before its first decision,
+            and after the speeds changed, it adds one every step, so that it decides within ``min_rounds + 1``
+            steps (a round of statistics is one allreduce of some 100 bytes).
         min_rounds: rounds of statistics after a (re)start before it decides, an int >= 1 (the first round
-            after a start is left out: it holds the start-up).
+            after a start is left out: it holds the start-up); from 4 on, the decision also weighs how the
+            predicted gain moves between the older and newer half of them (``advise.gain_noise``).
         max_switches: the most switches in a run, an int >= 0.
         guard: go back where the training loss falls per second by less than this share of what it fell
             before the switch, a number in [0, 1) (0: never go back).
@@ -83,7 +87,7 @@ class Auto(Strategy):
         # Keras: hh.callbacks.AutoCallback(), with the model compiled with hh.DistributedOptimizer
     """
 
-    def __init__(self, candidates: Sequence[str] | None = None, measure_every: int = 5, min_rounds: int = 3,
+    def __init__(self, candidates: Sequence[str] | None = None, measure_every: int = 5, min_rounds: int = 4,
                  max_switches: int = 6, guard: float = 0.5, settle_rounds: int = 3, recheck_rounds: int = 30) -> None:
         super().__init__()
         names = list(DEFAULT if candidates is None else candidates)
@@ -154,6 +158,7 @@ class Auto(Strategy):
     def start(self, ctx: Context) -> None:
         if ctx.size != self.size:                  # a new job size (hvd.elastic): measure it afresh
             self._restart()
+            self._decided_at = None
         self.rank, self.size, self.clock = ctx.rank, ctx.size, ctx.clock
         self.available = [name for name in self.candidates if self._runs_here(name, ctx)]
         self.current.start(ctx)
@@ -182,8 +187,11 @@ class Auto(Strategy):
         self.step = self.current.step
         self._since_round += 1
         self._said = None
-        if decision is CONTINUE and self.current.lockstep and self._since_round >= self.measure_every:
-            return MEASURE                         # every rank at the same step: a round of statistics is safe
+        # every rank at the same step: a round of statistics is safe; every step until a decision (the steps
+        # at Synchronous's pace cost the most before it), then every ``measure_every``
+        every = 1 if self._decided_at is None else self.measure_every
+        if decision is CONTINUE and self.current.lockstep and self._since_round >= every:
+            return MEASURE
         return decision
 
     def after_round(self, result: RoundResult) -> None:

@@ -152,8 +152,9 @@ class StrategyCallbackImpl(CheckpointState):
     same time (``rules.partition.epoch_steps``; identical on every rank after the previous epoch's sync), and
     ends its epoch there. Ranks then take different numbers of batches in an epoch, so no collective of your own
     may run per batch (rank 0's log says so at the first shared epoch). An epoch that begins before the speeds
-    are known (the first) takes its shares from the round that first tells them apart. Ranks whose ``fit``
-    holds different numbers of batches (shards sized by hand) keep Keras' count.
+    are known (the first) takes its shares from the round that first tells them apart; an epoch where a strategy
+    (``hh.Auto``) switched from a lockstep one to one that is not shares the batches left after the switch.
+    Ranks whose ``fit`` holds different numbers of batches (shards sized by hand) keep Keras' count.
     """
 
     model: Any                         # set by Keras (set_model) before any hook runs
@@ -191,6 +192,7 @@ class StrategyCallbackImpl(CheckpointState):
         self._loss_mean: tuple[int, float] | None = None   # (batches, Keras' running mean of the loss) this epoch
         self._synced_epoch: int | None = None  # the epoch whose end sync_model() ran (epoch_sync)
         self.epoch_shares: list[int] | None = None   # every rank's batches this epoch (None: Keras' own count)
+        self._shared_from = 0                  # the batch a switch within this epoch left every rank at
         self._same_steps = False               # share_epochs, and every rank's fit has the same batches per epoch
         self._said_shared = False              # rank 0 said once that ranks share epochs
         # (epoch, this rank's batch, every rank's) of the latest epoch_plan
@@ -215,7 +217,7 @@ class StrategyCallbackImpl(CheckpointState):
             # root: the set's first rank, of the controller then (built by then: it asks only in a sync)
             self._gradients = KerasGradients(self.model, lambda: self.strategy, lambda: cast(
                 "HorovodCollectives", cast(HeteroController, self._hh).collectives).root)
-        # a strategy hands over (Auto) at an epoch's end only: within an epoch ranks may take different batches
+        # a strategy hands over (Auto) at an epoch's end, or within it where every rank is at the same batch
         controller = HeteroController(self.strategy, collectives, KerasModel(self.model), telemetry, [slowdown.pad],
                                       aggregate=self.aggregate, gradients=self._gradients,
                                       batches_planned=self._epoch is not None, handover_at_rounds=False)
@@ -257,7 +259,8 @@ class StrategyCallbackImpl(CheckpointState):
                              + troubleshooting("troubleshooting-balanced-sampler"))
         if hh.strategy.runs is not hh.strategy and not self._gradients.switchable():
             raise TypeError(f"{type(hh.strategy).__name__} runs strategies of either kind in turn: compile the model "
-                            f"with hh.DistributedOptimizer(optimizer) on Keras 3, whose average it switches on and off")
+                            f"with hh.DistributedOptimizer(optimizer) on Keras 3, whose average it switches on and off\n"
+                            + troubleshooting("troubleshooting-keras-switchable-optimizer"))
         hh.runner.begin(self._gradients, hh.rank, hh.size)       # the model's average, as the runner needs it
         hh.start()
         self._gradients.begin_fit(hh.size)
@@ -268,20 +271,24 @@ class StrategyCallbackImpl(CheckpointState):
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self._loss_mean = None
         self._synced_epoch = None
+        self._shared_from = 0
         self.epoch_shares = self._shares()
 
     def _shares(self) -> list[int] | None:
-        """Every rank's batches this epoch by speed (``Runner.epoch_shares``), or None (Keras' own count):
+        """Every rank's batches this epoch by speed (``Runner.epoch_shares``; after a switch within the epoch,
+        of the batches left), or None (Keras' own count):
         without ``share_epochs`` and ``epoch_sync``, without a known number of batches, when the ranks' fits
         hold different numbers (shards sized by hand), for a lockstep strategy, or before the rounds tell the
         ranks' speeds apart from their noise."""
         steps = (getattr(self, "params", None) or {}).get("steps")
         hh = self._hh
-        if not self._same_steps or not steps or hh is None:       # share_epochs in it
+        done = self._shared_from               # a switch within the epoch: the batches left are shared
+        if not self._same_steps or not steps or hh is None or done >= steps:       # share_epochs in it
             return None
-        shares = hh.runner.epoch_shares(int(steps), hh.speeds)
-        if shares is None or min(shares) == steps:
+        shares = hh.runner.epoch_shares(int(steps) - done, hh.speeds)
+        if shares is None or min(shares) == int(steps) - done:
             return None
+        shares = [done + s for s in shares]
         if not self._said_shared and hh.rank == 0:
             self._said_shared = True
             log.warning("ranks now share each epoch by speed (batches per rank this epoch: %s): they take different "
@@ -299,7 +306,10 @@ class StrategyCallbackImpl(CheckpointState):
             samples = self.batch_size if self._epoch is None else self._epoch[1]
             if samples:
                 hh.telemetry.annotate(samples=samples)
+            runner = hh.runner
             hh.after_step(comm_s=self._gradients.seconds())
+            if hh.runner is not runner:        # a switch at this batch's round, every rank at this batch
+                self._shared_from, self.epoch_shares = batch + 1, None
             if self.epoch_shares is None:
                 self.epoch_shares = self._shares()
             if self.epoch_shares is not None and batch + 1 >= self.epoch_shares[hh.rank]:

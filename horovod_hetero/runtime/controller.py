@@ -125,8 +125,10 @@ class HeteroController:
         gradients: the adapter's ``Gradients`` (the gradient allreduce its runner opens or closes); default
             ``NoGradients()``.
         batches_planned: the adapter hands every rank a batch its strategy plans (``Context.batches_planned``).
-        handover_at_rounds: a strategy may hand over (``Strategy.handover``) at any global round; ``False``: only
-            at a sync (the Keras callback: ranks may take different numbers of batches within an epoch).
+        handover_at_rounds: a strategy may hand over (``Strategy.handover``) at any global round; ``False``: at a
+            sync, or at a global round of a lockstep strategy on batches the adapter does not plan, where every
+            rank is at the same batch (the Keras callback: ranks may take different numbers of batches within an
+            epoch, and a planned epoch holds its plan's batches).
 
     Lifecycle: ``start()`` opens the strategy's transports (the torch wrapper calls it at the first step,
     Keras in ``on_train_begin``); ``sync()`` brings every rank to identical models and the same round, as the
@@ -297,6 +299,12 @@ class HeteroController:
                                "same model and round (the adapters' set_strategy syncs first)")
         runner, previous = self._runner(strategy), self.runner
         strategy.take_over(previous.strategy.step)
+        self._use(runner)
+
+    def _use(self, runner: Runner) -> None:
+        """Carry out ``runner``'s kind from the next step on: the gradient allreduce opened or closed, the rounds'
+        policy its, and at the next start every rank takes the set's first rank's counters."""
+        previous = self.runner
         self.runner = runner                   # what the gradients name, if they cannot follow
         try:
             runner.begin(self.gradients, self.rank, self.size)
@@ -348,7 +356,8 @@ class HeteroController:
         self.telemetry.record(step=self.strategy.step, local_steps=local_steps, compute_s=compute,
                               comm_s=comm_s + self._extra_comm, bytes_sent=bytes_sent, synced=decision is AVERAGE,
                               **fields, **self.strategy.telemetry_fields())
-        if (decision is AVERAGE or decision is MEASURE) and self.handover_at_rounds:
+        if (decision is AVERAGE or decision is MEASURE) and (
+                self.handover_at_rounds or (self.runner.lockstep and not self.batches_planned)):
             self._hand_over()
         self._extra_comm = 0.0
         self._t_last = self._clock()
@@ -472,12 +481,17 @@ class HeteroController:
         aggregation state where it has one (put on the model's device); where it has none, with rounds
         on changes, the model now held is taken as the latest round's (it was just loaded or
         broadcast, like the counters). A state of another strategy (saved after ``set_strategy``) first
-        switches to it (``strategies.registry.rebuild``), as every rank that loads it does."""
+        switches to it (``strategies.registry.rebuild``), as every rank that loads it does; a strategy that runs
+        another (``hh.Auto``) and now runs one of another kind gets that kind's runner."""
         check_state(state)
         if state["strategy"].get("kind") != type(self.strategy).__name__:
             self.close()
             self.set_strategy(rebuild(state["strategy"]))
         self.strategy.load_state_dict(state["strategy"])
+        runner = self._runner(self.strategy)
+        if type(runner) is not type(self.runner):      # it runs another kind now (hh.Auto's state): carry that out
+            self.close()
+            self._use(runner)
         self.protocol.load_state_dict(state["rounds"])
         aggregator = self.aggregator
         if aggregator is not None:

@@ -40,7 +40,7 @@ def main():
                     os.kill(os.getpid(), signal.SIGKILL)
                 train_step(model, opt, rank, batches)
                 if not named and args.strategy in ("sync", "balanced"):  # Horovod's names of this session's
-                    log(event="names", rank=rank, names=sorted(opt._parameter_names.values()))  # first allreduces
+                    log(event="names", rank=rank, names=sorted(opt._hh_gradients._engine._parameter_names.values()))  # first allreduces
                     named = True
             opt.sync_model()
             state.epoch += 1

@@ -4,6 +4,9 @@ one line; run by ``test_elastic_torch.py`` under ``horovodrun --host-discovery-s
 Rank 0 grows the job from 2 to 4 workers (it rewrites the hosts the discovery script prints),
 then shrinks it back to 2; every process appends what it saw to a JSON-lines log."""
 import argparse
+import faulthandler
+import signal
+import sys
 import time
 
 import torch
@@ -16,7 +19,7 @@ STRATEGIES = {"sync": hh.Synchronous, "localsgd": lambda: hh.LocalSGD(period=3),
               "wagma": lambda: hh.WAGMA(group_size=2, sync_period=4), "elasticbsp": hh.ElasticBSP,
               "dssp": hh.DSSP, "balanced": lambda: hh.Balanced(rebalance_every=2),
               "adsp": lambda: hh.ADSP(check_period="4steps", search_every="8steps"),
-              "switch": hh.Synchronous}
+              "switch": hh.Synchronous, "auto": lambda: hh.Auto(candidates=["sync", "esync", "elasticbsp"])}
 #: ``switch``: the strategy set_strategy() runs from the end of each of these epochs on (state.epoch after it), of
 #: either kind, across the job's growth (at the end of epoch 1) and its shrinking back
 SWITCHES = {1: lambda: hh.ESync(), 2: lambda: hh.Balanced(rebalance_every=2), 4: lambda: hh.ElasticBSP()}
@@ -51,6 +54,7 @@ def main():
     parser = argparse.ArgumentParser()       # horovodrun reads options after the command too: only a positional
     parser.add_argument("strategy", choices=STRATEGIES)
     args = parser.parse_args()
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)    # where a worker waits, on demand
     model, strategy, sampler, opt = build(args.strategy)
     state = hvd.elastic.TorchState(model=model, optimizer=opt, epoch=0, grown=-1, shrunk=-1)
     sizes = []
@@ -78,7 +82,8 @@ def main():
             if opt.runner.plans_batches:                      # the batch sizes for the current ranks
                 plan = list(opt.runner.batch_sizes(opt.strategy.step + 1, size))
             log(event="epoch", rank=rank, size=size, plan=None if plan is None else list(getattr(plan, "steps", plan)),
-                strategy=type(opt.strategy).__name__, epoch=state.epoch, step=opt.strategy.step)
+                strategy=type(opt.strategy).__name__, epoch=state.epoch, step=opt.strategy.step,
+                running=getattr(opt.strategy, "current_name", None))
             if args.strategy == "switch" and state.epoch in SWITCHES:
                 opt.set_strategy(SWITCHES[state.epoch]())
             if rank == 0 and size == 2 and state.grown < 0:

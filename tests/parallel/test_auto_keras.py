@@ -1,6 +1,7 @@
 """``hh.callbacks.AutoCallback`` (Keras): with a persistent straggler it starts as Synchronous through
-``hh.DistributedOptimizer`` and leaves it at an epoch's end for a model-averaging strategy, every rank alike,
-the weights identical at every epoch's end; on Keras 2, whose optimizer cannot switch, it is refused by name."""
+``hh.DistributedOptimizer`` and leaves it at the fifth batch of the first epoch (every rank at that batch)
+for a model-averaging strategy, every rank alike; the batches left in that epoch are shared by speed, and the
+weights are identical at every epoch's end; on Keras 2, whose optimizer cannot switch, it is refused by name."""
 import numpy as np
 import pytest
 
@@ -16,10 +17,11 @@ class Ends(keras.callbacks.Callback):
 
     def __init__(self, auto):
         super().__init__()
-        self.auto, self.running, self.finals = auto, [], []
+        self.auto, self.running, self.finals, self.shares = auto, [], [], []
 
     def on_epoch_end(self, epoch, logs=None):
         self.running.append(self.auto.strategy.current_name)
+        self.shares.append(self.auto.epoch_shares)
         self.finals.append([w.tolist() for w in keras_helpers.weights(self.model)])
 
 
@@ -37,10 +39,15 @@ def test_auto_leaves_synchronous_at_an_epochs_end_with_identical_weights():
     ends = Ends(auto)
     model.fit(x, y, batch_size=8, epochs=3, shuffle=False, verbose=0,
               callbacks=[hh.callbacks.BroadcastGlobalVariablesCallback(0), auto, ends])
-    everyone = keras_helpers.gathered((ends.running, ends.finals, auto.strategy.switches), name="test.auto.keras")
-    running, finals, switches = zip(*everyone)
+    everyone = keras_helpers.gathered((ends.running, ends.finals, auto.strategy.switches, ends.shares),
+                                      name="test.auto.keras")
+    running, finals, switches, shares = zip(*everyone)
     assert all(r == running[0] for r in running) and all(s == switches[0] for s in switches)
-    assert running[0][0] != "sync" and switches[0][0]["from"] == "sync", running[0]      # switched at epoch 0's end
+    assert running[0][0] != "sync" and switches[0][0]["from"] == "sync", running[0]
+    assert switches[0][0]["step"] == 5, switches[0]                            # within epoch 0's 12 batches
+    first = shares[0][0]                         # epoch 0's: the 7 batches after the switch, by speed
+    assert all(s[0] == first for s in shares) and first is not None, [s[0] for s in shares]
+    assert first[:3] == [12, 12, 12] and 5 <= first[3] < 12, first
     for epoch in range(3):
         assert all(f[epoch] == finals[0][epoch] for f in finals), epoch
 

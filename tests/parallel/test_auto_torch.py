@@ -1,7 +1,8 @@
 """``hh.Auto`` under horovodrun (torch): with a persistent straggler (slowdown 1,1,1,4) it starts as
-Synchronous, leaves it for a model-averaging strategy within a few rounds, every rank at the same round and
-step, and the models end identical; the switch is in the telemetry and in ``state_dict()``; with equal ranks it
-keeps Synchronous."""
+Synchronous, measures every step and leaves it at the fifth (its first decision: four rounds after the
+start-up's) for a model-averaging strategy, every rank at the same round and step, and the models end
+identical; the switch is in the telemetry and in ``state_dict()``; with equal ranks it keeps Synchronous;
+where the training loss stops falling after the switch, the guard takes it back to Synchronous."""
 import torch
 
 import horovod.torch as hvd
@@ -19,7 +20,8 @@ def model_of():
     return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
 
 
-def train(factors, steps, candidates=("sync", "esync", "elasticbsp", "localsgd")):
+def train(factors, steps, candidates=("sync", "esync", "elasticbsp", "localsgd"), loss_of=None):
+    """``steps`` steps under ``factors``; ``loss_of(opt, loss)``: the loss the rounds carry (else the batch's)."""
     model = model_of()
     opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), named_parameters=model.named_parameters(),
                                   strategy=hh.Auto(candidates=list(candidates)),
@@ -30,7 +32,7 @@ def train(factors, steps, candidates=("sync", "esync", "elasticbsp", "localsgd")
         opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
-        opt.telemetry.annotate(loss=loss.item(), samples=16)
+        opt.telemetry.annotate(loss=loss.item() if loss_of is None else loss_of(opt), samples=16)
         opt.step()
     opt.sync_model()
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
@@ -46,7 +48,8 @@ def test_a_persistent_straggler_makes_auto_leave_synchronous_at_one_round_on_eve
     assert all(f == flats[0] for f in flats)                                   # identical models at the end
     assert all(d == decided[0] for d in decided) and decided[0]               # the same switches everywhere
     first = decided[0][0]
-    assert first["from"] == "sync" and first["to"] in ("esync", "elasticbsp") and first["step"] <= 40, first
+    assert first["from"] == "sync" and first["to"] in ("esync", "elasticbsp") and first["step"] == 5, first
+    assert first["round"] == 5, first                                           # a round of statistics a step
     assert "persistent" in first["why"] and len(set(current)) == 1 and current[0] != "sync"
     assert recorded[0][0] == first and saved[0] == current[0]                  # in the telemetry and the state
 
@@ -59,3 +62,21 @@ def test_equal_ranks_keep_synchronous_where_no_candidate_saves_them_time():
     flats, decided, current, _, _ = zip(*everyone)
     assert all(f == flats[0] for f in flats)
     assert set(current) == {"sync"} and decided[0] == [], decided[0]
+
+
+def test_the_guard_takes_auto_back_where_the_loss_stops_falling_after_a_switch():
+    """A loss that falls under Synchronous and stays flat after the switch (what the rounds carry): after
+    ``settle_rounds`` rounds the guard goes back to Synchronous, every rank at the same round, and ESync is
+    not tried again."""
+    def loss_of(opt):
+        auto = opt.strategy
+        left = auto.switches[0]["step"] if auto.switches else None
+        return 2.0 - 0.01 * (auto.step if left is None else left)
+
+    everyone = train("1,1,1,4", 60, ("sync", "esync"), loss_of)
+    flats, decided, current, _, _ = zip(*everyone)
+    assert all(f == flats[0] for f in flats) and all(d == decided[0] for d in decided)
+    there, back = decided[0][:2]
+    assert (there["from"], there["to"], there["step"]) == ("sync", "esync", 5), there
+    assert (back["from"], back["to"]) == ("esync", "sync") and "the guard" in back["why"], back
+    assert len(decided[0]) == 2 and set(current) == {"sync"}, decided[0]

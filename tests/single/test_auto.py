@@ -46,11 +46,12 @@ def test_a_straggler_that_appears_mid_run_is_answered_after_it_appears():
 
 
 def statistics(step_s, loss=np.nan, wall=1.0, steps=5, spread=0.0):
-    """One round's statistics: every rank ``steps`` steps of ``step_s`` (a list, per rank)."""
+    """One round's statistics: every rank ``steps`` steps of ``step_s`` (a list, per rank) on average, their
+    standard deviation ``spread`` times that, the shortest ``1 - spread`` times it."""
     step_s = np.asarray(step_s, dtype=float)
     n = step_s.size
     return RoundStats(np.full(n, steps), step_s, np.full(n, loss), np.full(n, 32 * steps), np.zeros(n, bool),
-                      step_min=step_s * (1 - spread), step_mean=step_s, step_sq=step_s ** 2 * (1 + spread),
+                      step_min=step_s * (1 - spread), step_mean=step_s, step_sq=step_s ** 2 * (1 + spread ** 2),
                       comm_s=np.full(n, 0.001), wall_s=np.full(n, wall))
 
 
@@ -59,9 +60,22 @@ def feed(auto, rounds, start=1):
         auto.after_round(RoundResult(i, 1.0, float(stats.local_steps.size), 0, stats))
 
 
+def rounds_of(auto, steps):
+    """What ``auto`` answers over ``steps`` steps, a round run after each MEASURE (as the controller does)."""
+    said = []
+    for _ in range(steps):
+        said.append(auto.after_step(StepReport(0.1)))
+        if said[-1] is MEASURE:
+            auto.after_round(RoundResult(len(said), 1.0, 4.0, 0, None))
+    return [str(d) for d in said]
+
+
 def test_it_adds_rounds_of_statistics_while_a_lockstep_strategy_runs_and_decides_alike_on_every_rank():
     auto = Auto(candidates=CANDIDATES, measure_every=3)
-    assert [auto.after_step(StepReport(0.1)) for _ in range(3)][-1] is MEASURE
+    assert rounds_of(auto, 3) == ["MEASURE"] * 3                   # every step until it has decided
+    decided = copy.deepcopy(auto)
+    feed(decided, [statistics([0.05] * 4) for _ in range(5)])       # equal ranks: it decides to stay
+    assert decided.handover() is None and rounds_of(decided, 6) == ["CONTINUE", "CONTINUE", "MEASURE"] * 2
     assert type(runner_for(auto)) is GradientRunner and auto.runs is auto.current
     ranks = [copy.deepcopy(auto) for _ in range(4)]
     rounds = [statistics([0.05, 0.05, 0.05, 0.2], loss=2.0 - 0.1 * i) for i in range(5)]
@@ -125,3 +139,23 @@ def test_advise_and_auto_decide_with_one_function():
     auto = Auto(candidates=CANDIDATES)
     feed(auto, [statistics([0.05, 0.05, 0.05, 0.2])] + rounds)
     assert choice.switches and auto.handover() is auto and auto.current_name == choice.name
+
+
+def test_a_loaded_state_where_auto_runs_another_kind_gets_that_kinds_runner():
+    """A checkpoint or ``hvd.elastic``'s restore of an Auto that had switched to ESync, loaded where a fresh Auto
+    runs Synchronous (a new worker): the controller carries out model averaging, the gradient allreduce closed."""
+    from fakes import ArrayCollectives, ArrayModel
+    from horovod_hetero.runtime.controller import HeteroController
+
+    def controller():
+        return HeteroController(Auto(candidates=CANDIDATES), ArrayCollectives(lambda rank, arrays: arrays),
+                                ArrayModel({"w": np.array([1.0])}))
+
+    switched = controller()
+    feed(switched.strategy, [statistics([0.05, 0.05, 0.05, 0.2]) for _ in range(5)])
+    switched.strategy.handover()
+    fresh = controller()
+    assert type(fresh.runner) is GradientRunner and fresh.gradients.opened is True
+    fresh.load_state_dict(switched.state_dict())
+    assert fresh.strategy.current_name == "esync" and type(fresh.runner) is ModelAveragingRunner
+    assert fresh.gradients.opened is None and fresh.protocol.policy is fresh.runner
