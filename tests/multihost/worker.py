@@ -101,7 +101,7 @@ def cut(out, name):
             time.sleep(0.01)
     except BaseException as e:
         lines = [line for line in traceback.format_exception_only(type(e), e)[-1].splitlines() if line.strip()]
-        write(lines[-1] if lines else type(e).__name__)
+        write(lines[0] if lines else type(e).__name__)   # the class and message, not the troubleshooting line
         raise
 
 
