@@ -194,6 +194,24 @@ CONVERGE_MORE = sync,localsgd,wagma,dssp,adsp
 CONVERGE_COMMON = --np 4 --base-step 0.05 --task fashion-cnn --split iid --eval-interval 15
 CONVERGE_RUN = $(PY) -m horovod_hetero.cli bench $(CONVERGE_COMMON) --profile 1,1,1,4 --repeat 3 --budget 1800 \
   --target fashion-cnn=$(CONVERGE_TARGET) --stop-at-target --cap 3
+#: hh.Auto against every fixed strategy to the converged target (CONVERGE_TARGET), one target per cluster profile
+#: (each resumes, and each can run alone): per profile a screening of every fixed strategy once, then Auto,
+#: Synchronous and the two fastest of the screening, 3 repeats in one run (horovod-hetero benchmark auto);
+#: about 40 minutes a profile
+AUTO_RUN = $(PY) -m horovod_hetero.cli benchmark auto --target $(CONVERGE_TARGET)
+AUTO_PROFILES = padded linear random midrun even
+.PHONY: bench-publish-auto $(addprefix bench-publish-auto-,$(AUTO_PROFILES))
+bench-publish-auto: $(addprefix bench-publish-auto-,$(AUTO_PROFILES))
+bench-publish-auto-padded: $(READY)
+	$(AUTO_RUN) --profile 1,1,1,4 --slowdown padded --out $(PUBLISH)/auto-padded
+bench-publish-auto-linear: $(READY)
+	$(AUTO_RUN) --profile 1,1,1,4 --slowdown padded-linear --out $(PUBLISH)/auto-linear
+bench-publish-auto-random: $(READY)
+	$(AUTO_RUN) --profile random --slowdown padded --out $(PUBLISH)/auto-random
+bench-publish-auto-midrun: $(READY)
+	$(AUTO_RUN) --profile "1,1,1,1;15:1,1,1,4" --slowdown padded --out $(PUBLISH)/auto-midrun
+bench-publish-auto-even: $(READY)
+	$(AUTO_RUN) --profile 1,1,1,1 --slowdown padded --out $(PUBLISH)/auto-even
 bench-converge-plateau: $(READY)
 	rm -rf $(PUBLISH)/plateau
 	$(PY) -m horovod_hetero.cli bench $(CONVERGE_COMMON) --profile 1,1,1,1 --strategies sync --budget 660 \

@@ -304,6 +304,19 @@ def y_limits(target, ends, higher_is_better, metric="accuracy"):
     return 0.0, round(max([0.2, 4 * target] + [v + 0.05 for v in ends]), 6)
 
 
+def switch_points(job_dir, curve, key):
+    """``[(x, strategy)]``: where on ``curve`` (its ``key``: ``t`` or ``step``) rank 0's telemetry says ``hh.Auto``
+    switched to ``strategy`` (the curve's time at the switch's step, interpolated); empty for a job without."""
+    from horovod_hetero.runtime.telemetry import load, switches
+
+    by_rank = load(pathlib.Path(job_dir) / "telemetry") if (pathlib.Path(job_dir) / "telemetry").is_dir() else {}
+    found = switches(by_rank.get(0, []))
+    if not found or not curve:
+        return []
+    steps, xs = [p["step"] for p in curve], [p[key] for p in curve]
+    return [(float(np.interp(s.get("step", 0), steps, xs)), str(s.get("to"))) for s in found]
+
+
 def _curves(directory, results, key, path, xlabel, title):
     import matplotlib.pyplot as plt
 
@@ -319,6 +332,11 @@ def _curves(directory, results, key, path, xlabel, title):
             ends += [c[-1][task.metric] for c in curves]
             for c in curves:
                 ax.plot([p[key] for p in c], [p[task.metric] for p in c], color=colors[label], alpha=0.25, lw=0.8)
+            for entry, c in zip(entries, curves):           # hh.Auto: the strategy it ran, over time
+                for at, to in switch_points(pathlib.Path(directory) / "jobs" / entry["id"], c, key):
+                    ax.axvline(at, color=colors[label], ls=":", lw=0.8, alpha=0.6)
+                    ax.annotate(to, (at, ax.get_ylim()[0]), rotation=90, fontsize=6, color=colors[label],
+                                xytext=(2, 4), textcoords="offset points", va="bottom")
             if curves:
                 grid, med = median_curve(curves, task.metric, key)
                 ax.plot(grid, med, color=colors[label], lw=1.8, label=label)

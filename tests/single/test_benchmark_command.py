@@ -13,7 +13,7 @@ from horovod_hetero.cli import cli
 from horovod_hetero_lab import benchmarks
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-MODULES = ["averaging_cost", "balanced_plans", "epochs", "peers", "planned", "scripts", "state_server_load", "wagma",
+MODULES = ["auto", "averaging_cost", "balanced_plans", "epochs", "peers", "planned", "scripts", "state_server_load", "wagma",
            "zipline"]
 
 

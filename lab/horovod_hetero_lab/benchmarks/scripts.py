@@ -21,8 +21,9 @@ cannot do beside Keras 3: hh's callbacks on every Keras (``CALLBACKS``: Horovod'
 package, Keras 3 even under ``TF_USE_LEGACY_KERAS=1``), and on Keras 3 no
 ``experimental_run_tf_function`` and hh's optimizer (``KERAS3``; ``horovod.torch`` under
 ``KERAS_BACKEND=torch``). Then
-the README's change: the strategy callback after the broadcast, the optimizer left local; Synchronous
-gets ``hh.callbacks.SlowdownCallback()`` there, the same simulated cluster. ``SCALE`` fits the run to
+the README's change: the strategy callback after the broadcast, the optimizer left local (``hh.Auto``'s
+callback keeps ``hh.DistributedOptimizer``, whose average it switches on and off: Keras 3 only, so the Keras 2
+stack runs no Auto); Synchronous gets ``hh.callbacks.SlowdownCallback()`` there, the same simulated cluster. ``SCALE`` fits the run to
 this machine's 2 cores shared by 4 ranks, every configuration alike (batch 32, 200 // size steps per
 epoch, ``--keras-epochs``): at the script's batch of 128 a step computes longer than the padding, and
 no rank would be slower than another. Time: rank 0's, from its first epoch's start to its last epoch's
@@ -31,8 +32,9 @@ shares, TensorFlow's tf.data iterator can take many seconds to be torn down at t
 The test accuracy is rank 0's last checkpoint evaluated after the job, on Fashion-MNIST's 10,000 test
 images.
 
-Ratios are Synchronous's time over each strategy's within one repeat; the summary gives their median
-over the repeats, and each configuration's median test accuracy.
+Ratios are each strategy's time over Synchronous's within one repeat; the summary gives their median
+over the repeats, each configuration's median test accuracy, and Auto's time over the fastest fixed
+strategy's (by the median) per repeat.
 """
 import argparse
 import os
@@ -46,10 +48,14 @@ import time
 from horovod_hetero_lab import horovod_example
 
 TORCH_STRATEGIES = {"sync": "hh.Synchronous()", "esync": "hh.ESync()", "elasticbsp": "hh.ElasticBSP()",
-                    "localsgd": "hh.LocalSGD(period=8)", "dssp": "hh.DSSP()"}
+                    "localsgd": "hh.LocalSGD(period=8)", "dssp": "hh.DSSP()", "auto": "hh.Auto()"}
 KERAS_CALLBACKS = {"sync": "hh.callbacks.SlowdownCallback()", "esync": "hh.callbacks.ESyncCallback()",
                    "elasticbsp": "hh.callbacks.ElasticBSPCallback()",
-                   "localsgd": "hh.callbacks.LocalSGDCallback(period=8)", "dssp": "hh.callbacks.DSSPCallback()"}
+                   "localsgd": "hh.callbacks.LocalSGDCallback(period=8)", "dssp": "hh.callbacks.DSSPCallback()",
+                   "auto": "hh.callbacks.AutoCallback()"}
+#: the strategies whose Keras model keeps ``hh.DistributedOptimizer``: Synchronous's average, and the average
+#: Auto switches on and off (Keras 3 only)
+KERAS_AVERAGED = ("sync", "auto")
 #: the environment of each Keras stack
 KERAS_STACKS = {"tensorflow": {"KERAS_BACKEND": "tensorflow"}, "torch": {"KERAS_BACKEND": "torch"},
                 "keras2": {"TF_USE_LEGACY_KERAS": "1"}}
@@ -114,7 +120,7 @@ def keras_script(source, strategy, stack, epochs):
                   + "import horovod_hetero.keras as hh\n"))
     broadcast = KERAS_BROADCAST.replace("hvd.", "hh.")
     edits.append((broadcast, broadcast + f"        {KERAS_CALLBACKS[strategy]},\n"))
-    if strategy != "sync":                       # the strategy averages the models: the optimizer stays local
+    if strategy not in KERAS_AVERAGED:           # the strategy averages the models: the optimizer stays local
         edits.append((KERAS_OPTIMIZER.replace("hvd.", "hh." if keras3 else "hvd."), ""))
     return edited(source, edits).replace("epochs=EPOCHS,", f"epochs={epochs},")
 
@@ -209,8 +215,9 @@ def run_keras(strategy, stack, args):
         return trained - begin, end - start, float(accuracy)
 
 
-def compare(title, run, args):
-    """Synchronous then each strategy, ``args.repeats`` times; print each run and the medians."""
+def compare(title, run, args, skip=()):
+    """Synchronous then each strategy (but those of ``skip``), ``args.repeats`` times; print each run and the
+    medians."""
     ratios: dict[str, list[float]] = {}
     accuracy: dict[str, list[float]] = {}
     for rep in range(args.repeats):
@@ -219,6 +226,8 @@ def compare(title, run, args):
         print(f"[{rep}] {title} Synchronous: {base:.1f} s training ({job:.1f} s job), test accuracy {acc:.2f}%",
               flush=True)
         for name in args.strategies.split(","):
+            if name in skip:
+                continue
             t, job, acc = run(name)
             ratios.setdefault(name, []).append(t / base)
             accuracy.setdefault(name, []).append(acc)
@@ -232,13 +241,19 @@ def summary(title, ratios, accuracy, repeats):
     for name, r in ratios.items():
         lines.append(f"  {name}: {statistics.median(r):.2f}x Synchronous's time (range {min(r):.2f}-{max(r):.2f}), "
                      f"test accuracy {statistics.median(accuracy[name]):.2f}%")
+    fixed = {name: statistics.median(r) for name, r in ratios.items() if name != "auto"}
+    if "auto" in ratios and fixed:                 # Auto's time over the fastest fixed strategy's, per repeat
+        best = min(fixed, key=lambda n: fixed[n])
+        over = [a / b for a, b in zip(ratios["auto"], ratios[best])]
+        lines.append(f"  auto: {statistics.median(over):.2f}x the time of the fastest fixed strategy ({best}), "
+                     f"range {min(over):.2f}-{max(over):.2f}")
     return "\n".join(lines)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--examples", default="pytorch,keras")
-    p.add_argument("--strategies", default="esync,elasticbsp")
+    p.add_argument("--strategies", default="esync,elasticbsp,auto")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--epochs", type=int, default=10, help="PyTorch's epochs")
     p.add_argument("--keras-epochs", type=int, default=4)
@@ -266,8 +281,10 @@ def main(argv=None):
             title = (f"Horovod's tensorflow2_keras_mnist.py [{stack}], {args.keras_epochs} epochs of 200 // "
                      f"{args.np} batches of 32, {args.np} workers, slowdown {args.slowdown} "
                      f"({args.keras_base_step} s steps)")
+            # Keras 2's model is compiled with Horovod's optimizer, whose average Auto cannot switch
+            skip = ("auto",) if stack == "keras2" else ()
             results.append((title, *compare(f"keras [{stack}]", lambda s: run_keras(s, stack, keras_args),
-                                            keras_args), keras_args.repeats))
+                                            keras_args, skip), keras_args.repeats))
     for result in results:
         print(summary(*result))
 
