@@ -20,7 +20,7 @@ demo: $(READY)
 
 #: make test's parts in order; each is timed (tools/timed), and the table of where the time went, every
 #: part and the jobs inside it, is printed at the end, also when a part failed (the first failure stops the run)
-TEST_PARTS ?= test-single typecheck test-parallel test-elastic test-bench test-faults test-multihost test-mpi docs
+TEST_PARTS ?= test-single typecheck test-parallel test-bench test-waiting test-mpi docs
 TIMING_LOG ?= $(CURDIR)/build/test-timing.tsv
 #: $(call timed_parts,TARGETS): each target in turn through tools/timed (the first failure stops the run),
 #: then the table of where the time went
@@ -97,6 +97,19 @@ test-mpi: $(READY)
 	  HH_TEST_PROCESS_SETS=$$sets LAUNCHER=$$launcher PARALLEL_JOB="$$files$${sets:+ ($$sets process sets)}" VENV=$(VENV) \
 	    tools/run_parallel.sh $(NP) $$(echo $$files | tr , ' ' | sed -E 's@([^ ]+)@tests/parallel/\1.py@g') || exit 1; done
 	HH_TIMING_BY=test $(PY) -m pytest -q -s -p no:cacheprovider --timeout 240 tests/mpi
+
+#: the tiers whose jobs mostly wait (on Horovod's Gloo timeout after a killed worker, on a frozen or cut rank's
+#: timeout, on host discovery): test-elastic beside test-faults then test-multihost, on the same cores;
+#: their outputs follow in turn once both sides end (both run to their end; the part fails if either failed)
+WAITING_LOGS = $(dir $(TIMING_LOG))waiting
+.PHONY: test-waiting
+test-waiting: $(READY)
+	@mkdir -p $(WAITING_LOGS); \
+	tools/timed test-elastic $(MAKE) --no-print-directory test-elastic >$(WAITING_LOGS)/elastic.log 2>&1 & elastic=$$!; \
+	{ tools/timed test-faults $(MAKE) --no-print-directory test-faults && \
+	  tools/timed test-multihost $(MAKE) --no-print-directory test-multihost; } >$(WAITING_LOGS)/others.log 2>&1; others=$$?; \
+	wait $$elastic; elastic=$$?; cat $(WAITING_LOGS)/elastic.log $(WAITING_LOGS)/others.log; \
+	[ $$elastic -eq 0 ] && [ $$others -eq 0 ]
 
 #: Horovod elastic (each case runs its own horovodrun with a host-discovery script), the torch kill cases
 #: among them; the Keras kill cases in test-elastic-kill only (about 4 min: CI's 40-minute budget)
