@@ -7,8 +7,8 @@ sys.path.insert(0, os.path.abspath("../lab"))          # the lab's modules the A
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 project = "horovod-hetero"
-author = "the horovod-hetero developers"
-copyright = "2026, the horovod-hetero developers"
+author = "The horovod-hetero authors"
+copyright = "2026, The horovod-hetero authors"
 extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon"]
 source_suffix = {".md": "markdown"}
 myst_enable_extensions = ["colon_fence"]

@@ -149,6 +149,7 @@ CAVEATS = {
     "sync": "the baseline: every step at the slowest rank's pace",
     "balanced": "Synchronous per sample (no accuracy cost), if a step's time grows with its batch",
     "wagma": "groups every step, global every few; needs its process sets at hvd.init",
+    "auto": "runs the strategy it predicts fastest as the cluster changes (its switches: horovod-hetero telemetry)",
 }
 #: the caveat of the model-averaging strategies
 LOCAL_STEPS = "fast ranks take more local steps: check accuracy with bench; skewed data: aggregate=hh.Normalized()"

@@ -152,7 +152,8 @@ class KerasGradients:
             raise TypeError(f"{name} averages the gradients inside every step: compile the model with "
                             f"hh.DistributedOptimizer(optimizer) (Keras 3)"
                             + ("" if weight is None else ", which weighs each rank's gradient")
-                            + f", not with {type(optimizer).__name__}\n" + troubleshooting("troubleshooting-balanced-sampler"))
+                            + f", not with {type(optimizer).__name__}\n"
+                            + troubleshooting("troubleshooting-keras-switchable-optimizer"))
         self._weight, self._opened = weight, True
         if state is not None:
             state.active.assign(1.0)
@@ -163,7 +164,8 @@ class KerasGradients:
         if state is None and compat.is_horovod_keras2_optimizer(optimizer):
             raise TypeError(f"{type(self._strategy()).__name__} averages the models, but the model's optimizer is "
                             f"Horovod's hvd.DistributedOptimizer, which averages the gradients of every step too: "
-                            f"compile with the plain optimizer (Keras 3: hh.DistributedOptimizer switches)")
+                            f"compile with the plain optimizer (Keras 3: hh.DistributedOptimizer switches)\n"
+                            + troubleshooting("troubleshooting-keras-switchable-optimizer"))
         self._weight, self._opened = None, False
         if state is not None:
             state.active.assign(0.0)
