@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HOROVODRUN = Path(sys.executable).with_name("horovodrun")
@@ -16,6 +17,20 @@ def log(**fields):
     """In a worker: append a record for the test to check."""
     with open(os.environ["HH_ELASTIC_LOG"], "a") as f:
         f.write(json.dumps(dict(pid=os.getpid(), **fields)) + "\n")
+
+
+def start_together(np, timeout=180.0):
+    """In a worker, before ``hvd.init``: wait until the job's ``np`` first workers have imported their
+    frameworks. Horovod's Gloo rendezvous waits ``HOROVOD_GLOO_TIMEOUT_SECONDS`` for the last rank, and the kill
+    tests lower it to 10 s: the imports of 4 processes on 2 busy cores can take longer than that apart."""
+    ready = Path(os.environ["HH_ELASTIC_LOG"]).with_name("ready")
+    ready.mkdir(exist_ok=True)
+    (ready / str(os.getpid())).touch()
+    deadline = time.monotonic() + timeout
+    while len(list(ready.iterdir())) < np:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(list(ready.iterdir()))} of {np} workers started in {timeout:.0f} s")
+        time.sleep(0.05)
 
 
 def set_hosts(text):

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 import horovod.tensorflow.keras as hvd
 import horovod_hetero.keras as hh
-from elastic_job import log
+from elastic_job import log, start_together
 from elastic_keras_worker import STRATEGIES
 
 EPOCHS = 4
@@ -25,6 +25,7 @@ def main():
     parser.add_argument("strategy", choices=[*STRATEGIES, "sync"])
     parser.add_argument("victim", type=int)
     args = parser.parse_args()
+    start_together(4)                         # the frameworks imported: hvd.init within its timeout
     hvd.init(process_sets="dynamic")
     tf.keras.utils.set_random_seed(0)
     model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])

@@ -11,7 +11,7 @@ import sys
 import time
 
 import horovod.torch as hvd
-from elastic_job import log
+from elastic_job import log, start_together
 from elastic_worker import STRATEGIES, build, train_step
 
 EPOCHS = 4
@@ -23,6 +23,7 @@ def main():
     parser.add_argument("victim", type=int)
     args = parser.parse_args()
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)    # where a worker waits, on demand
+    start_together(4)                         # the frameworks imported: hvd.init within its timeout
     model, strategy, sampler, opt = build(args.strategy)
     state = hvd.elastic.TorchState(model=model, optimizer=opt, epoch=0)
     state.register_reset_callbacks([lambda: log(event="reset", rank=hvd.rank(), size=hvd.size(), t=time.time())])
