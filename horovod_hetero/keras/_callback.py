@@ -283,10 +283,11 @@ class StrategyCallbackImpl(CheckpointState):
         steps = (getattr(self, "params", None) or {}).get("steps")
         hh = self._hh
         done = self._shared_from               # a switch within the epoch: the batches left are shared
-        if not self._same_steps or not steps or hh is None or done >= steps:       # share_epochs in it
+        left = int(steps or 0) - done
+        if not self._same_steps or left <= 0 or hh is None:       # share_epochs in it
             return None
-        shares = hh.runner.epoch_shares(int(steps) - done, hh.speeds)
-        if shares is None or min(shares) == int(steps) - done:
+        shares = hh.runner.epoch_shares(left, hh.speeds)
+        if shares is None or min(shares) == left:
             return None
         shares = [done + s for s in shares]
         if not self._said_shared and hh.rank == 0:
