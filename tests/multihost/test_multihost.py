@@ -244,6 +244,7 @@ def _exits(hosts, out, ended):
     ``rc`` is the rank's exit status as its parent saw it (``record_exit.py``: a code, or minus a
     signal); a rank that horovodrun terminated and then killed with its parent after the 5 s grace
     (SIGTERM noted, no status) counts as killed by SIGKILL; ``None`` if neither was written."""
+    _await_records(out, ended)
     report = {}
     hv = open(out / "horovodrun.log", errors="replace").read()
     remote = [x for x in hosts.remote_runs() if str(out) in x["command"]]
@@ -266,6 +267,20 @@ def _exits(hosts, out, ended):
         report[r] = {"host": host, "rc": rc, "line": error or last_line(text),
                      "after_s": ended.get(r, float("inf"))}
     return report
+
+
+#: Seconds a rank's parent (``record_exit.py``) may take to write its status once the rank ended
+RECORD_WAIT_S = 10.0
+
+
+def _await_records(out, ended):
+    """Wait until every rank in ``ended`` has its status or SIGTERM note written, at most
+    ``RECORD_WAIT_S``. A rank counts as ended once it is a zombie, before its parent reaped it and
+    wrote the status; on hostB that parent runs detached, so horovodrun can end before it did."""
+    deadline = time.monotonic() + RECORD_WAIT_S
+    while time.monotonic() < deadline and not all(
+            (out / f"status.rank{r}").exists() or (out / f"sigterm.rank{r}").exists() for r in ended):
+        time.sleep(0.05)
 
 
 #: The strategy's collective timeout in the MPI cut case: MPI's collectives have none of their own
