@@ -58,6 +58,9 @@ SIMULATED_STEPS = 40
 CHANGE = 0.3
 #: rounds a strategy the guard left is not tried again
 BANNED_ROUNDS = 60
+#: rounds after a (re)start that hold start-up and are left out of a decision: a job's first two steps (the
+#: first allocations and compilations; a rank's second step measured up to 12x its typical one on a CPU)
+STARTUP_ROUNDS = 2
 
 
 class Auto(Strategy):
@@ -69,10 +72,10 @@ class Auto(Strategy):
             batches); ``"sync"`` must be among them (it starts there).
         measure_every: steps between the rounds of statistics it adds while a lockstep strategy runs
             (Synchronous has no rounds of its own) once it has decided, an int >= 1; before its first decision,
-            and after the speeds changed, it adds one every step, so that it decides within ``min_rounds + 1``
-            steps (a round of statistics is one allreduce of some 100 bytes).
-        min_rounds: rounds of statistics after a (re)start before it decides, an int >= 1 (the first round
-            after a start is left out: it holds the start-up); from 4 on, the decision also weighs how the
+            and after the speeds changed, it adds one every step, so that it decides within
+            ``min_rounds + STARTUP_ROUNDS`` steps (a round of statistics is one allreduce of some 100 bytes).
+        min_rounds: rounds of statistics after a (re)start before it decides, an int >= 1 (the first
+            ``STARTUP_ROUNDS`` after a start are left out: they hold the start-up); from 4 on, the decision also weighs how the
             predicted gain moves between the older and newer half of them (``advise.gain_noise``).
         max_switches: the most switches in a run, an int >= 0.
         guard: go back where the training loss falls per second by less than this share of what it fell
@@ -113,7 +116,7 @@ class Auto(Strategy):
         self.available = list(self.candidates)     # those this job can run (``start``)
         self.switches: list[dict[str, Any]] = []   # every switch: round, step, from, to, why
         self._rounds: list[RoundStats] = []        # statistics since the latest (re)start, switch or change
-        self._startup = True                       # the first of them holds a start-up (left out)
+        self._startup = STARTUP_ROUNDS             # rounds still to leave out after a (re)start (start-up)
         self._progress: list[tuple[float, float]] = []   # (seconds, mean training loss) per round, this phase
         self._before: tuple[float, float] | None = None   # the loss's fall per second before the latest switch, its error
         self._previous: str | None = None          # the strategy before the latest switch (the guard's way back)
@@ -200,7 +203,10 @@ class Auto(Strategy):
         self._round += 1
         if result.stats is None or result.done:    # a join's rounds: partial statistics
             return
-        self._rounds = (self._rounds + [result.stats])[-HISTORY:]
+        if self._startup:                          # start-up: not what the strategy costs
+            self._startup -= 1
+        else:
+            self._rounds = (self._rounds + [result.stats])[-HISTORY:]
         walls, losses = result.stats.wall_s, result.stats.loss
         seconds = float(np.nanmedian(walls)) if np.isfinite(walls).any() else float("nan")
         loss = float(np.nanmean(losses)) if np.isfinite(losses).any() else float("nan")
@@ -236,11 +242,8 @@ class Auto(Strategy):
 
     def _restart(self) -> None:
         """Measure afresh (a switch, a new job size): the rounds so far describe another strategy or job."""
-        self._rounds, self._progress, self._since_round, self._startup = [], [], 0, True
+        self._rounds, self._progress, self._since_round, self._startup = [], [], 0, STARTUP_ROUNDS
 
-    def _usable(self) -> list[RoundStats]:
-        """The rounds a decision reads: the latest ones, the first after a (re)start left out (start-up)."""
-        return self._rounds[1:] if self._startup else list(self._rounds)
 
     def _changed(self) -> bool:
         """Whether the latest round shows a rank's undelayed step moved by more than ``CHANGE`` from what the
@@ -253,11 +256,11 @@ class Auto(Strategy):
             return False
         if np.max(np.abs(latest / self._decided_at - 1.0)) <= CHANGE:
             return False
-        self._rounds, self._startup, self._decided_at = self._rounds[-1:], False, None
+        self._rounds, self._decided_at = self._rounds[-1:], None
         return True
 
     def _decide(self) -> None:
-        rounds = self._usable()
+        rounds = self._rounds
         if self._previous is not None:             # a switch to judge first
             if len(rounds) >= self.settle_rounds:
                 self._judge()
