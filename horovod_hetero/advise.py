@@ -268,6 +268,10 @@ def choose(measured: Measured, strategies: Mapping[str, Strategy], current: str,
                                                f"({measured.kind}; needed {1 + needed:.2f}x)")
 
 
+#: points per measured step in a rank's distribution of step factors (``measure_rounds``)
+POINTS_PER_STEP = 5
+
+
 def measure_rounds(rounds: Sequence[RoundStats], samples_per_step: float = 1.0) -> Measured:
     """Characterise the cluster from rounds' statistics (``RoundStats``, identical on every rank: what ``hh.Auto``
     sees), as ``measure`` does from telemetry: each rank's typical step (the median of its shortest step per
@@ -303,11 +307,12 @@ def measure_rounds(rounds: Sequence[RoundStats], samples_per_step: float = 1.0) 
     with np.errstate(invalid="ignore", divide="ignore"):
         reach = np.where(excess > 1e-12, (variance + excess ** 2) / excess, 0.0)
         share = np.where(reach > 0, excess / reach, 0.0)
-    points = 20
+    steps = np.array([r.local_steps for r in usable], dtype=float)            # rounds x ranks
     factors = []
     for q in range(n):
         values = []
-        for low, high, p in zip(mins[:, q], mins[:, q] + reach[:, q], np.clip(share[:, q], 0.0, 1.0)):
+        for low, high, p, k in zip(mins[:, q], mins[:, q] + reach[:, q], np.clip(share[:, q], 0.0, 1.0), steps[:, q]):
+            points = POINTS_PER_STEP * int(k)           # a round weighs as many steps as it holds
             slow = int(round(p * points))
             values += [high / typical[q]] * slow + [low / typical[q]] * (points - slow)
         factors.append(np.maximum(np.array(values), 1e-3))

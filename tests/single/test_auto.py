@@ -121,6 +121,20 @@ def test_the_start_up_rounds_are_left_out_of_a_decision():
     assert misread.switches and misread.gain > 1.5
 
 
+def test_a_round_weighs_as_many_steps_as_it_holds():
+    """Under a model-averaging strategy a round holds several steps of a fast rank; one round of a single 10x step
+    of rank 0 (an evaluation on rank 0) is 1 step of 45, not 1 round of 12, and ESync stays ahead of ADSP."""
+    usual = statistics([0.05, 0.05, 0.05, 0.2], steps=4)
+    usual.local_steps[3] = 1
+    odd = copy.deepcopy(usual)
+    odd.local_steps[0], odd.step_min[0], odd.step_mean[0], odd.step_sq[0] = 1, 0.5, 0.5, 0.25
+    measured = advise.measure_rounds([usual] * 11 + [odd])
+    assert np.mean(measured.factors[0] > 5) == pytest.approx(1 / 45)
+    assert np.mean(measured.factors[1] > 5) == 0 and np.mean(measured.factors[3] > 5) == 0
+    choice = advise.choose(measured, {n: configured(n) for n in ["esync", "adsp"]}, "esync")
+    assert not choice.switches, choice.reason
+
+
 def test_its_state_holds_what_it_runs_and_rebuilds():
     auto = Auto(candidates=CANDIDATES, measure_every=4)
     feed(auto, [statistics([0.05, 0.05, 0.05, 0.2]) for _ in range(6)])
