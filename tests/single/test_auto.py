@@ -135,6 +135,26 @@ def test_a_round_weighs_as_many_steps_as_it_holds():
     assert not choice.switches, choice.reason
 
 
+def costly_collectives(n):
+    """Equal ranks whose collective costs twice a step: LocalSGD saves most of it."""
+    rounds = [statistics([0.05] * 4, steps=1) for _ in range(n)]
+    for r in rounds:
+        r.comm_s[:] = 0.1
+    return rounds
+
+
+def test_unchanged_speeds_keep_its_choice_unless_told_to_decide_again():
+    """Equal ranks, cheap collectives: it stays with Synchronous; the collectives then grow costly while the
+    ranks' steps stay put: by default it keeps its choice, with ``recheck_rounds`` it decides again."""
+    for recheck, expected in ((None, "sync"), (4, "localsgd")):
+        auto = Auto(candidates=CANDIDATES, measure_every=1, recheck_rounds=recheck)
+        feed(auto, [statistics([0.05] * 4, steps=1) for _ in range(STARTUP_ROUNDS + 4)])
+        assert auto.handover() is None and auto.switches == []
+        feed(auto, costly_collectives(12), start=STARTUP_ROUNDS + 5)
+        auto.handover()
+        assert auto.current_name == expected, (recheck, auto.switches)
+
+
 def test_its_state_holds_what_it_runs_and_rebuilds():
     auto = Auto(candidates=CANDIDATES, measure_every=4)
     feed(auto, [statistics([0.05, 0.05, 0.05, 0.2]) for _ in range(6)])
