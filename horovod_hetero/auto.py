@@ -19,8 +19,8 @@ and a strategy that would have been better but was never run (the simulator's pr
 
 How it maps onto Horovod: ``Auto`` is a strategy that runs another one (``Strategy.runs``), so the runtime
 carries out the kind of the one running (``runtime.runner``); a switch is ``Strategy.handover`` after a global
-round (an ``AVERAGE``, or a ``MEASURE`` round of statistics it adds while a strategy whose ranks step
-together runs: every step until it has decided, then every ``measure_every`` steps), so every rank switches
+round (an ``AVERAGE``, or a ``MEASURE`` round of statistics it adds while a gradient-averaging strategy,
+which has no rounds of its own, runs: every step until it has decided, then every ``measure_every`` steps), so every rank switches
 at the same round, with the same model, and the next step takes rank 0's counters. Under Keras, where ranks
 may take different numbers of batches in an epoch, a switch away from a strategy whose ranks do waits for the
 epoch's end.
@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 
 from horovod_hetero import advise
-from horovod_hetero.strategies.base import (CONTINUE, MEASURE, Context, Decision, Plan, RoundResult, RoundStats,
-                                            StepReport, Strategy)
+from horovod_hetero.strategies.base import (CONTINUE, MEASURE, Context, Decision, GradientAveraging, Plan, RoundResult,
+                                            RoundStats, StepReport, Strategy)
 from horovod_hetero.strategies.registry import REGISTRY, Registered, configured, register
 from horovod_hetero.validation import check_float, check_int
 
@@ -70,8 +70,8 @@ class Auto(Strategy):
         candidates: the registry's names of the strategies it may run (default ``DEFAULT``: all of them, with
             WAGMA only where its process sets are registered and Balanced only where the adapter plans
             batches); ``"sync"`` must be among them (it starts there).
-        measure_every: steps between the rounds of statistics it adds while a lockstep strategy runs
-            (Synchronous has no rounds of its own) once it has decided, an int >= 1; before its first decision,
+        measure_every: steps between the rounds of statistics it adds while Synchronous or Balanced runs
+            (they have no rounds of their own) once it has decided, an int >= 1; before its first decision,
             and after the speeds changed, it adds one every step, so that it decides within
             ``min_rounds + STARTUP_ROUNDS`` steps (a round of statistics is one allreduce of some 100 bytes).
         min_rounds: rounds of statistics after a (re)start before it decides, an int >= 1 (the first
@@ -194,10 +194,14 @@ class Auto(Strategy):
         self.step = self.current.step
         self._since_round += 1
         self._said = None
-        # every rank at the same step: a round of statistics is safe; every step until a decision (the steps
-        # at Synchronous's pace cost the most before it), then every ``measure_every``
+        # rounds of statistics only while a gradient-averaging strategy runs (Synchronous, Balanced): it has no
+        # rounds of its own, every rank is at the same step, and a rank that stopped early waits in hvd.join,
+        # which answers them with zeros. A model-averaging strategy's own rounds carry the statistics, and a
+        # rank that stopped early joins those with its model, which a round of statistics would not match.
+        # Every step until a decision (the steps at Synchronous's pace cost the most before it), then every
+        # ``measure_every``.
         every = 1 if self._decided_at is None else self.measure_every
-        if decision is CONTINUE and self.current.lockstep and self._since_round >= every:
+        if decision is CONTINUE and isinstance(self.current, GradientAveraging) and self._since_round >= every:
             return MEASURE
         return decision
 

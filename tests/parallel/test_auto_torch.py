@@ -80,3 +80,32 @@ def test_the_guard_takes_auto_back_where_the_loss_stops_falling_after_a_switch()
     assert (there["from"], there["to"], there["step"]) == ("sync", "esync", 6), there
     assert (back["from"], back["to"]) == ("esync", "sync") and "the guard" in back["why"], back
     assert len(decided[0]) == 2 and set(current) == {"sync"}, decided[0]
+
+
+def test_ranks_that_stop_at_different_steps_under_a_model_averaging_strategy_end_together():
+    """Collectives that cost far more than a step (a 4M-parameter model, batches of 4): Auto leaves Synchronous
+    for LocalSGD. Rank 0 stops right after one of LocalSGD's rounds, the others 6 steps later (past where a round
+    of statistics would fall): rank 0 joins the others' rounds with its model in ``sync_model()``, no round of
+    statistics stands in their way, and every rank ends with the same model."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2000, 2000), torch.nn.Tanh(), torch.nn.Linear(2000, 3))
+    opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters(),
+                                  strategy=hh.Auto(candidates=["sync", "localsgd"]), timeout=30.0)
+    g = torch.Generator().manual_seed(RANK)
+    stop = None
+    for step in range(1, 200):
+        x, y = torch.randn(4, 2000, generator=g), torch.randint(0, 3, (4,), generator=g)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        if stop is None and step >= 20 and opt.strategy.current_name == "localsgd" and opt.telemetry.records[-1]["synced"]:
+            stop = step if RANK == 0 else step + 6          # the same round on every rank: LocalSGD steps together
+        if step == stop:
+            break
+    opt.sync_model()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    everyone = hvd.allgather_object((stop, opt.strategy.current_name, flat.sum().item(), flat[:1000].tolist()),
+                                    name="test.auto.stops")
+    stops, running, sums, heads = zip(*everyone)
+    assert set(running) == {"localsgd"} and stops[1] == stops[0] + 6, (stops, running)
+    assert len(set(sums)) == 1 and all(h == heads[0] for h in heads)
