@@ -271,15 +271,22 @@ def _exits(hosts, out, ended):
 
 #: Seconds a rank's parent (``record_exit.py``) may take to write its status once the rank ended
 RECORD_WAIT_S = 10.0
+#: horovodrun's grace between its SIGTERM and its SIGKILL (Horovod 0.28.1's ``terminate_executor_shell_and_children``)
+LAUNCHER_GRACE_S = 5.0
 
 
 def _await_records(out, ended):
-    """Wait until every rank in ``ended`` has its status or SIGTERM note written, at most
-    ``RECORD_WAIT_S``. A rank counts as ended once it is a zombie, before its parent reaped it and
-    wrote the status; on hostB that parent runs detached, so horovodrun can end before it did."""
+    """Wait, at most ``RECORD_WAIT_S``, until every rank in ``ended`` has its status written, or its SIGTERM
+    note is older than the launcher's grace (its parent was then killed with it: no status will come). A
+    rank counts as ended once it is a zombie, before its parent reaped it and wrote the status; on hostB
+    that parent runs detached, so horovodrun can end before it did."""
+    def settled(r):
+        note = out / f"sigterm.rank{r}"
+        return (out / f"status.rank{r}").exists() or (
+            note.exists() and time.time() - note.stat().st_mtime > LAUNCHER_GRACE_S + 1)
+
     deadline = time.monotonic() + RECORD_WAIT_S
-    while time.monotonic() < deadline and not all(
-            (out / f"status.rank{r}").exists() or (out / f"sigterm.rank{r}").exists() for r in ended):
+    while time.monotonic() < deadline and not all(settled(r) for r in ended):
         time.sleep(0.05)
 
 
