@@ -83,14 +83,15 @@ def test_the_guard_takes_auto_back_where_the_loss_stops_falling_after_a_switch()
 
 
 def test_ranks_that_stop_at_different_steps_under_a_model_averaging_strategy_end_together():
-    """Collectives that cost far more than a step (a 4M-parameter model, batches of 4): Auto leaves Synchronous
-    for LocalSGD. Rank 0 stops right after one of LocalSGD's rounds, the others 6 steps later (past where a round
-    of statistics would fall): rank 0 joins the others' rounds with its model in ``sync_model()``, no round of
+    """Collectives that cost far more than a step (a 4M-parameter model, batches of 4: LocalSGD is predicted
+    several times Synchronous's speed; six rounds steady the noise estimate): Auto leaves Synchronous for
+    LocalSGD. Rank 0 stops right after one of LocalSGD's rounds, the others 6 steps later (past where a round of
+    statistics would fall): rank 0 joins the others' rounds with its model in ``sync_model()``, no round of
     statistics stands in their way, and every rank ends with the same model."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(2000, 2000), torch.nn.Tanh(), torch.nn.Linear(2000, 3))
     opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters(),
-                                  strategy=hh.Auto(candidates=["sync", "localsgd"]), timeout=30.0)
+                                  strategy=hh.Auto(candidates=["sync", "localsgd"], min_rounds=6), timeout=30.0)
     g = torch.Generator().manual_seed(RANK)
     stop = None
     for step in range(1, 200):

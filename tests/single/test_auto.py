@@ -70,7 +70,7 @@ def rounds_of(auto, steps):
     return [str(d) for d in said]
 
 
-def test_it_adds_rounds_of_statistics_while_a_lockstep_strategy_runs_and_decides_alike_on_every_rank():
+def test_it_adds_rounds_of_statistics_while_synchronous_runs_and_decides_alike_on_every_rank():
     auto = Auto(candidates=CANDIDATES, measure_every=3)
     assert rounds_of(auto, 3) == ["MEASURE"] * 3                   # every step until it has decided
     decided = copy.deepcopy(auto)
@@ -135,6 +135,15 @@ def test_a_round_weighs_as_many_steps_as_it_holds():
     assert not choice.switches, choice.reason
 
 
+def test_beside_a_model_averaging_strategy_it_adds_no_round_of_statistics():
+    """LocalSGD steps together but has rounds of its own, which a rank that stopped early joins with its model in
+    sync_model(): a round of statistics would not match them (only LocalSGD's own rounds, every 8 steps)."""
+    auto = Auto(candidates=["sync", "localsgd"], measure_every=1)
+    feed(auto, costly_collectives(STARTUP_ROUNDS + 4))
+    assert auto.handover() is auto and auto.current_name == "localsgd" and auto.lockstep
+    assert rounds_of(auto, 16) == (["CONTINUE"] * 7 + ["AVERAGE"]) * 2
+
+
 def costly_collectives(n):
     """Equal ranks whose collective costs twice a step: LocalSGD saves most of it."""
     rounds = [statistics([0.05] * 4, steps=1) for _ in range(n)]
@@ -174,6 +183,7 @@ def test_its_state_holds_what_it_runs_and_rebuilds():
     ({"candidates": "sync"}, TypeError, "list of strategy names"),
     ({"measure_every": 0}, ValueError, "measure_every"),
     ({"guard": 1.0}, ValueError, r"guard must be in \[0, 1\)"),
+    ({"recheck_rounds": 0}, ValueError, "recheck_rounds"),
 ])
 def test_bad_arguments_are_refused_by_name(kwargs, error, match):
     with pytest.raises(error, match=match):
