@@ -73,14 +73,17 @@ class Auto(Strategy):
         measure_every: steps between the rounds of statistics it adds while Synchronous or Balanced runs
             (they have no rounds of their own) once it has decided, an int >= 1; before its first decision,
             and after the speeds changed, it adds one every step, so that it decides within
-            ``min_rounds + STARTUP_ROUNDS`` steps (a round of statistics is one allreduce of some 100 bytes).
+            ``min_rounds + STARTUP_ROUNDS`` steps (a round of statistics is one allreduce of some 100 bytes;
+            under a model-averaging strategy it reads that strategy's own rounds instead).
         min_rounds: rounds of statistics after a (re)start before it decides, an int >= 1 (the first
-            ``STARTUP_ROUNDS`` after a start are left out: they hold the start-up); from 4 on, the decision also weighs how the
-            predicted gain moves between the older and newer half of them (``advise.gain_noise``).
+            ``STARTUP_ROUNDS`` after a start are left out: they hold the start-up); from 4 on, the decision
+            also weighs how the predicted gain moves between the older and newer half of them
+            (``advise.gain_noise``).
         max_switches: the most switches in a run, an int >= 0.
         guard: go back where the training loss falls per second by less than this share of what it fell
             before the switch, a number in [0, 1) (0: never go back).
-        settle_rounds: rounds after a switch before the guard compares, an int >= 1.
+        settle_rounds: rounds after a switch before the guard compares, an int >= 1 (counted after the
+            ``STARTUP_ROUNDS`` that follow the switch, left out as at a start).
         recheck_rounds: rounds between decisions while the measured speeds stay put, an int >= 1, or ``None``
             (the default): decide again only when they change or the job's size does. Measured through a
             model-averaging strategy's rounds (several steps each, a rank's occasional pause inside them), an
