@@ -40,8 +40,9 @@ from typing import Any
 import numpy as np
 
 from horovod_hetero import advise
-from horovod_hetero.strategies.base import (CONTINUE, MEASURE, Context, Decision, GradientAveraging, Plan, RoundResult,
-                                            RoundStats, StepReport, Strategy)
+from horovod_hetero.runtime.runner import runner_for
+from horovod_hetero.strategies.base import (CONTINUE, MEASURE, Context, Decision, Plan, RoundResult, RoundStats,
+                                            StepReport, Strategy)
 from horovod_hetero.strategies.registry import REGISTRY, Registered, configured, register
 from horovod_hetero.validation import check_float, check_int
 
@@ -120,6 +121,7 @@ class Auto(Strategy):
         self.recheck_rounds = None if recheck_rounds is None else check_int("recheck_rounds", recheck_rounds, 1)
         self.current_name = "sync"
         self.current: Strategy = configured("sync")
+        self._measures = True                      # it adds rounds of statistics while ``current`` runs
         self.available = list(self.candidates)     # those this job can run (``start``)
         self.switches: list[dict[str, Any]] = []   # every switch: round, step, from, to, why
         self._rounds: list[RoundStats] = []        # statistics since the latest (re)start, switch or change
@@ -197,14 +199,14 @@ class Auto(Strategy):
         self.step = self.current.step
         self._since_round += 1
         self._said = None
-        # rounds of statistics only while a gradient-averaging strategy runs (Synchronous, Balanced): it has no
-        # rounds of its own, every rank is at the same step, and a rank that stopped early waits in hvd.join,
-        # which answers them with zeros. A model-averaging strategy's own rounds carry the statistics, and a
+        # rounds of statistics only where the ranks meet at every step (Synchronous, Balanced: the gradient
+        # allreduce): no rounds of their own, every rank at the same step, and a rank that stopped early waits
+        # in hvd.join, which answers them with zeros. A model-averaging strategy's own rounds carry the statistics, and a
         # rank that stopped early joins those with its model, which a round of statistics would not match.
         # Every step until a decision (the steps at Synchronous's pace cost the most before it), then every
         # ``measure_every``.
         every = 1 if self._decided_at is None else self.measure_every
-        if decision is CONTINUE and isinstance(self.current, GradientAveraging) and self._since_round >= every:
+        if decision is CONTINUE and self._measures and self._since_round >= every:
             return MEASURE
         return decision
 
@@ -245,9 +247,15 @@ class Auto(Strategy):
         if self._pending is None:
             return None
         name, self._pending = self._pending, None
-        self.current, self.current_name = configured(name), name
+        self._run(name, configured(name))
         self._restart()
         return self
+
+    def _run(self, name: str, strategy: Strategy) -> None:
+        """Run ``strategy`` (candidate ``name``) from now on; rounds of statistics where its ranks meet at every
+        step (its runner's ``steps_together``)."""
+        self.current, self.current_name = strategy, name
+        self._measures = runner_for(strategy).steps_together
 
     # -- deciding --
 
@@ -360,7 +368,7 @@ class Auto(Strategy):
         current = self.current if name == self.current_name else configured(name)
         current.load_state_dict(state["current_state"])
         super().load_state_dict({k: v for k, v in state.items() if k in ("kind", "step", "origin")})
-        self.current, self.current_name = current, name
+        self._run(name, current)
         self.switches = [dict(s) for s in state.get("switches", [])]
         self._banned = {str(k): check_int("state['banned']", v, 0) for k, v in dict(state.get("banned", {})).items()}
         self._round = check_int("state['round']", state.get("round", 0), 0)
