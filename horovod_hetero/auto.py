@@ -20,10 +20,10 @@ and a strategy that would have been better but was never run (the simulator's pr
 How it maps onto Horovod: ``Auto`` is a strategy that runs another one (``Strategy.runs``), so the runtime
 carries out the kind of the one running (``runtime.runner``); a switch is ``Strategy.handover`` after a global
 round (an ``AVERAGE``, or a ``MEASURE`` round of statistics it adds while a gradient-averaging strategy,
-which has no rounds of its own, runs: every step until it has decided, then every ``measure_every`` steps), so every rank switches
-at the same round, with the same model, and the next step takes rank 0's counters. Under Keras, where ranks
-may take different numbers of batches in an epoch, a switch away from a strategy whose ranks do waits for the
-epoch's end.
+which has no rounds of its own, runs: every step until it has decided, then every ``measure_every`` steps),
+so every rank switches at the same round, with the same model, and the next step takes rank 0's counters.
+Under Keras, where ranks may take different numbers of batches in an epoch, a switch away from a strategy whose
+ranks do waits for the epoch's end.
 
 Example:
     >>> from horovod_hetero.strategies.base import StepReport
@@ -119,9 +119,10 @@ class Auto(Strategy):
             raise ValueError(f"guard must be in [0, 1), got {guard!r}")
         self.settle_rounds = check_int("settle_rounds", settle_rounds, 1)
         self.recheck_rounds = None if recheck_rounds is None else check_int("recheck_rounds", recheck_rounds, 1)
-        self.current_name = "sync"
-        self.current: Strategy = configured("sync")
-        self._measures = True                      # it adds rounds of statistics while ``current`` runs
+        self.current: Strategy                     # the strategy running, its name, whether it adds statistics rounds
+        self.current_name: str
+        self._measures: bool
+        self._run("sync", configured("sync"))
         self.available = list(self.candidates)     # those this job can run (``start``)
         self.switches: list[dict[str, Any]] = []   # every switch: round, step, from, to, why
         self._rounds: list[RoundStats] = []        # statistics since the latest (re)start, switch or change
@@ -201,8 +202,9 @@ class Auto(Strategy):
         self._said = None
         # rounds of statistics only where the ranks meet at every step (Synchronous, Balanced: the gradient
         # allreduce): no rounds of their own, every rank at the same step, and a rank that stopped early waits
-        # in hvd.join, which answers them with zeros. A model-averaging strategy's own rounds carry the statistics, and a
-        # rank that stopped early joins those with its model, which a round of statistics would not match.
+        # in hvd.join, which answers them with zeros. A model-averaging strategy's own rounds carry the
+        # statistics, and a rank that stopped early joins those with its model, which a round of statistics
+        # would not match.
         # Every step until a decision (the steps at Synchronous's pace cost the most before it), then every
         # ``measure_every``.
         every = 1 if self._decided_at is None else self.measure_every
@@ -262,7 +264,6 @@ class Auto(Strategy):
     def _restart(self) -> None:
         """Measure afresh (a switch, a new job size): the rounds so far describe another strategy or job."""
         self._rounds, self._progress, self._since_round, self._startup = [], [], 0, STARTUP_ROUNDS
-
 
     def _changed(self) -> bool:
         """Whether the latest round shows a rank's undelayed step moved by more than ``CHANGE`` from what the
