@@ -163,7 +163,7 @@ class HeteroController:
         self._all_joined = True
         self._extra_comm = 0.0
         self._carried_comm = 0.0       # the latest round's or group average's seconds: the next step's statistics
-        self._round_t = clock()        # when the latest round ended (a round carries the wall seconds since)
+        self._round_t = clock()        # when the latest round began (a round carries the wall seconds since)
         self._plan_s = 0.0             # the strategy's bookkeeping after the latest round (telemetry)
         self._t_last = clock()
         self._resumed = False          # the next step is the first after a sync (its time is not a step's)
@@ -398,9 +398,10 @@ class HeteroController:
         return control[:head]
 
     def _round(self, done: bool = False, measure: bool = False) -> RoundResult:
+        began = self._clock()          # the wall seconds from one round's start to the next: its cost included
         result = self.protocol.run_round(done, average=self._measure if measure else None,
-                                         wall_s=self._clock() - self._round_t)
-        self._round_t = self._clock()
+                                         wall_s=began - self._round_t)
+        self._round_t = began
         self._after_round(result)
         return result
 

@@ -8,8 +8,8 @@ made different numbers of steps still enter the same round with the same name.
 
 The control vector is ``[w_i, done_i, round]`` followed by one block per rank of
 ``RoundStats.FIELDS`` (done, local steps, mean step time, mean loss, samples, shortest step, mean squared
-step, its mean, the mean squared step, communication seconds per step and wall seconds since the previous
-round), where rank i fills only
+step, its mean, the mean squared step, communication seconds per step and wall seconds from the previous
+round's start to this one's), where rank i fills only
 its own block. The sum therefore hands every rank every rank's
 statistics, bit-identical everywhere (each slot is one value plus zeros): after a round every rank
 knows every rank's speed with no extra message, and rank-independent plans computed from them are
@@ -156,7 +156,7 @@ class RoundProtocol:
         the last round, or no round has happened yet), else 0. ``average``: this round's
         collective, with the same contract as the protocol's (for example one that carries the
         control vector alone: a round of statistics); by default the protocol's. ``wall_s``: this rank's
-        wall-clock seconds since the previous round, carried in its statistics.
+        wall-clock seconds from the previous round's start to this one's, carried in its statistics.
         """
         weight = 1.0 if (self.steps_since_round > 0 or self.round == 0) else 0.0
         self.round += 1

@@ -149,7 +149,8 @@ class RoundStats:
             its steps vary (a rank delayed now and then).
         comm_s: mean seconds per step it spent in collectives since the previous round (a gradient
             allreduce, a group average, the previous round itself), the waits for slower ranks included.
-        wall_s: wall-clock seconds since the previous round (NaN: not measured).
+        wall_s: wall-clock seconds of one round's period, its collective included (NaN: not measured): from the
+            start of the previous round to the start of this one.
         (The last five are ``NaN`` everywhere where a caller builds the statistics without them.)
     """
 

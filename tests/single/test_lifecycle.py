@@ -131,3 +131,31 @@ def test_step_reports_carry_the_annotated_loss_and_samples_into_the_rounds_stati
     assert (seen[0].loss, seen[0].samples) == (0.25, 32) and isinstance(seen[0], StepReport)
     stats = ctl.telemetry.records[0]["ranks"]
     assert (stats["loss"], stats["samples"], stats["local_steps"]) == ([0.25], [32], [1])
+
+
+def test_a_rounds_wall_time_runs_from_the_previous_rounds_start_its_collective_included():
+    """Two steps of 0.25 s between LocalSGD's rounds, each round's collective 1 s: every round after the first
+    carries 1.5 s, the period a job runs at (``advise.samples_per_s``), not the 0.5 s between a round's end and
+    the next one's start."""
+    from horovod_hetero.strategies import LocalSGD
+
+    now = [0.0]
+
+    def allreduce(rank, arrays):
+        now[0] += 1.0
+        return arrays
+
+    class Recording(LocalSGD):
+        walls = []
+
+        def after_round(self, result):
+            super().after_round(result)
+            if result.stats is not None:
+                self.walls.append(float(result.stats.wall_s[0]))
+
+    ctl = HeteroController(Recording(period=2), ArrayCollectives(allreduce), ArrayModel({"w": np.zeros(1)}),
+                           clock=lambda: now[0])
+    for _ in range(8):
+        now[0] += 0.25
+        ctl.after_step()
+    assert Recording.walls[-3:] == [1.5, 1.5, 1.5], Recording.walls
