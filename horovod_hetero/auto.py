@@ -8,8 +8,12 @@ steps vary (a persistent straggler, or transient ones), and what a collective co
 candidate strategy with the simulator, which runs the library's own strategy objects on the measured cluster
 (``advise.choose``: the same decision ``horovod-hetero advise`` gives from a finished run's telemetry), and
 hands over to the best one at the next round where every rank holds the same model, when the predicted gain
-beats the measured noise. It keeps measuring: a straggler that appears or leaves, or a resize under
-``hvd.elastic``, makes it decide again, with hysteresis and a cap on switches.
+beats the measured noise. Then it checks the prediction: the first ``TRIED`` of the candidates predicted within
+``advise.TIE`` of the fastest (the simulator's resolution) each run ``trial_rounds`` rounds, and ``Auto`` keeps
+the one that ran the most samples per second (``advise.samples_per_s``, from the rounds' statistics) where it
+ran ``advise.MIN_GAIN`` more than the strategy it left; else it goes back. It keeps measuring: a straggler
+that appears or leaves, or a resize under ``hvd.elastic``, makes it decide again, with hysteresis and a cap on
+decisions.
 
 Samples per second is not accuracy. A guard compares the training loss the rounds carry (every rank's mean)
 against wall time before and after a switch, and goes back when the progress per second falls below
@@ -57,8 +61,13 @@ HISTORY = 12
 SIMULATED_STEPS = 40
 #: a rank's typical step changing by more than this share (and its noise) makes Auto decide again
 CHANGE = 0.3
-#: rounds a strategy the guard left is not tried again
+#: rounds a strategy the guard left, or a trial found no faster, is not run again
 BANNED_ROUNDS = 60
+#: the most candidates predicted alike that a decision runs in turn and measures
+TRIED = 2
+#: a tried candidate measured within this share of the one running leaves it running (a switch back costs the
+#: start-up rounds that follow it, and the measurement's own spread is some 5 %)
+KEEP = 0.05
 #: rounds after a (re)start that hold start-up and are left out of a decision: a job's first two steps (the
 #: first allocations and compilations; a rank's second step measured up to 12x its typical one on a CPU)
 STARTUP_ROUNDS = 2
@@ -80,11 +89,17 @@ class Auto(Strategy):
             ``STARTUP_ROUNDS`` after a start are left out: they hold the start-up); from 4 on, the decision
             also weighs how the predicted gain moves between the older and newer half of them
             (``advise.gain_noise``).
-        max_switches: the most switches in a run, an int >= 0.
+        max_switches: the most decisions to switch in a run, an int >= 0 (the switches of a decision's trial and
+            the guard's way back are part of that decision).
         guard: go back where the training loss falls per second by less than this share of what it fell
             before the switch, a number in [0, 1) (0: never go back).
         settle_rounds: rounds after a switch before the guard compares, an int >= 1 (counted after the
             ``STARTUP_ROUNDS`` that follow the switch, left out as at a start).
+        trial_rounds: rounds each candidate of a decision runs before ``Auto`` measures it, an int in [0, ``HISTORY``] (counted
+            after the ``STARTUP_ROUNDS`` that follow each switch): the first ``TRIED`` of those predicted within
+            ``advise.TIE`` of the fastest run in turn, and it keeps the one measured fastest where it ran
+            ``advise.MIN_GAIN`` more samples per second than what it left, else it goes back there (and does
+            not try them again for ``BANNED_ROUNDS`` rounds). 0: no trial; the prediction decides alone.
         recheck_rounds: rounds between decisions while the measured speeds stay put, an int >= 1, or ``None``
             (the default): decide again only when they change or the job's size does. Measured through a
             model-averaging strategy's rounds (several steps each, a rank's occasional pause inside them), an
@@ -99,7 +114,8 @@ class Auto(Strategy):
     """
 
     def __init__(self, candidates: Sequence[str] | None = None, measure_every: int = 5, min_rounds: int = 4,
-                 max_switches: int = 6, guard: float = 0.5, settle_rounds: int = 3, recheck_rounds: int | None = None) -> None:
+                 max_switches: int = 6, guard: float = 0.5, settle_rounds: int = 3, trial_rounds: int = 8,
+                 recheck_rounds: int | None = None) -> None:
         super().__init__()
         names = list(DEFAULT if candidates is None else candidates)
         if isinstance(candidates, str) or not names:
@@ -118,6 +134,7 @@ class Auto(Strategy):
         if self.guard >= 1.0:
             raise ValueError(f"guard must be in [0, 1), got {guard!r}")
         self.settle_rounds = check_int("settle_rounds", settle_rounds, 1)
+        self.trial_rounds = check_int("trial_rounds", trial_rounds, 0, HISTORY)
         self.recheck_rounds = None if recheck_rounds is None else check_int("recheck_rounds", recheck_rounds, 1)
         self.current: Strategy                     # the strategy running, its name, whether it adds statistics rounds
         self.current_name: str
@@ -131,6 +148,10 @@ class Auto(Strategy):
         self._before: tuple[float, float] | None = None   # the loss's fall per second before the latest switch, its error
         self._previous: str | None = None          # the strategy before the latest switch (the guard's way back)
         self._banned: dict[str, int] = {}          # name -> the round it may be tried again from
+        self._decisions = 0                        # decisions to switch so far (``max_switches``)
+        self._sized = False                        # started, or loaded, at a job size (``size``)
+        self._trial: list[str] = []                # the candidates of the latest decision still to run and measure
+        self._speeds: dict[str, float] = {}        # samples/s measured this trial, by name (what it left first)
         self._decided_at: np.ndarray | None = None  # every rank's typical step at the latest decision
         self._since_decision = 0
         self._since_round = 0                      # steps since the latest round (the statistics rounds)
@@ -169,10 +190,11 @@ class Auto(Strategy):
     # -- the template methods, on the strategy it runs --
 
     def start(self, ctx: Context) -> None:
-        if ctx.size != self.size:                  # a new job size (hvd.elastic): measure it afresh
+        if self._sized and ctx.size != self.size:  # a new job size (hvd.elastic): measure it afresh
             self._restart()
-            self._decided_at = None
-        self.rank, self.size, self.clock = ctx.rank, ctx.size, ctx.clock
+            self._decided_at, self._trial, self._speeds = None, [], {}
+            self._previous = self._before = None   # what it measured before describes the old size
+        self.rank, self.size, self.clock, self._sized = ctx.rank, ctx.size, ctx.clock, True
         self.available = [name for name in self.candidates if self._runs_here(name, ctx)]
         self.current.start(ctx)
 
@@ -281,11 +303,15 @@ class Auto(Strategy):
 
     def _decide(self) -> None:
         rounds = self._rounds
+        if self._trial:                            # a decision's candidates to measure first
+            if len(rounds) >= self.trial_rounds:
+                self._try(rounds)
+            return
         if self._previous is not None:             # a switch to judge first
             if len(rounds) >= self.settle_rounds:
                 self._judge()
             return
-        if self._changed() or len(rounds) < self.min_rounds or len(self.switches) >= self.max_switches:
+        if self._changed() or len(rounds) < self.min_rounds or self._decisions >= self.max_switches:
             return
         self._since_decision += 1
         if self._decided_at is not None and (self.recheck_rounds is None or self._since_decision < self.recheck_rounds):
@@ -305,7 +331,50 @@ class Auto(Strategy):
             noise = advise.gain_noise(rounds, strategies[choice.name], strategies[self.current_name], duration)
             choice = advise.choose(measured, strategies, self.current_name, noise, duration)
         if choice.switches:
+            self._decisions += 1
+            if self.trial_rounds:
+                self._trial = list(choice.tied[:TRIED])
+                self._speeds = {self.current_name: advise.samples_per_s(rounds)}
             self._switch(choice.name, choice.reason, choice.gain)
+
+    def _try(self, rounds: Sequence[RoundStats]) -> None:
+        """A decision's trial: measure the candidate that ran ``trial_rounds`` rounds, run the next, or, the last
+        measured, keep the fastest where it beat the strategy it left (``_previous``) by ``advise.MIN_GAIN``, else
+        go back there. The one running stays where the other measured within ``KEEP`` of it; a candidate whose
+        rounds measured no wall time counts as not faster."""
+        speeds, current, left = self._speeds, self.current_name, self._previous
+        speeds[current] = advise.samples_per_s(rounds)
+        self._trial = [name for name in self._trial if name != current]
+        said = ", ".join(f"{name} {speed:.4g}" for name, speed in speeds.items())
+        if self._trial:
+            self._pending = self._trial[0]
+            self._announce(self._pending, f"measured samples/s: {said}; tries {self._pending}, predicted alike", 1.0)
+            return
+        self._speeds = {}
+        if left is None:                           # no strategy to go back to (restored without one): stay
+            return
+        base = speeds.get(left, float("nan"))
+        fast = {name: speed for name, speed in speeds.items() if name != left and np.isfinite(speed)}
+        if not np.isfinite(base) or not fast:      # nothing to compare: the prediction stands
+            log.info("Auto keeps %s: its trial measured no comparison (samples/s: %s)", current, said)
+            return
+        passed = {name: speed for name, speed in fast.items() if speed > (1.0 + advise.MIN_GAIN) * base}
+        if passed:
+            best = max(passed, key=passed.__getitem__)
+            if current in passed and passed[best] <= (1.0 + KEEP) * passed[current]:   # alike: no switch back
+                best = current
+            if best != current:
+                self._pending = best
+                self._announce(best, f"measured samples/s: {said}; keeps the fastest", passed[best] / base)
+            elif self.rank == 0:
+                log.warning("Auto keeps %s (measured samples/s: %s)", best, said)
+            return
+        for name in speeds:
+            if name != left:
+                self._banned[name] = self._round + BANNED_ROUNDS
+        self._pending, self._previous, self._before = left, None, None
+        self._announce(left, f"measured samples/s: {said}; none ran {1 + advise.MIN_GAIN:.2f}x {left}'s",
+                       base / fast[current] if current in fast and fast[current] > 0 else 1.0)
 
     def _rate(self) -> tuple[float, float] | None:
         """How fast the training loss fell this phase, per second (a least-squares slope, sign turned), and that
@@ -356,7 +425,8 @@ class Auto(Strategy):
         state = {k: v for k, v in super().state_dict().items() if not k.startswith("plan")}   # the current's
         state.update(current=self.current_name, current_state=self.current.state_dict(),
                      switches=list(self.switches), banned=dict(self._banned), round=self._round,
-                     since_round=self._since_round)
+                     since_round=self._since_round, size=self.size, decisions=self._decisions, trial=list(self._trial), speeds=dict(self._speeds),
+                     previous=self._previous, before=None if self._before is None else list(self._before))
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -374,6 +444,14 @@ class Auto(Strategy):
         self._banned = {str(k): check_int("state['banned']", v, 0) for k, v in dict(state.get("banned", {})).items()}
         self._round = check_int("state['round']", state.get("round", 0), 0)
         self._since_round = check_int("state['since_round']", state.get("since_round", 0), 0)
+        if "size" in state:                        # the job size it measured (a new one: measured afresh at start)
+            self.size, self._sized = check_int("state['size']", state["size"], 1), True
+        self._decisions = check_int("state['decisions']", state.get("decisions", 0), 0)
+        self._trial = [name for name in state.get("trial", []) if name in self.candidates]
+        self._speeds = {str(k): float(v) for k, v in dict(state.get("speeds", {})).items() if k in self.candidates}
+        previous, before = state.get("previous"), state.get("before")
+        self._previous = previous if previous in self.candidates else None
+        self._before = (float(before[0]), float(before[1])) if before is not None else None
 
 
 #: ``hh.Auto``'s line in the registry (it runs the others: its own module, as any strategy's)

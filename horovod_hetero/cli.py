@@ -218,6 +218,12 @@ def advise(directory: str, strategies: str, duration: float | None) -> None:
     candidates = {n: configured(n) for n in DEFAULT if n in REGISTRY}
     choice = adv.choose(measured, candidates, "sync", duration=SIMULATED_STEPS * max(measured.step_s))
     click.echo(f"hh.Auto, started as Synchronous on this cluster, would run {choice.name}: {choice.reason}")
+    if len(choice.tied) > 1:
+        from horovod_hetero.auto import TRIED
+        tried = ", ".join(choice.tied[:TRIED])
+        click.echo(f"  ({tried} predicted within {adv.TIE:.0%} of the fastest: it would run them in turn and keep "
+                   f"the one measured fastest, or go back where none ran {1 + adv.MIN_GAIN:.2f}x Synchronous's "
+                   "samples/s)")
 
 
 def plot_results(results: Sequence[SimResult], path: str) -> None:

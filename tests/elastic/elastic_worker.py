@@ -19,7 +19,8 @@ STRATEGIES = {"sync": hh.Synchronous, "localsgd": lambda: hh.LocalSGD(period=3),
               "wagma": lambda: hh.WAGMA(group_size=2, sync_period=4), "elasticbsp": hh.ElasticBSP,
               "dssp": hh.DSSP, "balanced": lambda: hh.Balanced(rebalance_every=2),
               "adsp": lambda: hh.ADSP(check_period="4steps", search_every="8steps"),
-              "switch": hh.Synchronous, "auto": lambda: hh.Auto(candidates=["sync", "esync", "elasticbsp"])}
+              "switch": hh.Synchronous,
+              "auto": lambda: hh.Auto(candidates=["sync", "esync", "elasticbsp"], trial_rounds=0)}
 #: ``switch``: the strategy set_strategy() runs from the end of each of these epochs on (state.epoch after it), of
 #: either kind, across the job's growth (at the end of epoch 1) and its shrinking back
 SWITCHES = {1: lambda: hh.ESync(), 2: lambda: hh.Balanced(rebalance_every=2), 4: lambda: hh.ElasticBSP()}

@@ -20,11 +20,11 @@ def model_of():
     return torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
 
 
-def train(factors, steps, candidates=("sync", "esync", "elasticbsp", "localsgd"), loss_of=None):
+def train(factors, steps, candidates=("sync", "esync", "elasticbsp", "localsgd"), loss_of=None, **options):
     """``steps`` steps under ``factors``; ``loss_of(opt, loss)``: the loss the rounds carry (else the batch's)."""
     model = model_of()
     opt = hh.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), named_parameters=model.named_parameters(),
-                                  strategy=hh.Auto(candidates=list(candidates)),
+                                  strategy=hh.Auto(candidates=list(candidates), **options),
                                   slowdown=Slowdown(RANK, factors, base_step_s=0.02))
     g = torch.Generator().manual_seed(RANK)
     for _ in range(steps):
@@ -73,7 +73,7 @@ def test_the_guard_takes_auto_back_where_the_loss_stops_falling_after_a_switch()
         left = auto.switches[0]["step"] if auto.switches else None
         return 2.0 - 0.01 * (auto.step if left is None else left)
 
-    everyone = train("1,1,1,4", 60, ("sync", "esync"), loss_of)
+    everyone = train("1,1,1,4", 60, ("sync", "esync"), loss_of, trial_rounds=0)
     flats, decided, current, _, _ = zip(*everyone)
     assert all(f == flats[0] for f in flats) and all(d == decided[0] for d in decided)
     there, back = decided[0][:2]

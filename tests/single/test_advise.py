@@ -98,3 +98,22 @@ def test_the_command_reads_a_run_or_a_bench_jobs_directory(tmp_path):
     assert bad.exit_code == 2 and "unknown fast; choose from all, sync" in bad.output
     empty = runner.invoke(cli, ["advise", str(tmp_path)])
     assert empty.exit_code == 1 and "no rank*.jsonl files" in empty.output
+
+
+@pytest.mark.parametrize("rates, current, name, tied", [
+    # more than 15 % over the one running; those within 25 % of the fastest tie, in PREFERENCE order
+    ({"sync": 100.0, "esync": 125.0, "dssp": 150.0, "adsp": 160.0, "localsgd": 110.0}, "sync", "dssp",
+     ("dssp", "esync", "adsp")),
+    ({"sync": 100.0, "localsgd": 120.0}, "sync", "localsgd", ("localsgd",)),     # 1.2x: a switch
+    ({"sync": 100.0, "localsgd": 114.0}, "sync", "sync", ()),                    # 1.14x: none
+    ({"sync": 100.0, "esync": 110.0, "adsp": 130.0}, "sync", "adsp", ("adsp",)),  # ESync is tied, but not 1.15x
+    ({"sync": 300.0, "esync": 320.0, "dssp": 330.0}, "esync", "esync", ()),      # the one running: no gain
+])
+def test_choose_moves_for_15_percent_and_ties_the_candidates_within_25_percent_of_the_fastest(
+        monkeypatch, rates, current, name, tied):
+    from types import SimpleNamespace
+    monkeypatch.setattr(advise, "predict", lambda *args, **kwargs: [(n, SimpleNamespace(samples_per_s=r))
+                                                                     for n, r in rates.items()])
+    choice = advise.choose(advise.measure(records([0.1, 0.1, 0.1, 0.4])), {n: configured(n) for n in rates}, current)
+    assert (choice.name, choice.tied) == (name, tied), choice.reason
+    assert choice.switches == (name != current)

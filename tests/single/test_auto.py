@@ -8,9 +8,9 @@ import pytest
 
 from horovod_hetero import advise
 from horovod_hetero import simulate as sim
-from horovod_hetero.auto import STARTUP_ROUNDS, Auto
+from horovod_hetero.auto import BANNED_ROUNDS, STARTUP_ROUNDS, Auto
 from horovod_hetero.runtime.runner import GradientRunner, ModelAveragingRunner, runner_for
-from horovod_hetero.strategies.base import MEASURE, RoundResult, RoundStats, StepReport
+from horovod_hetero.strategies.base import MEASURE, Context, RoundResult, RoundStats, StepReport
 from horovod_hetero.strategies.registry import configured, rebuild
 
 CANDIDATES = ["sync", "esync", "elasticbsp", "dssp", "localsgd"]
@@ -83,21 +83,131 @@ def test_it_adds_rounds_of_statistics_while_synchronous_runs_and_decides_alike_o
         feed(rank, rounds)
     switched = [rank.handover() for rank in ranks]
     assert all(s is rank for s, rank in zip(switched, ranks))                 # itself, running another
-    assert {rank.current_name for rank in ranks} == {"esync"} and all(r.switches == ranks[0].switches for r in ranks)
+    assert {rank.current_name for rank in ranks} == {"elasticbsp"} and all(r.switches == ranks[0].switches for r in ranks)
     assert type(runner_for(ranks[0])) is ModelAveragingRunner
     assert ranks[0].switches[0]["from"] == "sync" and "persistent" in ranks[0].switches[0]["why"]
     assert ranks[0].handover() is None                                        # once
 
 
 def test_the_guard_goes_back_where_the_loss_falls_slower_and_bans_the_strategy_for_a_while():
-    auto = Auto(candidates=CANDIDATES, guard=0.5, settle_rounds=3)
+    auto = Auto(candidates=CANDIDATES, guard=0.5, settle_rounds=3, trial_rounds=0)
+    auto.start(Context(0, 4, None, None, lambda: 0.0))
     feed(auto, [statistics([0.05, 0.05, 0.05, 0.2], loss=2.0 - 0.2 * i) for i in range(6)])
-    assert auto.handover() is auto and auto.current_name == "esync"
+    assert switched(auto) is auto and auto.current_name == "elasticbsp"
     feed(auto, [statistics([0.05, 0.05, 0.05, 0.2], loss=1.0 + 0.01 * i) for i in range(5)], start=7)   # no progress
-    assert auto.handover() is auto and auto.current_name == "sync"
+    assert switched(auto) is auto and auto.current_name == "sync"
     assert auto.switches[-1]["to"] == "sync" and "the guard" in auto.switches[-1]["why"]
     feed(auto, [statistics([0.05, 0.05, 0.05, 0.2], loss=1.0 - 0.1 * i) for i in range(5)], start=12)
-    assert auto.current_name == "sync" or auto.switches[-1]["to"] != "esync"    # esync banned for a while
+    assert auto.current_name == "sync" or auto.switches[-1]["to"] != "elasticbsp"   # banned for a while
+
+
+def paced(samples_per_s, n=1, steps=1):
+    """``n`` rounds with a persistent straggler whose wall time makes the job run at ``samples_per_s``."""
+    rounds = [statistics([0.05, 0.05, 0.05, 0.2], steps=steps) for _ in range(n)]
+    for r in rounds:
+        r.wall_s[:] = r.samples.sum() / samples_per_s
+    return rounds
+
+
+#: candidates that open no transport (a ``Context`` without any)
+UNSERVED = ["sync", "elasticbsp", "dssp", "adsp", "localsgd"]
+
+
+def switched(auto):
+    """``auto.handover()``, and the strategy it then runs started as the controller starts it (rank 0 of 4)."""
+    handed = auto.handover()
+    if handed is not None:
+        auto.start(Context(0, 4, None, None, lambda: 0.0))
+    return handed
+
+
+def test_a_decision_runs_the_two_first_of_its_tied_candidates_and_keeps_the_one_measured_fastest():
+    """ElasticBSP, DSSP and ADSP are predicted within 25 % of each other: ElasticBSP runs ``trial_rounds`` rounds
+    (after the start-up rounds), then DSSP, and Auto goes back to ElasticBSP, which ran more samples/s; ADSP is not
+    run."""
+    auto = Auto(candidates=UNSERVED, trial_rounds=3)
+    auto.start(Context(0, 4, None, None, lambda: 0.0))
+    feed(auto, paced(100.0, STARTUP_ROUNDS + 4))                              # Synchronous: 100 samples/s
+    assert switched(auto) is auto and auto.current_name == "elasticbsp"
+    feed(auto, paced(1e6, STARTUP_ROUNDS) + paced(330.0, 2), start=7)         # start-up rounds: not measured
+    assert switched(auto) is None                                            # a round short of the trial
+    feed(auto, paced(330.0), start=11)
+    assert switched(auto) is auto and auto.current_name == "dssp"
+    assert "sync 100, elasticbsp 330; tries dssp" in auto.switches[-1]["why"], auto.switches[-1]
+    feed(auto, paced(1e6, STARTUP_ROUNDS) + paced(300.0, 3), start=12)
+    assert switched(auto) is auto and auto.current_name == "elasticbsp"
+    last = auto.switches[-1]
+    assert "elasticbsp 330, dssp 300; keeps the fastest" in last["why"] and last["gain"] == 3.3, last
+    assert [s["to"] for s in auto.switches] == ["elasticbsp", "dssp", "elasticbsp"]
+
+
+def test_a_trial_whose_candidates_ran_no_faster_goes_back_and_bans_them_for_a_while():
+    """DSSP (a single candidate: still measured) runs 1.1x Synchronous's samples/s: Auto goes back, and deciding
+    every round it does not run DSSP again until ``BANNED_ROUNDS`` rounds have passed."""
+    auto = Auto(candidates=["sync", "dssp"], trial_rounds=3, recheck_rounds=1, max_switches=10)
+    auto.start(Context(0, 4, None, None, lambda: 0.0))
+    feed(auto, paced(100.0, STARTUP_ROUNDS + 4))
+    assert switched(auto) is auto and auto.current_name == "dssp"
+    feed(auto, paced(1e6, STARTUP_ROUNDS) + paced(110.0, 3), start=7)
+    assert switched(auto) is auto and auto.current_name == "sync"
+    back = auto.switches[-1]
+    assert "sync 100, dssp 110; none ran 1.15x sync's" in back["why"] and back["gain"] == round(100 / 110, 3)
+    feed(auto, paced(100.0, STARTUP_ROUNDS + 40), start=13)                  # banned: deciding, it stays
+    assert switched(auto) is None and auto.current_name == "sync" and len(auto.switches) == 2
+    feed(auto, paced(100.0, BANNED_ROUNDS), start=55)                        # the ban over: DSSP runs again
+    assert switched(auto) is auto and auto.current_name == "dssp" and len(auto.switches) == 3
+
+
+@pytest.mark.parametrize("ebsp, dssp, kept", [
+    (330.0, 320.0, "dssp"),          # alike (within KEEP): the one running stays
+    (118.0, 113.0, "elasticbsp"),    # the one running did not pass Synchronous's 1.15x, the other did
+    (110.0, 113.0, "sync"),          # neither passed it: back
+])
+def test_the_last_tried_candidate_stays_only_where_it_passed_and_the_other_is_not_faster(ebsp, dssp, kept):
+    auto = Auto(candidates=UNSERVED, trial_rounds=3)
+    auto.start(Context(0, 4, None, None, lambda: 0.0))
+    feed(auto, paced(100.0, STARTUP_ROUNDS + 4))
+    switched(auto)
+    feed(auto, paced(1e6, STARTUP_ROUNDS) + paced(ebsp, 3), start=7)
+    assert switched(auto) is auto and auto.current_name == "dssp"
+    feed(auto, paced(1e6, STARTUP_ROUNDS) + paced(dssp, 3), start=12)
+    switched(auto)
+    assert auto.current_name == kept, auto.switches
+
+
+def test_rounds_without_wall_times_leave_the_prediction_standing():
+    auto = Auto(candidates=["sync", "dssp"], trial_rounds=3)
+    auto.start(Context(0, 4, None, None, lambda: 0.0))
+    feed(auto, paced(100.0, STARTUP_ROUNDS + 4))
+    switched(auto)
+    unmeasured = paced(1.0, STARTUP_ROUNDS + 3)
+    for r in unmeasured:
+        r.wall_s[:] = np.nan
+    feed(auto, unmeasured, start=7)
+    assert switched(auto) is None and auto.current_name == "dssp" and not auto._trial
+
+
+def test_a_trial_survives_a_checkpoint():
+    auto = Auto(candidates=UNSERVED, trial_rounds=3)
+    auto.start(Context(0, 4, None, None, lambda: 0.0))
+    feed(auto, [statistics([0.05, 0.05, 0.05, 0.2], loss=2.0 - 0.1 * i, wall=6.4) for i in range(STARTUP_ROUNDS + 4)])
+    switched(auto)
+    feed(auto, paced(1e6, STARTUP_ROUNDS) + paced(330.0, 2), start=7)
+    again = rebuild(auto.state_dict())
+    again.load_state_dict(auto.state_dict())
+    again.start(Context(0, 4, None, None, lambda: 0.0))
+    feed(again, paced(1e6, STARTUP_ROUNDS) + paced(330.0, 3), start=11)    # measured afresh after a restore
+    assert switched(again) is again and again.current_name == "dssp" and again._previous == "sync"
+    assert "sync 100, elasticbsp 330; tries dssp" in again.switches[-1]["why"] and again._before == auto._before
+
+
+def test_a_new_job_size_ends_a_trial_and_what_it_measured_before():
+    auto = Auto(candidates=UNSERVED, trial_rounds=3)
+    auto.start(Context(0, 4, None, None, lambda: 0.0))
+    feed(auto, paced(100.0, STARTUP_ROUNDS + 4))
+    switched(auto)
+    auto.start(Context(0, 3, None, None, lambda: 0.0))                        # hvd.elastic: a rank lost
+    assert (auto._trial, auto._speeds, auto._previous, auto._before) == ([], {}, None, None)
 
 
 def test_noise_and_equal_ranks_never_make_it_switch():
@@ -169,10 +279,10 @@ def test_its_state_holds_what_it_runs_and_rebuilds():
     feed(auto, [statistics([0.05, 0.05, 0.05, 0.2]) for _ in range(6)])
     auto.handover()
     state = auto.state_dict()
-    assert state["kind"] == "Auto" and state["current"] == "esync" and state["config"]["kwargs"]["measure_every"] == 4
+    assert state["kind"] == "Auto" and state["current"] == "elasticbsp" and state["config"]["kwargs"]["measure_every"] == 4
     again = rebuild(state)
     again.load_state_dict(state)
-    assert again.current_name == "esync" and again.switches == auto.switches and again.measure_every == 4
+    assert again.current_name == "elasticbsp" and again.switches == auto.switches and again.measure_every == 4
     with pytest.raises(ValueError, match="state\\['current'\\] must be one of Auto's candidates"):
         Auto(candidates=["sync", "localsgd"]).load_state_dict(state)
 
@@ -184,6 +294,8 @@ def test_its_state_holds_what_it_runs_and_rebuilds():
     ({"measure_every": 0}, ValueError, "measure_every"),
     ({"guard": 1.0}, ValueError, r"guard must be in \[0, 1\)"),
     ({"recheck_rounds": 0}, ValueError, "recheck_rounds"),
+    ({"trial_rounds": -1}, ValueError, "trial_rounds"),
+    ({"trial_rounds": 13}, ValueError, "trial_rounds"),
 ])
 def test_bad_arguments_are_refused_by_name(kwargs, error, match):
     with pytest.raises(error, match=match):
@@ -215,5 +327,5 @@ def test_a_loaded_state_where_auto_runs_another_kind_gets_that_kinds_runner():
     fresh = controller()
     assert type(fresh.runner) is GradientRunner and fresh.gradients.opened is True
     fresh.load_state_dict(switched.state_dict())
-    assert fresh.strategy.current_name == "esync" and type(fresh.runner) is ModelAveragingRunner
+    assert fresh.strategy.current_name == "elasticbsp" and type(fresh.runner) is ModelAveragingRunner
     assert fresh.gradients.opened is None and fresh.protocol.policy is fresh.runner
