@@ -244,11 +244,12 @@ def choose(measured: Measured, strategies: Mapping[str, Strategy], current: str,
     """The strategy to run on ``measured``'s cluster: ``hh.Auto``'s decision at a round, and ``advise``'s
     advice from a finished run's telemetry (the same function, so the advice is what ``Auto`` would have
     done). Every candidate of ``strategies`` (names of the registry) is simulated on the measured cluster
-    (``predict``). A candidate may replace ``current`` only if its predicted gain over it exceeds ``MIN_GAIN`` and
-    ``NOISE_FACTOR`` times ``noise`` (how much the gain itself moves between halves of the measurements:
-    ``gain_noise``), so that noise never makes the choice flap; of those, the ones predicted within ``TIE`` of the
-    fastest are ties (``Choice.tied``), and the first in ``PREFERENCE`` wins. ``batch_share``: the share of a step's time that grows with its batch, where
-    measured; unknown (``None``) it is taken as 0, Balanced's worst case (it then gains nothing here).
+    (``predict``). A candidate may replace ``current`` only if its predicted gain over it exceeds ``MIN_GAIN``
+    and ``NOISE_FACTOR`` times ``noise`` (how much the gain itself moves between halves of the measurements:
+    ``gain_noise``), so that noise never makes the choice flap; of those, the ones predicted within ``TIE`` of
+    the fastest are ties (``Choice.tied``), and the first in ``PREFERENCE`` wins. ``batch_share``: the share of
+    a step's time that grows with its batch, where measured; unknown (``None``) it is taken as 0, Balanced's
+    worst case (it then gains nothing here).
 
     Example:
         >>> from horovod_hetero.strategies import ESync, LocalSGD, Synchronous

@@ -95,11 +95,12 @@ class Auto(Strategy):
             before the switch, a number in [0, 1) (0: never go back).
         settle_rounds: rounds after a switch before the guard compares, an int >= 1 (counted after the
             ``STARTUP_ROUNDS`` that follow the switch, left out as at a start).
-        trial_rounds: rounds each candidate of a decision runs before ``Auto`` measures it, an int in [0, ``HISTORY``] (counted
-            after the ``STARTUP_ROUNDS`` that follow each switch): the first ``TRIED`` of those predicted within
-            ``advise.TIE`` of the fastest run in turn, and it keeps the one measured fastest where it ran
-            ``advise.MIN_GAIN`` more samples per second than what it left, else it goes back there (and does
-            not try them again for ``BANNED_ROUNDS`` rounds). 0: no trial; the prediction decides alone.
+        trial_rounds: rounds each candidate of a decision runs before ``Auto`` measures it, an int in
+            [0, ``HISTORY``] (counted after the ``STARTUP_ROUNDS`` that follow each switch): the first
+            ``TRIED`` of those predicted within ``advise.TIE`` of the fastest run in turn, and it keeps the one
+            measured fastest where it ran ``advise.MIN_GAIN`` more samples per second than what it left, else
+            it goes back there (and does not try them again for ``BANNED_ROUNDS`` rounds). 0: no trial; the
+            prediction decides alone.
         recheck_rounds: rounds between decisions while the measured speeds stay put, an int >= 1, or ``None``
             (the default): decide again only when they change or the job's size does. Measured through a
             model-averaging strategy's rounds (several steps each, a rank's occasional pause inside them), an
@@ -425,8 +426,9 @@ class Auto(Strategy):
         state = {k: v for k, v in super().state_dict().items() if not k.startswith("plan")}   # the current's
         state.update(current=self.current_name, current_state=self.current.state_dict(),
                      switches=list(self.switches), banned=dict(self._banned), round=self._round,
-                     since_round=self._since_round, size=self.size, decisions=self._decisions, trial=list(self._trial), speeds=dict(self._speeds),
-                     previous=self._previous, before=None if self._before is None else list(self._before))
+                     since_round=self._since_round, size=self.size, decisions=self._decisions,
+                     trial=list(self._trial), speeds=dict(self._speeds), previous=self._previous,
+                     before=None if self._before is None else list(self._before))
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
