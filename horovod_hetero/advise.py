@@ -368,8 +368,20 @@ def samples_per_s(rounds: Sequence[RoundStats]) -> float:
     if not usable.any():
         return float("nan")
     usable &= walls <= PAUSE * float(np.median(walls[usable]))
-    done = np.array([r.samples.sum() if r.samples.sum() > 0 else r.local_steps.sum() for r in rounds], dtype=float)
+    done = np.array([samples_in(r) for r in rounds], dtype=float)
     return float(done[usable].sum() / walls[usable].sum())
+
+
+def samples_in(stats: RoundStats) -> float:
+    """Every rank's samples in one round (``RoundStats``), or its steps where the ranks reported no samples.
+
+    Example:
+        >>> import numpy as np
+        >>> samples_in(RoundStats(np.full(4, 2), np.full(4, 0.1), np.full(4, np.nan), np.full(4, 64), np.zeros(4, bool)))
+        256.0
+    """
+    samples = float(np.sum(stats.samples))
+    return samples if samples > 0 else float(np.sum(stats.local_steps))
 
 
 def gain_noise(rounds: Sequence[RoundStats], best: Strategy, current: Strategy, duration: float | None = None) -> float:

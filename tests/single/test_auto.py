@@ -175,6 +175,42 @@ def test_the_last_tried_candidate_stays_only_where_it_passed_and_the_other_is_no
     assert auto.current_name == kept, auto.switches
 
 
+def aged(rounds, loss_at, start=0.0):
+    """``rounds`` with the loss ``loss_at(samples)`` at each round's middle, the samples trained counted on from
+    ``start``; and the samples after them."""
+    for r in rounds:
+        done = float(r.samples.sum())
+        r.loss[:] = loss_at(start + done / 2)
+        start += done
+    return rounds, start
+
+
+@pytest.mark.parametrize("per_sample, kept", [(1.0, "elasticbsp"), (0.1, "sync")])
+def test_the_guard_after_a_trial_weighs_the_losss_fall_by_the_samples_trained(per_sample, kept):
+    """A loss that falls alike per logarithm of the samples (``3 - 0.5 ln s``) before and after a trial of 26
+    rounds: its fall per second after it is 0.3x the one before (a fresh model slows on its own), but weighed by
+    the samples trained it is 3.3x (ElasticBSP's speed): the guard keeps ElasticBSP. Where it falls a tenth as
+    much per sample after the decision (0.33x weighed), the guard goes back."""
+    auto = Auto(candidates=UNSERVED, trial_rounds=8)
+    auto.start(Context(0, 4, None, None, lambda: 0.0))
+    sync, age = aged(paced(100.0, STARTUP_ROUNDS + 4), lambda s: 3.0 - 0.5 * np.log(s))
+    decided = 3.0 - 0.5 * np.log(age)
+    after = lambda s: decided - per_sample * 0.5 * np.log(s / age)      # noqa: E731
+    feed(auto, sync)
+    assert switched(auto) is auto and auto.current_name == "elasticbsp"
+    ebsp, age = aged(paced(1e6, STARTUP_ROUNDS) + paced(330.0, 8), after, age)
+    feed(auto, ebsp, start=7)
+    assert switched(auto) is auto and auto.current_name == "dssp"
+    dssp, age = aged(paced(1e6, STARTUP_ROUNDS) + paced(300.0, 8), after, age)
+    feed(auto, dssp, start=17)
+    assert switched(auto) is auto and auto.current_name == "elasticbsp" and auto._previous == "sync"
+    back, age = aged(paced(1e6, STARTUP_ROUNDS) + paced(330.0, 3), after, age)
+    feed(auto, back, start=27)
+    switched(auto)
+    assert auto.current_name == kept, auto.switches
+    assert ("the guard" in auto.switches[-1]["why"]) == (kept == "sync")
+
+
 def test_rounds_without_wall_times_leave_the_prediction_standing():
     auto = Auto(candidates=["sync", "dssp"], trial_rounds=3)
     auto.start(Context(0, 4, None, None, lambda: 0.0))
@@ -199,6 +235,7 @@ def test_a_trial_survives_a_checkpoint():
     feed(again, paced(1e6, STARTUP_ROUNDS) + paced(330.0, 3), start=11)    # measured afresh after a restore
     assert switched(again) is again and again.current_name == "dssp" and again._previous == "sync"
     assert "sync 100, elasticbsp 330; tries dssp" in again.switches[-1]["why"] and again._before == auto._before
+    assert again._samples == auto._samples + 5 * 128 == 6 * 640 + 9 * 128    # the samples trained carry on
 
 
 def test_a_new_job_size_ends_a_trial_and_what_it_measured_before():
