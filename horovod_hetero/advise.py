@@ -23,7 +23,7 @@ Example:
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -239,6 +239,16 @@ class Choice:
         return self.name != self.current
 
 
+def ordered(names: Iterable[str]) -> list[str]:
+    """``names`` in ``PREFERENCE`` order (names it does not hold last, as given): how ties are broken.
+
+    Example:
+        >>> ordered(["adsp", "localsgd", "mine", "elasticbsp"])
+        ['elasticbsp', 'localsgd', 'adsp', 'mine']
+    """
+    return sorted(names, key=lambda name: PREFERENCE.index(name) if name in PREFERENCE else len(PREFERENCE))
+
+
 def choose(measured: Measured, strategies: Mapping[str, Strategy], current: str, noise: float = 0.0,
            duration: float | None = None, batch_share: float | None = None) -> Choice:
     """The strategy to run on ``measured``'s cluster: ``hh.Auto``'s decision at a round, and ``advise``'s
@@ -263,12 +273,11 @@ def choose(measured: Measured, strategies: Mapping[str, Strategy], current: str,
         raise ValueError(f"current={current!r} is not among the candidates {', '.join(strategies)}")
     results = predict(measured, strategies, duration, 0.0 if batch_share is None else batch_share)
     rates = {name: r.samples_per_s for name, r in results}
-    rank = lambda name: PREFERENCE.index(name) if name in PREFERENCE else len(PREFERENCE)   # noqa: E731
     top, base = max(rates.values()), rates[current]
     needed = max(MIN_GAIN, NOISE_FACTOR * noise)
     gain = {name: rate / base if base > 0 else float("inf") for name, rate in rates.items()}
-    tied = tuple(sorted((name for name in rates if name != current and rates[name] >= top * (1 - TIE)
-                         and gain[name] > 1.0 + needed), key=rank))
+    tied = tuple(ordered(name for name in rates if name != current and rates[name] >= top * (1 - TIE)
+                         and gain[name] > 1.0 + needed))
     if not tied:
         fastest = max((name for name in rates if name != current), key=rates.__getitem__, default=current)
         if rates[fastest] <= base:

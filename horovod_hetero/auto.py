@@ -68,9 +68,6 @@ CHANGE = 0.3
 BANNED_ROUNDS = 60
 #: the most candidates predicted alike that a decision runs in turn and measures
 TRIED = 2
-#: a tried candidate measured within this share of the one running leaves it running (a switch back costs the
-#: start-up rounds that follow it, and the measurement's own spread is some 5 %)
-KEEP = 0.05
 #: rounds after a (re)start that hold start-up and are left out of a decision: a job's first two steps (the
 #: first allocations and compilations; a rank's second step measured up to 12x its typical one on a CPU)
 STARTUP_ROUNDS = 2
@@ -348,8 +345,9 @@ class Auto(Strategy):
     def _try(self, rounds: Sequence[RoundStats]) -> None:
         """A decision's trial: measure the candidate that ran ``trial_rounds`` rounds, run the next, or, the last
         measured, keep the fastest where it beat the strategy it left (``_previous``) by ``advise.MIN_GAIN``, else
-        go back there. The one running stays where the other measured within ``KEEP`` of it; a candidate whose
-        rounds measured no wall time counts as not faster."""
+        go back there. Candidates measured within ``advise.TIE`` of the fastest are alike, as predicted ones are:
+        the first in ``advise.PREFERENCE`` is kept (samples per second do not count the progress per sample,
+        which the order does); a candidate whose rounds measured no wall time counts as not faster."""
         speeds, current, left = self._speeds, self.current_name, self._previous
         speeds[current] = advise.samples_per_s(rounds)
         self._trial = [name for name in self._trial if name != current]
@@ -368,12 +366,13 @@ class Auto(Strategy):
             return
         passed = {name: speed for name, speed in fast.items() if speed > (1.0 + advise.MIN_GAIN) * base}
         if passed:
-            best = max(passed, key=passed.__getitem__)
-            if current in passed and passed[best] <= (1.0 + KEEP) * passed[current]:   # alike: no switch back
-                best = current
+            fastest = max(passed.values())
+            # measured alike (within the prediction's TIE): the one the order prefers, as among predicted ties
+            best = next(name for name in advise.ordered(passed) if fastest <= (1.0 + advise.TIE) * passed[name])
             if best != current:
                 self._pending = best
-                self._announce(best, f"measured samples/s: {said}; keeps the fastest", passed[best] / base)
+                why = "keeps the fastest" if passed[best] == fastest else "keeps the first in the order of those alike"
+                self._announce(best, f"measured samples/s: {said}; {why}", passed[best] / base)
             elif self.rank == 0:
                 log.warning("Auto keeps %s (measured samples/s: %s)", best, said)
             return

@@ -159,11 +159,12 @@ def test_a_trial_whose_candidates_ran_no_faster_goes_back_and_bans_them_for_a_wh
 
 
 @pytest.mark.parametrize("ebsp, dssp, kept", [
-    (330.0, 320.0, "dssp"),          # alike (within KEEP): the one running stays
+    (330.0, 420.0, "dssp"),          # faster beyond the TIE: the one running stays
+    (330.0, 320.0, "elasticbsp"),    # alike: the first in the order, back to it
     (118.0, 113.0, "elasticbsp"),    # the one running did not pass Synchronous's 1.15x, the other did
     (110.0, 113.0, "sync"),          # neither passed it: back
 ])
-def test_the_last_tried_candidate_stays_only_where_it_passed_and_the_other_is_not_faster(ebsp, dssp, kept):
+def test_of_the_candidates_that_passed_the_first_in_the_order_of_those_measured_alike_is_kept(ebsp, dssp, kept):
     auto = Auto(candidates=UNSERVED, trial_rounds=3)
     auto.start(Context(0, 4, None, None, lambda: 0.0))
     feed(auto, paced(100.0, STARTUP_ROUNDS + 4))
@@ -173,6 +174,32 @@ def test_the_last_tried_candidate_stays_only_where_it_passed_and_the_other_is_no
     feed(auto, paced(1e6, STARTUP_ROUNDS) + paced(dssp, 3), start=12)
     switched(auto)
     assert auto.current_name == kept, auto.switches
+
+
+def even(samples_per_s, n=1):
+    """``n`` rounds of equal ranks whose collectives cost as much as a step (LocalSGD and ADSP predicted alike,
+    1.8x Synchronous), the job running at ``samples_per_s``."""
+    rounds = [statistics([0.05] * 4, steps=1) for _ in range(n)]
+    for r in rounds:
+        r.comm_s[:], r.wall_s[:] = 0.05, r.samples.sum() / samples_per_s
+    return rounds
+
+
+@pytest.mark.parametrize("adsp, kept", [(240.0, "localsgd"), (260.0, "adsp")])
+def test_candidates_measured_within_the_tie_keep_the_one_the_order_prefers(adsp, kept):
+    """LocalSGD (200 samples/s) and ADSP, tried in turn: ADSP measured 1.2x LocalSGD is alike (within
+    ``advise.TIE``), and Auto goes back to LocalSGD, which the order prefers (its models stay closer); 1.3x
+    is faster, and ADSP stays."""
+    auto = Auto(candidates=["sync", "localsgd", "adsp"], trial_rounds=3)
+    auto.start(Context(0, 4, None, None, lambda: 0.0))
+    feed(auto, even(100.0, STARTUP_ROUNDS + 4))
+    assert switched(auto) is auto and auto.current_name == "localsgd" and auto._trial == ["localsgd", "adsp"]
+    feed(auto, even(1e6, STARTUP_ROUNDS) + even(200.0, 3), start=7)
+    assert switched(auto) is auto and auto.current_name == "adsp"
+    feed(auto, even(1e6, STARTUP_ROUNDS) + even(adsp, 3), start=12)
+    switched(auto)
+    assert auto.current_name == kept, auto.switches
+    assert len(auto.switches) == (3 if kept == "localsgd" else 2)
 
 
 def aged(rounds, loss_at, start=0.0):
