@@ -1,16 +1,20 @@
 """Process-wide hooks for Horovod's own failure paths, installed once per process and only where
 Horovod would otherwise hang or abort without a word: a C++ terminate handler that turns the
-abort of a failed background thread into ``RankLostError`` (``catch_background_abort``), and a
+abort of a failed background thread into ``RankLostError`` (``catch_background_abort``), a
 watchdog for a main thread blocked inside Horovod holding the GIL (``guard_gil``), armed only
-during our enqueues or after a failure was seen, so that a healthy process is never ended."""
+during our enqueues or after a failure was seen, so that a healthy process is never ended, and,
+under ``hvd.elastic`` once a collective failed, the end of the failed session's Gloo connections
+(``end_gloo_waits``), which Horovod keeps open through its reset."""
 from __future__ import annotations
 
 import atexit
 import contextlib
 import ctypes
 import faulthandler
+import gc
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -184,3 +188,63 @@ def _bound_shutdown() -> None:
           f"collective (its background thread waits in an MPI collective for the lost rank): exiting with "
           f"status 1", file=sys.stderr, flush=True)
     _exit_now()
+
+
+def _tcp_inodes() -> set[int]:
+    """The inodes of this process's TCP sockets (``/proc/self/net/tcp`` and ``tcp6``); empty off Linux."""
+    inodes: set[int] = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f, None)
+                inodes.update(int(line.split()[9]) for line in f if len(line.split()) > 9)
+        except OSError:
+            pass
+    return inodes
+
+
+def end_gloo_waits() -> list[int]:
+    """Shut down (``SHUT_RDWR``, the descriptors left open) this process's TCP connections that no Python
+    object holds: Horovod's Gloo connections of a session that failed. Their file descriptors, by number.
+
+    Why: when a rank dies, every survivor's collective fails within a second, and ``hvd.elastic`` resets
+    Horovod (``shutdown()``, ``init()``). But a survivor whose Horovod loop left the failed collective keeps
+    that session's Gloo connections open (Horovod 0.28 does not close them), and a survivor still inside the
+    collective, waiting to receive from it, waits for Gloo's timeout (``HOROVOD_GLOO_TIMEOUT_SECONDS``, 30 s):
+    only then does its loop end and its reset begin, and every other survivor's ``init()`` waits for it.
+    Shut down here, the connection ends at the other end too, and that wait fails at once. Called on a
+    collective's failure under ``hvd.elastic`` (``common.ranks.follow_ranks``), once per session; the
+    connections of Python's own sockets (this library's, Horovod's driver's, yours) are left alone. NCCL's,
+    on GPUs, are C's too: the failed session's, which Horovod's reset ends anyway.
+
+    Example:
+        >>> end_gloo_waits() == [] or True         # a process without such connections: nothing to end
+        True
+    """
+    owned = {s.fileno() for s in gc.get_objects() if issubclass(type(s), socket.socket)}   # type(): no proxy runs
+    tcp = _tcp_inodes()
+    ended: list[int] = []
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:                                # not Linux: Horovod's behaviour stays
+        return ended
+    for name in names:
+        fd = int(name)
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if fd in owned or not target.startswith("socket:[") or int(target[8:-1]) not in tcp:
+            continue
+        try:
+            connection = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        try:
+            connection.shutdown(socket.SHUT_RDWR)
+            ended.append(fd)
+        except OSError:                            # not connected (a listening socket, one already ended)
+            pass
+        finally:
+            connection.detach()                    # the descriptor stays Horovod's
+    return ended

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from horovod.common.exceptions import HorovodInternalError
 
+from horovod_hetero.common.failures import end_gloo_waits
 from horovod_hetero.errors import CollectiveTimeoutError, ElasticResetError, RankLostError
 from horovod_hetero.runtime.seams import background_failure
 from horovod_hetero.runtime.membership import Membership
@@ -82,6 +83,8 @@ def follow_ranks(hvd: Any, process_set: ProcessSet | None, telemetry: Telemetry 
         kept = getattr(previous.telemetry, "rank", None) == hvd.rank()
         return build(previous.telemetry if kept else telemetry)
 
+    ended: dict[str, Controller | None] = {"session": None}
+
     def lost(controller: Controller, error: BaseException) -> BaseException | None:
         if not collective_failed(error):
             return None                     # not a failed collective: the error as it is
@@ -89,10 +92,18 @@ def follow_ranks(hvd: Any, process_set: ProcessSet | None, telemetry: Telemetry 
             return controller.rank_lost(error)
         if background_failure.is_set():     # Horovod cannot start again in this process: no reset
             return controller.rank_lost(error, NO_RESET_WITH_PROCESS_SETS)
-        # Horovod's own error: hvd.elastic.run resets on it. A timeout of ours: as it is (it may be a
-        # collective of the user's between rounds, which a reset would only repeat, endlessly)
-        if isinstance(error, (HorovodInternalError, CollectiveTimeoutError)):
+        # A timeout of ours: as it is (it may be a collective of the user's between rounds, which a reset would
+        # only repeat, endlessly); Horovod's session may be healthy
+        if isinstance(error, CollectiveTimeoutError):
             return None
+        # The session failed, and hvd.elastic.run resets Horovod: end the session's Gloo connections, or a
+        # survivor waiting on this process in the failed collective waits for Gloo's timeout before its reset
+        # (once a session; not for the reset that only clears Horovod's queue, whose session is healthy)
+        if ended["session"] is not controller and not getattr(error, "clears_requests", False):
+            ended["session"] = controller
+            end_gloo_waits()
+        if isinstance(error, HorovodInternalError):
+            return None                     # Horovod's own error: hvd.elastic.run resets on it
         return ElasticRankLostError(*error.args)   # ours (a dead rank seen first): the same reset
 
     return Membership(rebuild, lambda: (hvd.rank(), hvd.size()), HorovodInternalError, lost)

@@ -1,8 +1,10 @@
 """Horovod elastic with a worker that dies (SIGKILL, mid-epoch), every strategy (``elastic_kill_worker.py``)
 and, with Horovod's elastic Keras recipe, Synchronous and three callbacks (``elastic_keras_kill_worker.py``):
 once rank 0, once rank 2 (the other host's first). The two workers of the other host go on from the
-last commit and finish the job's epochs with identical models; the seconds from the kill to their
-restart are printed (Horovod's Gloo timeout, set to 10 s, and about 0.3 s more)."""
+last commit and finish the job's epochs with identical models, with Horovod's defaults (Gloo's 30-s
+timeout): the survivors start again well within it (``common.failures.end_gloo_waits``: each process ends
+the failed session's Gloo connections, so no survivor waits for a peer that has left the collective);
+the seconds from the kill to their restart are printed."""
 from pathlib import Path
 
 import pytest
@@ -12,9 +14,11 @@ from elastic_job import run
 WORKER = Path(__file__).with_name("elastic_kill_worker.py")
 KERAS_WORKER = Path(__file__).with_name("elastic_keras_kill_worker.py")
 HOSTS = "localhost:2\n127.0.0.1:2\n"
-#: a failure costs Horovod's Gloo timeout (rank 0's background thread waits that long for the dead peer,
-#: with Horovod's own optimizer as with every strategy): 10 s here instead of its default 30 s
-ENV = dict(HOROVOD_GLOO_TIMEOUT_SECONDS="10")
+#: Horovod's defaults: no timeout set (Gloo's is 30 s)
+ENV: dict[str, str] = {}
+#: seconds from the kill to the survivors' restart that would mean a survivor waited out part of Gloo's timeout
+#: (measured 0.6-1.4 s; with Horovod's own optimizer, which ends no connection, 30-35 s)
+RESTARTED_S = 15.0
 
 
 @pytest.mark.parametrize("victim", [0, 2])
@@ -46,12 +50,15 @@ def test_keras_a_killed_worker_costs_a_reset_not_the_job(tmp_path, strategy, vic
     (``hh.DistributedOptimizer``: Horovod's own there) and three strategy callbacks."""
     records = run(KERAS_WORKER, strategy, tmp_path, hosts_text=HOSTS, np=4, args=(str(victim),),
                   TF_USE_LEGACY_KERAS="1", **ENV)
-    check_killed(records, f"Keras {strategy}, rank {victim} killed")
+    # Synchronous is Horovod's own optimizer under Keras 2: no code of this library sees its failure, and a
+    # survivor waits out Gloo's timeout (30.2-30.4 s), as without this library
+    check_killed(records, f"Keras {strategy}, rank {victim} killed", bounded=strategy != "sync")
 
 
-def check_killed(records, case):
+def check_killed(records, case, bounded=True):
     """The two survivors restarted from the last commit (epoch 1) without the dead worker, finished the
-    job's 4 epochs with identical models; what they saw is printed. Their process ids."""
+    job's 4 epochs with identical models, ``bounded``: within ``RESTARTED_S`` of the kill; what they saw is
+    printed. Their process ids."""
     kill = next(r for r in records if r["event"] == "kill")
     ends = [r for r in records if r["event"] == "end"]
     assert sorted(r["rank"] for r in ends) == [0, 1] and {r["size"] for r in ends} == {2}
@@ -59,6 +66,7 @@ def check_killed(records, case):
     assert {r["epoch"] for r in ends} == {4}
     restarts = [r for r in records if r["event"] == "start" and r["t"] > kill["t"]]
     assert {r["size"] for r in restarts} == {2} and {r["epoch"] for r in restarts} == {1}   # the last commit
+    assert not bounded or min(r["t"] for r in restarts) - kill["t"] < RESTARTED_S, f"{case}: waited out Gloo's timeout"
     survivors = {r["pid"] for r in ends}
     assert survivors == {r["pid"] for r in restarts} and kill["pid"] not in survivors
     failed = [r for r in records if r["event"] == "failed"]

@@ -313,6 +313,8 @@ def test_under_hvd_elastic_a_rank_lost_error_of_ours_takes_horovods_reset(monkey
             self.closed = True
 
     hvd = types.SimpleNamespace(rank=lambda: 0, size=lambda: 2, global_process_set=object())
+    ended = []                          # end_gloo_waits: once a failed session, not for a timeout of ours
+    monkeypatch.setattr(ranks, "end_gloo_waits", lambda: ended.append(membership.current()))
     membership = ranks.follow_ranks(hvd, None, None, lambda telemetry: Controller())
     first = membership.current()
     monkeypatch.setenv("HOROVOD_ELASTIC", "1")
@@ -326,11 +328,12 @@ def test_under_hvd_elastic_a_rank_lost_error_of_ours_takes_horovods_reset(monkey
         with membership.guard():
             raise HorovodInternalError("Horovod has been shut down")
     assert type(e.value) is HorovodInternalError
+    assert len(ended) == 2 and ended[0] is first and ended[1] is not first
     with pytest.raises(CollectiveTimeoutError, match="^the user's allreduce between rounds\nTroubleshooting: "
                                                       "docs/troubleshooting.md#troubleshooting-collective-timeout$") as e:
         with membership.guard():                                     # a timeout stays one: a reset would repeat it
             raise CollectiveTimeoutError("the user's allreduce between rounds")
-    assert not isinstance(e.value, HorovodInternalError)
+    assert not isinstance(e.value, HorovodInternalError) and len(ended) == 2
     monkeypatch.delenv("HOROVOD_ELASTIC")
     with pytest.raises(RankLostError, match="^named: a timeout\nTroubleshooting: docs/troubleshooting.md#troubleshooting-rank-lost$") as e:
         with membership.guard():
@@ -358,6 +361,8 @@ def test_after_a_failed_collective_under_hvd_elastic_every_rank_resets_once_more
             self.closed = True
 
     hvd = types.SimpleNamespace(rank=lambda: 0, size=lambda: 2, global_process_set=object())
+    ended = []
+    monkeypatch.setattr(ranks, "end_gloo_waits", lambda: ended.append(True))
     membership = ranks.follow_ranks(hvd, None, None, lambda telemetry: Controller())
     membership.current()
     requests_left.clear()
@@ -367,7 +372,7 @@ def test_after_a_failed_collective_under_hvd_elastic_every_rank_resets_once_more
     assert not requests_left.is_set()
     with pytest.raises(HorovodInternalError), membership.guard():
         raise HorovodInternalError("Horovod has been shut down")
-    assert requests_left.is_set()
+    assert requests_left.is_set() and ended == [True]
 
     sent = []
     monkeypatch.setattr(common_collectives.compat, "registered_process_sets", lambda hvd: [0])
@@ -452,3 +457,28 @@ def test_under_hvd_elastic_a_held_background_thread_ends_the_worker_with_why(mon
             c.know_peers()
         warned.append([str(w.message) for w in seen])
     assert warned == [[], [ranks.ELASTIC_WITH_PROCESS_SETS], []]                  # rank 0 only, once
+
+
+def test_under_hvd_elastic_a_failed_session_ends_the_connections_no_python_object_holds():
+    """``end_gloo_waits`` shuts down a connected TCP socket no Python object holds (Horovod's Gloo pairs: here one
+    whose ``socket`` was detached), so its peer reads the end at once; a connection Python holds (this library's
+    transports, Horovod's driver's) stays usable."""
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))
+    held = socket.create_connection(server.getsockname())
+    peer_of_held, _ = server.accept()
+    detached = socket.create_connection(server.getsockname())
+    peer, _ = server.accept()
+    fd = detached.detach()                      # now only a descriptor, as Gloo's are
+    try:
+        peer.settimeout(5.0)
+        assert fd in failures.end_gloo_waits()
+        assert peer.recv(1) == b""              # the end, at once
+        held.sendall(b"x")
+        peer_of_held.settimeout(5.0)
+        assert peer_of_held.recv(1) == b"x"     # Python's: untouched
+    finally:
+        os.close(fd)
+        for s in (server, held, peer_of_held, peer):
+            s.close()
