@@ -190,15 +190,19 @@ def _bound_shutdown() -> None:
     _exit_now()
 
 
-def _tcp_inodes() -> set[int]:
-    """The inodes of this process's TCP sockets (``/proc/self/net/tcp`` and ``tcp6``); empty off Linux."""
+def _tcp_connections() -> set[int]:
+    """The inodes of the TCP connections in this network namespace (``/proc/self/net/tcp`` and ``tcp6``) that
+    are established or ended by their peer (a listening socket is left out); empty off Linux."""
     inodes: set[int] = set()
     for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
         try:
             with open(table) as f:
                 next(f, None)
-                inodes.update(int(line.split()[9]) for line in f if len(line.split()) > 9)
-        except OSError:
+                for line in f:
+                    fields = line.split()
+                    if len(fields) > 9 and fields[3] in ("01", "08"):    # ESTABLISHED, CLOSE_WAIT
+                        inodes.add(int(fields[9]))
+        except (OSError, ValueError):
             pass
     return inodes
 
@@ -213,37 +217,44 @@ def end_gloo_waits() -> list[int]:
     collective, waiting to receive from it, waits for Gloo's timeout (``HOROVOD_GLOO_TIMEOUT_SECONDS``, 30 s):
     only then does its loop end and its reset begin, and every other survivor's ``init()`` waits for it.
     Shut down here, the connection ends at the other end too, and that wait fails at once. Called on a
-    collective's failure under ``hvd.elastic`` (``common.ranks.follow_ranks``), once per session; the
-    connections of Python's own sockets (this library's, Horovod's driver's, yours) are left alone. NCCL's,
-    on GPUs, are C's too: the failed session's, which Horovod's reset ends anyway.
+    collective's failure under ``hvd.elastic`` (``common.ranks.follow_ranks``), once per session. Left alone:
+    listening sockets, and connections a Python socket object holds (this library's, Horovod's driver's,
+    most of yours). A connection held only in C besides Horovod's (``torch.distributed``'s, gRPC's, ZeroMQ's)
+    would be ended too: do not mix those with ``hvd.elastic`` and this library's optimizer. NCCL's, on GPUs,
+    belong to the failed session, which Horovod's reset ends anyway.
 
     Example:
         >>> end_gloo_waits() == [] or True         # a process without such connections: nothing to end
         True
     """
-    owned = {s.fileno() for s in gc.get_objects() if issubclass(type(s), socket.socket)}   # type(): no proxy runs
-    tcp = _tcp_inodes()
-    ended: list[int] = []
-    try:
+    tcp = _tcp_connections()
+    candidates: dict[int, int] = {}                # fd -> inode, read before the Python objects (a socket
+    try:                                           # Python opens meanwhile is then among those objects)
         names = os.listdir("/proc/self/fd")
     except OSError:                                # not Linux: Horovod's behaviour stays
-        return ended
+        return []
     for name in names:
-        fd = int(name)
         try:
             target = os.readlink(f"/proc/self/fd/{name}")
-        except OSError:
+            if target.startswith("socket:[") and int(target[8:-1]) in tcp:
+                candidates[int(name)] = int(target[8:-1])
+        except (OSError, ValueError):
             continue
-        if fd in owned or not target.startswith("socket:[") or int(target[8:-1]) not in tcp:
+    owned = {s.fileno() for s in gc.get_objects() if issubclass(type(s), socket.socket)}   # type(): no proxy runs
+    ended: list[int] = []
+    for fd, inode in candidates.items():
+        if fd in owned:
             continue
         try:
+            if os.fstat(fd).st_ino != inode:       # closed and its number reused since
+                continue
             connection = socket.socket(fileno=fd)
         except OSError:
             continue
         try:
             connection.shutdown(socket.SHUT_RDWR)
             ended.append(fd)
-        except OSError:                            # not connected (a listening socket, one already ended)
+        except OSError:                            # ended already
             pass
         finally:
             connection.detach()                    # the descriptor stays Horovod's

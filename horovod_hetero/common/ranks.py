@@ -2,6 +2,7 @@
 errors are Horovod's report of a failed collective, and whether a rank of this host is gone."""
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Callable
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
 
     # the controller an adapter reaches through its ``Membership``
     Controller = Union[HeteroController, OutsideController]
+
+log = logging.getLogger("horovod_hetero")
 
 class ElasticRankLostError(RankLostError, HorovodInternalError):
     """A rank lost under ``hvd.elastic.run`` (``HOROVOD_ELASTIC=1``), which this library saw before
@@ -101,7 +104,10 @@ def follow_ranks(hvd: Any, process_set: ProcessSet | None, telemetry: Telemetry 
         # (once a session; not for the reset that only clears Horovod's queue, whose session is healthy)
         if ended["session"] is not controller and not getattr(error, "clears_requests", False):
             ended["session"] = controller
-            end_gloo_waits()
+            try:
+                end_gloo_waits()
+            except Exception:               # never in the way of the reset: Gloo's timeout then ends the wait
+                log.debug("ending the failed session's Gloo connections failed", exc_info=True)
         if isinstance(error, HorovodInternalError):
             return None                     # Horovod's own error: hvd.elastic.run resets on it
         return ElasticRankLostError(*error.args)   # ours (a dead rank seen first): the same reset

@@ -396,6 +396,7 @@ def test_after_a_failed_collective_under_hvd_elastic_every_rank_resets_once_more
     with pytest.raises(ranks.StaleRequestsReset) as e, membership.guard():
         c.know_peers()
     assert isinstance(e.value, HorovodInternalError) and not requests_left.is_set()    # that reset is no failure
+    assert ended == [True]                                    # nor are its session's connections ended
     with pytest.raises(ranks.StaleRequestsReset, match=r"^the last session of rank 1 ended"):
         collectives(True).know_peers()                        # another rank's mark: this one resets too
     c = collectives(False)
@@ -462,7 +463,7 @@ def test_under_hvd_elastic_a_held_background_thread_ends_the_worker_with_why(mon
 def test_under_hvd_elastic_a_failed_session_ends_the_connections_no_python_object_holds():
     """``end_gloo_waits`` shuts down a connected TCP socket no Python object holds (Horovod's Gloo pairs: here one
     whose ``socket`` was detached), so its peer reads the end at once; a connection Python holds (this library's
-    transports, Horovod's driver's) stays usable."""
+    transports, Horovod's driver's) stays usable, and a listening socket held in C still listens."""
     import socket
 
     server = socket.create_server(("127.0.0.1", 0))
@@ -471,14 +472,19 @@ def test_under_hvd_elastic_a_failed_session_ends_the_connections_no_python_objec
     detached = socket.create_connection(server.getsockname())
     peer, _ = server.accept()
     fd = detached.detach()                      # now only a descriptor, as Gloo's are
+    listening = socket.create_server(("127.0.0.1", 0))
+    address, listening_fd = listening.getsockname(), listening.detach()
     try:
         peer.settimeout(5.0)
-        assert fd in failures.end_gloo_waits()
+        ended = failures.end_gloo_waits()
+        assert fd in ended and listening_fd not in ended
+        socket.create_connection(address, timeout=5.0).close()   # a listening socket still listens
         assert peer.recv(1) == b""              # the end, at once
         held.sendall(b"x")
         peer_of_held.settimeout(5.0)
         assert peer_of_held.recv(1) == b"x"     # Python's: untouched
     finally:
         os.close(fd)
+        os.close(listening_fd)
         for s in (server, held, peer_of_held, peer):
             s.close()
