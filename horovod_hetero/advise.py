@@ -386,7 +386,8 @@ def samples_in(stats: RoundStats) -> float:
 
     Example:
         >>> import numpy as np
-        >>> samples_in(RoundStats(np.full(4, 2), np.full(4, 0.1), np.full(4, np.nan), np.full(4, 64), np.zeros(4, bool)))
+        >>> ones = RoundStats(np.full(4, 2), np.full(4, 0.1), np.full(4, np.nan), np.full(4, 64), np.zeros(4, bool))
+        >>> samples_in(ones)
         256.0
     """
     samples = float(np.sum(stats.samples))

@@ -411,9 +411,10 @@ class Auto(Strategy):
 
     def _judge(self) -> None:
         """After a switch: keep it, or go back where the loss falls per second (weighed by the samples trained,
-        ``_rate``) by less than ``guard`` times what it fell before (the strategy left is then not tried again for ``BANNED_ROUNDS`` rounds). Both rates
-        must be told apart from the losses' noise (two standard errors of each slope): where the loss did not
-        measurably fall before, there is no progress to compare, and the switch stays."""
+        ``_rate``) by less than ``guard`` times what it fell before (the strategy left is then not tried again
+        for ``BANNED_ROUNDS`` rounds). Both rates must be told apart from the losses' noise (two standard errors
+        of each slope): where the loss did not measurably fall before, there is no progress to compare, and the
+        switch stays."""
         after, before, previous = self._rate(), self._before, self._previous
         self._previous = self._before = None
         if self.guard == 0 or after is None or before is None or previous is None or before[0] <= 2 * before[1]:
