@@ -106,7 +106,7 @@ def main():
                          "Keras callback plans a batch size per fit() (an epoch): see hh.callbacks.BalancedCallback; "
                          "examples/torch_digits.py runs it")
 
-    if args.strategy == "wagma":         # WAGMA's group process sets are registered at init
+    if args.strategy in ("wagma", "auto"):   # WAGMA's group process sets (Auto's candidate too), at init
         hvd.init(process_sets=hh.wagma_process_sets(group_size=args.group_size))
     else:
         hvd.init()

@@ -110,7 +110,7 @@ def main():
         p.error(f"--stop-at must be a quality > 0, got {args.stop_at!r}")
     stop_file = None if args.stop_at is None else args.curve + ".stop"
 
-    if args.strategy == "wagma":         # WAGMA's group process sets are registered at init
+    if args.strategy in ("wagma", "auto"):   # WAGMA's group process sets (Auto's candidate too), at init
         hvd.init(process_sets=hh.wagma_process_sets(group_size=args.group_size))
     else:
         hvd.init()
