@@ -250,7 +250,8 @@ def ordered(names: Iterable[str]) -> list[str]:
 
 
 def choose(measured: Measured, strategies: Mapping[str, Strategy], current: str, noise: float = 0.0,
-           duration: float | None = None, batch_share: float | None = None) -> Choice:
+           duration: float | None = None, batch_share: float | None = None,
+           predicted: Mapping[str, float] | None = None) -> Choice:
     """The strategy to run on ``measured``'s cluster: ``hh.Auto``'s decision at a round, and ``advise``'s
     advice from a finished run's telemetry (the same function, so the advice is what ``Auto`` would have
     done). Every candidate of ``strategies`` (names of the registry) is simulated on the measured cluster
@@ -259,7 +260,9 @@ def choose(measured: Measured, strategies: Mapping[str, Strategy], current: str,
     ``gain_noise``), so that noise never makes the choice flap; of those, the ones predicted within ``TIE`` of
     the fastest are ties (``Choice.tied``), and the first in ``PREFERENCE`` wins. ``batch_share``: the share of
     a step's time that grows with its batch, where measured; unknown (``None``) it is taken as 0, Balanced's
-    worst case (it then gains nothing here).
+    worst case (it then gains nothing here). ``predicted``: samples/s by name from an earlier ``choose`` on the
+    same measurements (its ``Choice.predicted``), taken instead of simulating again (``hh.Auto`` decides
+    twice: without and with the noise).
 
     Example:
         >>> from horovod_hetero.strategies import ESync, LocalSGD, Synchronous
@@ -271,8 +274,13 @@ def choose(measured: Measured, strategies: Mapping[str, Strategy], current: str,
     """
     if current not in strategies:
         raise ValueError(f"current={current!r} is not among the candidates {', '.join(strategies)}")
-    results = predict(measured, strategies, duration, 0.0 if batch_share is None else batch_share)
-    rates = {name: r.samples_per_s for name, r in results}
+    if predicted is not None:
+        if set(predicted) != set(strategies):
+            raise ValueError(f"predicted= holds {sorted(predicted)}, not the candidates {sorted(strategies)}")
+        rates = dict(predicted)
+    else:
+        results = predict(measured, strategies, duration, 0.0 if batch_share is None else batch_share)
+        rates = {name: r.samples_per_s for name, r in results}
     top, base = max(rates.values()), rates[current]
     needed = max(MIN_GAIN, NOISE_FACTOR * noise)
     gain = {name: rate / base if base > 0 else float("inf") for name, rate in rates.items()}

@@ -60,7 +60,7 @@ log = logging.getLogger("horovod_hetero")
 DEFAULT = ("sync", "balanced", "esync", "elasticbsp", "dssp", "adsp", "localsgd", "wagma")
 #: rounds of statistics kept for a decision (the newest)
 HISTORY = 12
-#: simulated steps of the slowest rank per candidate (a decision costs some 0.1 s on a CPU core)
+#: simulated steps of the slowest rank per candidate (a decision costs some 0.2 s of a CPU core)
 SIMULATED_STEPS = 40
 #: a rank's typical step changing by more than this share (and its noise) makes Auto decide again
 CHANGE = 0.3
@@ -171,6 +171,11 @@ class Auto(Strategy):
     @property
     def lockstep(self) -> bool:                  # type: ignore[override]
         return self.current.lockstep
+
+    @property
+    def imports(self) -> tuple[str, ...]:       # type: ignore[override]
+        """What the candidates it may run import (its decisions simulate them)."""
+        return tuple(sorted({module for name in self.available for module in configured(name).imports}))
 
     @property
     def plan(self) -> Plan | None:
@@ -334,7 +339,8 @@ class Auto(Strategy):
         choice = advise.choose(measured, strategies, self.current_name, duration=duration)
         if choice.switches:                        # the gain must outgrow the measurement's own spread too
             noise = advise.gain_noise(rounds, strategies[choice.name], strategies[self.current_name], duration)
-            choice = advise.choose(measured, strategies, self.current_name, noise, duration)
+            choice = advise.choose(measured, strategies, self.current_name, noise, duration,
+                                   predicted=choice.predicted)
         if choice.switches:
             self._decisions += 1
             if self.trial_rounds:

@@ -125,6 +125,8 @@ class ADSP(ModelAveraging):
         text = lambda value: str(value) if isinstance(value, Steps) else value   # noqa: E731
         return portable_config([text(a) for a in args], {k: text(v) for k, v in kwargs.items()})
 
+    imports = ("scipy.optimize",)      # the commit-rate search's fit (rules.commit_rate)
+
     def __init__(self, check_period: float | str | Steps = 60.0, search_every: float | str | Steps | None = None,
                  fit_points: int = 4, window: int = 5) -> None:
         super().__init__()

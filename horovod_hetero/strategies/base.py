@@ -387,6 +387,10 @@ class Strategy(abc.ABC):
     #: the next round, and a user's own collective per batch would lose its peers. A strategy whose rounds
     #: let fast ranks take more steps (ESync, ElasticBSP, ...) leaves it ``False``.
     lockstep = False
+    #: Modules its decisions import on first use that take long to import (ADSP's curve fit: SciPy's optimizer,
+    #: 0.4 s of a core): the runtime imports them in the background when the strategy starts, so that the
+    #: decision that first needs them does not hold every rank.
+    imports: tuple[str, ...] = ()
 
     def check_size(self, size: int) -> None:
         """Raise ``ValueError`` if the strategy cannot run on ``size`` ranks (called when an adapter

@@ -375,6 +375,48 @@ def test_advise_and_auto_decide_with_one_function():
     assert choice.switches and auto.handover() is auto and auto.current_name == choice.name
 
 
+def test_a_decision_simulates_each_candidate_once(monkeypatch):
+    """The decision with the noise takes the predictions of the one without (``choose(predicted=...)``): each
+    candidate is simulated once, and two more runs measure the noise; the choice is the same as simulating
+    again, and predictions of other candidates are refused by name."""
+    simulated = []
+    real = advise.predict
+    monkeypatch.setattr(advise, "predict", lambda measured, strategies, *a, **k: (
+        simulated.extend(strategies), real(measured, strategies, *a, **k))[1])
+    auto = Auto(candidates=CANDIDATES)
+    feed(auto, [statistics([0.05, 0.05, 0.05, 0.2])] * (STARTUP_ROUNDS + 4))
+    assert auto.handover() is auto and auto.current_name == "elasticbsp"
+    assert sorted(simulated[:len(CANDIDATES)]) == sorted(CANDIDATES) and len(simulated) == len(CANDIDATES) + 4
+    measured = advise.measure_rounds([statistics([0.05, 0.05, 0.05, 0.2])] * 4)
+    strategies = {n: configured(n) for n in CANDIDATES}
+    first = advise.choose(measured, strategies, "sync")
+    assert advise.choose(measured, strategies, "sync", 0.1, predicted=first.predicted) == \
+        advise.choose(measured, strategies, "sync", 0.1)
+    with pytest.raises(ValueError, match=r"^predicted= holds \['sync'\], not the candidates \['dssp', "):
+        advise.choose(measured, strategies, "sync", predicted={"sync": 1.0})
+
+
+def test_the_runtime_imports_what_a_strategy_will_import_in_the_background():
+    """``Strategy.imports`` (ADSP's SciPy optimizer, and Auto's candidates') is imported in a daemon thread when
+    the strategy starts; what is imported already starts no thread; a module that fails is left to its user."""
+    import sys
+
+    from horovod_hetero.runtime.controller import import_ahead
+    from horovod_hetero.strategies import ADSP
+
+    assert ADSP().imports == ("scipy.optimize",)
+    auto = Auto(candidates=["sync", "adsp", "localsgd"])
+    assert auto.imports == ("scipy.optimize",)
+    auto.available = ["sync", "localsgd"]
+    assert auto.imports == ()
+    sys.modules.pop("colorsys", None)
+    thread = import_ahead(["json", "colorsys", "horovod_hetero_no_such_module"])
+    assert thread is not None and thread.daemon and thread.name == "horovod_hetero-import-ahead"
+    thread.join(10)
+    assert not thread.is_alive() and "colorsys" in sys.modules
+    assert import_ahead(["json", "colorsys"]) is None
+
+
 def test_a_loaded_state_where_auto_runs_another_kind_gets_that_kinds_runner():
     """A checkpoint or ``hvd.elastic``'s restore of an Auto that had switched to ESync, loaded where a fresh Auto
     runs Synchronous (a new worker): the controller carries out model averaging, the gradient allreduce closed."""
