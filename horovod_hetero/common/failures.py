@@ -36,6 +36,10 @@ MPI_SHUTDOWN_S = 10.0
 GIL_LIMIT_S = 45.0
 ENV_GIL_LIMIT = "HOROVOD_HETERO_GIL_LIMIT_S"
 
+#: "0": a failed session's Gloo connections are left to Gloo's timeout (``end_gloo_waits`` is not called);
+#: "1" or unset: they are ended at the failure.
+ENV_END_GLOO = "HOROVOD_HETERO_END_GLOO_WAITS"
+
 #: The name of ``guard_gil``'s thread.
 GIL_GUARD_THREAD = "horovod_hetero-gil-guard"
 _hook: dict[str, object] = {}
@@ -51,6 +55,20 @@ def gil_limit_s() -> float:
         return check_float(ENV_GIL_LIMIT, float(text), 0.0)
     except ValueError:
         raise ValueError(f"{ENV_GIL_LIMIT} must be seconds >= 0 (0: never end the process), got {text!r}") from None
+
+def ends_gloo_waits() -> bool:
+    """Whether a failed session's Gloo connections are ended at the failure (``end_gloo_waits``):
+    ``ENV_END_GLOO`` unset or "1"; "0" leaves them to Gloo's timeout; anything else is a ``ValueError``.
+
+    Example:
+        >>> ends_gloo_waits()
+        True
+    """
+    text = os.environ.get(ENV_END_GLOO, "1").strip()
+    if text not in ("0", "1"):
+        raise ValueError(f"{ENV_END_GLOO} must be 1 (end a failed session's Gloo connections at the failure, the "
+                         f"default) or 0 (leave them to Gloo's timeout), got {text!r}")
+    return text == "1"
 
 def guard_gil(running: Callable[[], object]) -> None:
     """End the process (exit code 1, every thread's traceback on stderr) if no Python code could run
@@ -220,8 +238,9 @@ def end_gloo_waits() -> list[int]:
     collective's failure under ``hvd.elastic`` (``common.ranks.follow_ranks``), once per session. Left alone:
     listening sockets, and connections a Python socket object holds (this library's, Horovod's driver's,
     most of yours). A connection held only in C besides Horovod's (``torch.distributed``'s, gRPC's, ZeroMQ's)
-    would be ended too: do not mix those with ``hvd.elastic`` and this library's optimizer. NCCL's, on GPUs,
-    belong to the failed session, which Horovod's reset ends anyway.
+    would be ended too: do not mix those with ``hvd.elastic`` and this library's optimizer, or set
+    ``HOROVOD_HETERO_END_GLOO_WAITS=0`` (``ends_gloo_waits``), which leaves the wait to Gloo's timeout. NCCL's,
+    on GPUs, belong to the failed session, which Horovod's reset ends anyway.
 
     Example:
         >>> end_gloo_waits() == [] or True         # a process without such connections: nothing to end

@@ -21,7 +21,7 @@ from horovod_hetero.common.process_sets import check_process_set, registered_ids
 from horovod_hetero.common.ranks import ELASTIC_WITH_PROCESS_SETS, StaleRequestsReset, process_state, under_elastic
 from horovod_hetero.errors import RankLostError
 from horovod_hetero.runtime.seams import (DEFAULT_TIMEOUT_S, Collectives, call_with_timeout, check_background,
-                                                library_down, requests_left)
+                                                library_down, process_sets_held, requests_left)
 from horovod_hetero.transports.addresses import server_host
 from horovod_hetero.validation import check_float
 from horovod_hetero.errors import troubleshooting
@@ -123,11 +123,19 @@ class HorovodCollectives(Collectives):
                     f"the last session of rank {', '.join(map(str, failed))} ended in a failed collective: one "
                     f"more reset clears what it left in Horovod's queue")
             self._peers = [(host, pid) for host, pid, _ in peers]
-            if len(compat.registered_process_sets(self.hvd)) > 1:
+            if len(compat.registered_process_sets(self.hvd)) <= 1:
+                process_sets_held.clear()       # a new session: Horovod's reset dropped every other set
+            else:
+                self._hold_process_sets()
                 self.watch_peers()
-                if under_elastic() and self.rank == 0 and not _warned:
-                    _warned.append(True)
-                    warnings.warn(ELASTIC_WITH_PROCESS_SETS, stacklevel=2)
+
+    def _hold_process_sets(self) -> None:
+        """This session holds process sets besides the global one (``process_sets_held``): under
+        ``hvd.elastic`` rank 0 warns, once, that a worker that dies then ends the job."""
+        process_sets_held.set()
+        if under_elastic() and self.rank == 0 and not _warned:
+            _warned.append(True)
+            warnings.warn(ELASTIC_WITH_PROCESS_SETS, stacklevel=3)
 
     def _local_peers(self) -> dict[int, int]:
         here = socket.gethostname()
@@ -190,6 +198,8 @@ class HorovodCollectives(Collectives):
         self.watch_peers()
         for group, set_id in registered_ids(table(), rank_lists, init_call).items():
             self._sets[group] = compat.registered_process_set(group, set_id)
+        if self._sets:
+            self._hold_process_sets()
 
     def process_set_of(self, ranks: Sequence[int] | None) -> ProcessSet:
         """The Horovod process set that averages ``ranks`` (the whole set for None or every rank)."""

@@ -1,6 +1,7 @@
 """The check of an adapter's run options when the user builds it, before ``hvd.init()`` is needed."""
 from __future__ import annotations
 
+from horovod_hetero.common.failures import ends_gloo_waits
 from horovod_hetero.runtime.straggler import (ENV_SAMPLE, Slowdown, check_base_step, check_per_sample,
                                               check_random_delay, check_slowdown)
 from horovod_hetero.runtime.telemetry import Telemetry, telemetry_directory
@@ -9,7 +10,8 @@ from horovod_hetero.transports.addresses import server_host_setting
 
 def check_run_options(telemetry: object, slowdown: object) -> None:
     """Check an adapter's ``telemetry`` and ``slowdown`` and the variables that fill in for them
-    (``HOROVOD_HETERO_*``) when the adapter is built, before ``hvd.init()`` is needed; the
+    (``HOROVOD_HETERO_*``), and ``HOROVOD_HETERO_END_GLOO_WAITS``, when the adapter is built, before
+    ``hvd.init()`` is needed; the
     ``Telemetry`` and ``Slowdown`` themselves are built later (they need the rank), with the same errors."""
     if not isinstance(telemetry, Telemetry):
         telemetry_directory(telemetry)
@@ -19,6 +21,7 @@ def check_run_options(telemetry: object, slowdown: object) -> None:
         check_per_sample(None)
         check_random_delay(None)
     server_host_setting()
+    ends_gloo_waits()
 
 
 def check_samples_known(slowdown: object, batch_size: int | None) -> None:

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any, Union
 
 from horovod.common.exceptions import HorovodInternalError
 
-from horovod_hetero.common.failures import end_gloo_waits
+from horovod_hetero.common.failures import end_gloo_waits, ends_gloo_waits
 from horovod_hetero.errors import CollectiveTimeoutError, ElasticResetError, RankLostError
-from horovod_hetero.runtime.seams import background_failure
+from horovod_hetero.runtime.seams import background_failure, process_sets_held
 from horovod_hetero.runtime.membership import Membership
 
 if TYPE_CHECKING:
@@ -93,7 +93,9 @@ def follow_ranks(hvd: Any, process_set: ProcessSet | None, telemetry: Telemetry 
             return None                     # not a failed collective: the error as it is
         if not under_elastic():
             return controller.rank_lost(error)
-        if background_failure.is_set():     # Horovod cannot start again in this process: no reset
+        # Horovod cannot start again in this process (its thread failed removing the process sets), or will
+        # not (the session holds process sets besides the global one): no reset, which would wait for that thread
+        if background_failure.is_set() or process_sets_held.is_set():
             return controller.rank_lost(error, NO_RESET_WITH_PROCESS_SETS)
         # A timeout of ours: as it is (it may be a collective of the user's between rounds, which a reset would
         # only repeat, endlessly); Horovod's session may be healthy
@@ -102,7 +104,8 @@ def follow_ranks(hvd: Any, process_set: ProcessSet | None, telemetry: Telemetry 
         # The session failed, and hvd.elastic.run resets Horovod: end the session's Gloo connections, or a
         # survivor waiting on this process in the failed collective waits for Gloo's timeout before its reset
         # (once a session; not for the reset that only clears Horovod's queue, whose session is healthy)
-        if ended["session"] is not controller and not getattr(error, "clears_requests", False):
+        if (ended["session"] is not controller and not getattr(error, "clears_requests", False)
+                and ends_gloo_waits()):
             ended["session"] = controller
             try:
                 end_gloo_waits()

@@ -186,6 +186,10 @@ failure_seen = threading.Event()
 #: ``hvd.elastic``'s reset, requests this process enqueued as its background loop ended. The next
 #: session's first collective tells every rank (``HorovodCollectives.know_peers``), which clears it.
 requests_left = threading.Event()
+#: Set while Horovod's session holds process sets besides the global one (WAGMA's, or the user's; read from
+#: Horovod's table while the session is healthy: ``HorovodCollectives``): Horovod 0.28 cannot reset such a
+#: session after a failed collective, so under ``hvd.elastic`` a failure then ends the worker at once.
+process_sets_held = threading.Event()
 
 
 def forget_failure() -> None:

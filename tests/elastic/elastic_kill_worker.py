@@ -67,7 +67,11 @@ def main():
             raise
 
     opt.step, opt.sync_model = step_logged, sync_logged
-    rank, size = train(state)
+    try:
+        rank, size = train(state)
+    except Exception as e:            # the job ends here (WAGMA: a named error, no reset)
+        log(event="ended", error=f"{type(e).__name__}: {e}"[:300], t=time.time())
+        raise
     log(event="end", rank=rank, size=size, epoch=state.epoch, params=[p.tolist() for p in model.parameters()])
 
 

@@ -341,6 +341,41 @@ def test_under_hvd_elastic_a_rank_lost_error_of_ours_takes_horovods_reset(monkey
     assert not isinstance(e.value, HorovodInternalError)
 
 
+def test_end_gloo_waits_is_off_with_its_variable_at_0_and_a_bad_value_fails_at_construction(monkeypatch):
+    """``HOROVOD_HETERO_END_GLOO_WAITS=0``: a failed session's connections are left to Gloo's timeout (the
+    reset still happens); a value but 0 or 1 is a ``ValueError`` naming the variable when an adapter's
+    options are checked, before any training."""
+    import types
+
+    from horovod.common.exceptions import HorovodInternalError
+
+    from horovod_hetero.common.options import check_run_options
+
+    class Controller:
+        closed, telemetry = False, None
+
+        def close(self):
+            self.closed = True
+
+    hvd = types.SimpleNamespace(rank=lambda: 0, size=lambda: 2, global_process_set=object())
+    ended = []
+    monkeypatch.setattr(ranks, "end_gloo_waits", lambda: ended.append(True))
+    membership = ranks.follow_ranks(hvd, None, None, lambda telemetry: Controller())
+    first = membership.current()
+    monkeypatch.setenv("HOROVOD_ELASTIC", "1")
+    monkeypatch.setenv("HOROVOD_HETERO_END_GLOO_WAITS", "0")
+    with pytest.raises(HorovodInternalError), membership.guard():
+        raise HorovodInternalError("Horovod has been shut down")
+    assert ended == [] and membership.current() is not first and first.closed
+    monkeypatch.setenv("HOROVOD_HETERO_END_GLOO_WAITS", "1")
+    with pytest.raises(HorovodInternalError), membership.guard():
+        raise HorovodInternalError("Horovod has been shut down")
+    assert ended == [True]
+    monkeypatch.setenv("HOROVOD_HETERO_END_GLOO_WAITS", "yes")
+    with pytest.raises(ValueError, match=r"^HOROVOD_HETERO_END_GLOO_WAITS must be 1 .* or 0 .*got 'yes'$"):
+        check_run_options(None, None)
+
+
 def test_after_a_failed_collective_under_hvd_elastic_every_rank_resets_once_more(monkeypatch):
     """A failed collective marks ``requests_left`` (Horovod may keep what the failed session enqueued as its
     loop ended); the next session's first collective carries every rank's mark, and if any rank has one,
@@ -411,15 +446,17 @@ def test_after_a_failed_collective_under_hvd_elastic_every_rank_resets_once_more
 
 def test_under_hvd_elastic_a_held_background_thread_ends_the_worker_with_why(monkeypatch):
     """Once Horovod's background thread failed for good (process sets besides the global one: the
-    terminate handler holds it), Horovod cannot start again in the process: under ``hvd.elastic`` the
-    failure is a plain ``RankLostError`` saying so (the worker ends at once), not the reset that would
-    wait for the held thread; training with process sets under elastic warns once, on rank 0."""
+    terminate handler holds it), or while the session holds such process sets (``process_sets_held``: it
+    will fail so), Horovod cannot start again in the process: under ``hvd.elastic`` the failure is a plain
+    ``RankLostError`` saying so (the worker ends at once), not the reset that would wait for the held
+    thread; training with process sets under elastic warns once, on rank 0, whether they were registered
+    at ``hvd.init`` or added for WAGMA's groups; a session without them clears the mark."""
     import types
     import warnings
 
     from horovod.common.exceptions import HorovodInternalError
 
-    from horovod_hetero.runtime.seams import background_failure, requests_left
+    from horovod_hetero.runtime.seams import background_failure, process_sets_held, requests_left
     from horovod_hetero.torch.adapter import TorchCollectives
 
     class Controller:
@@ -435,14 +472,23 @@ def test_under_hvd_elastic_a_held_background_thread_ends_the_worker_with_why(mon
     membership = ranks.follow_ranks(hvd, None, None, lambda telemetry: Controller())
     membership.current()
     monkeypatch.setenv("HOROVOD_ELASTIC", "1")
-    monkeypatch.setattr(background_failure, "is_set", lambda: True)
-    for error in (RankLostError("a rank was lost"), HorovodInternalError("Horovod has been shut down")):
-        with pytest.raises(RankLostError) as e, membership.guard():
-            raise error
-        assert not isinstance(e.value, HorovodInternalError)
-        assert str(e.value).startswith(f"the group average of step 3 failed on rank 1: {error}. Every rank stops: "
-                                       f"hvd.elastic cannot start this worker again, under hvd.elastic a worker "
-                                       f"that dies ends the job")
+    monkeypatch.setattr(ranks, "end_gloo_waits", lambda: [])
+    process_sets_held.clear()
+    for event in (background_failure, process_sets_held):
+        event.set()
+        try:
+            for error in (RankLostError("a rank was lost"), HorovodInternalError("Horovod has been shut down")):
+                with pytest.raises(RankLostError) as e, membership.guard():
+                    raise error
+                assert not isinstance(e.value, HorovodInternalError)
+                assert str(e.value).startswith(f"the group average of step 3 failed on rank 1: {error}. Every "
+                                               f"rank stops: hvd.elastic cannot start this worker again, under "
+                                               f"hvd.elastic a worker that dies ends the job")
+        finally:
+            event.clear()
+    with pytest.raises(HorovodInternalError) as e, membership.guard():      # neither: Horovod resets
+        raise HorovodInternalError("Horovod has been shut down")
+    assert type(e.value) is HorovodInternalError
 
     monkeypatch.setattr(common_collectives.compat, "registered_process_sets", lambda hvd: [0, 1])
     monkeypatch.setattr(common_collectives, "_warned", [])
@@ -458,6 +504,26 @@ def test_under_hvd_elastic_a_held_background_thread_ends_the_worker_with_why(mon
             c.know_peers()
         warned.append([str(w.message) for w in seen])
     assert warned == [[], [ranks.ELASTIC_WITH_PROCESS_SETS], []]                  # rank 0 only, once
+    assert process_sets_held.is_set()
+    monkeypatch.setattr(common_collectives.compat, "registered_process_sets", lambda hvd: {0: [0, 1, 2, 3]})
+    c._peers = None
+    c.know_peers()                                                    # a new session without them
+    assert not process_sets_held.is_set()
+
+    monkeypatch.setattr(common_collectives, "_warned", [])            # WAGMA's groups added under elastic
+    monkeypatch.setenv("HOROVOD_DYNAMIC_PROCESS_SETS", "1")
+    table = {0: [0, 1, 2, 3]}
+    c.hvd = types.SimpleNamespace(global_process_set=c.hvd.global_process_set,
+                                  add_process_set=lambda ranks: table.setdefault(len(table), list(ranks)))
+    c.rank, c._sets, c.timeout, c._watched = 0, {}, 5.0, None
+    monkeypatch.setattr(common_collectives.compat, "registered_process_sets", lambda hvd: dict(table))
+    monkeypatch.setattr(common_collectives.compat, "registered_process_set", lambda group, set_id: (group, set_id))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        c.require_groups([[0, 1], [2, 3]], "hvd.init(...)")
+    assert table == {0: [0, 1, 2, 3], 1: [0, 1], 2: [2, 3]} and c._sets == {(0, 1): ((0, 1), 1), (2, 3): ((2, 3), 2)}
+    assert [str(w.message) for w in seen] == [ranks.ELASTIC_WITH_PROCESS_SETS] and process_sets_held.is_set()
+    process_sets_held.clear()
 
 
 def test_under_hvd_elastic_a_failed_session_ends_the_connections_no_python_object_holds():
