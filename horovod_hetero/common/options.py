@@ -9,10 +9,10 @@ from horovod_hetero.transports.addresses import server_host_setting
 
 
 def check_run_options(telemetry: object, slowdown: object) -> None:
-    """Check an adapter's ``telemetry`` and ``slowdown`` and the variables that fill in for them
-    (``HOROVOD_HETERO_*``), and ``HOROVOD_HETERO_END_GLOO_WAITS``, when the adapter is built, before
-    ``hvd.init()`` is needed; the
-    ``Telemetry`` and ``Slowdown`` themselves are built later (they need the rank), with the same errors."""
+    """Check an adapter's ``telemetry`` and ``slowdown``, the variables that fill in for them
+    (``HOROVOD_HETERO_*``) and ``HOROVOD_HETERO_END_GLOO_WAITS`` when the adapter is built, before
+    ``hvd.init()`` is needed; the ``Telemetry`` and ``Slowdown`` themselves are built later (they need the
+    rank), with the same errors."""
     if not isinstance(telemetry, Telemetry):
         telemetry_directory(telemetry)
     if not isinstance(slowdown, Slowdown):

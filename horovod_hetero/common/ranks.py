@@ -104,11 +104,11 @@ def follow_ranks(hvd: Any, process_set: ProcessSet | None, telemetry: Telemetry 
         # The session failed, and hvd.elastic.run resets Horovod: end the session's Gloo connections, or a
         # survivor waiting on this process in the failed collective waits for Gloo's timeout before its reset
         # (once a session; not for the reset that only clears Horovod's queue, whose session is healthy)
-        if (ended["session"] is not controller and not getattr(error, "clears_requests", False)
-                and ends_gloo_waits()):
+        if ended["session"] is not controller and not getattr(error, "clears_requests", False):
             ended["session"] = controller
             try:
-                end_gloo_waits()
+                if ends_gloo_waits():       # HOROVOD_HETERO_END_GLOO_WAITS=0: left to Gloo's timeout
+                    end_gloo_waits()
             except Exception:               # never in the way of the reset: Gloo's timeout then ends the wait
                 log.debug("ending the failed session's Gloo connections failed", exc_info=True)
         if isinstance(error, HorovodInternalError):
