@@ -341,15 +341,10 @@ def test_under_hvd_elastic_a_rank_lost_error_of_ours_takes_horovods_reset(monkey
     assert not isinstance(e.value, HorovodInternalError)
 
 
-def test_end_gloo_waits_is_off_with_its_variable_at_0_and_a_bad_value_fails_at_construction(monkeypatch):
-    """``HOROVOD_HETERO_END_GLOO_WAITS=0``: a failed session's connections are left to Gloo's timeout (the
-    reset still happens); a value but 0 or 1 is a ``ValueError`` naming the variable when an adapter's
-    options are checked, before any training."""
+def closing_members(monkeypatch):
+    """``follow_ranks`` over a fake Horovod of 2 ranks whose controllers only close, and the list that
+    records each call of ``end_gloo_waits`` (patched)."""
     import types
-
-    from horovod.common.exceptions import HorovodInternalError
-
-    from horovod_hetero.common.options import check_run_options
 
     class Controller:
         closed, telemetry = False, None
@@ -360,7 +355,18 @@ def test_end_gloo_waits_is_off_with_its_variable_at_0_and_a_bad_value_fails_at_c
     hvd = types.SimpleNamespace(rank=lambda: 0, size=lambda: 2, global_process_set=object())
     ended = []
     monkeypatch.setattr(ranks, "end_gloo_waits", lambda: ended.append(True))
-    membership = ranks.follow_ranks(hvd, None, None, lambda telemetry: Controller())
+    return ranks.follow_ranks(hvd, None, None, lambda telemetry: Controller()), ended
+
+
+def test_end_gloo_waits_is_off_with_its_variable_at_0_and_a_bad_value_fails_at_construction(monkeypatch):
+    """``HOROVOD_HETERO_END_GLOO_WAITS=0``: a failed session's connections are left to Gloo's timeout (the
+    reset still happens); a value but 0 or 1 is a ``ValueError`` naming the variable when an adapter's
+    options are checked, before any training."""
+    from horovod.common.exceptions import HorovodInternalError
+
+    from horovod_hetero.common.options import check_run_options
+
+    membership, ended = closing_members(monkeypatch)
     first = membership.current()
     monkeypatch.setenv("HOROVOD_ELASTIC", "1")
     monkeypatch.setenv("HOROVOD_HETERO_END_GLOO_WAITS", "0")
@@ -382,23 +388,12 @@ def test_after_a_failed_collective_under_hvd_elastic_every_rank_resets_once_more
     every rank raises ``StaleRequestsReset`` (a ``HorovodInternalError``: ``hvd.elastic.run`` resets once
     more, which clears Horovod's queue). That reset marks nothing; outside elastic nothing is raised."""
     import socket
-    import types
-
     from horovod.common.exceptions import HorovodInternalError
 
     from horovod_hetero.runtime.seams import requests_left
     from horovod_hetero.torch.adapter import TorchCollectives
 
-    class Controller:
-        closed, telemetry = False, None
-
-        def close(self):
-            self.closed = True
-
-    hvd = types.SimpleNamespace(rank=lambda: 0, size=lambda: 2, global_process_set=object())
-    ended = []
-    monkeypatch.setattr(ranks, "end_gloo_waits", lambda: ended.append(True))
-    membership = ranks.follow_ranks(hvd, None, None, lambda telemetry: Controller())
+    membership, ended = closing_members(monkeypatch)
     membership.current()
     requests_left.clear()
     monkeypatch.setenv("HOROVOD_ELASTIC", "1")
