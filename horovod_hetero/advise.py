@@ -304,10 +304,12 @@ POINTS_PER_STEP = 5
 
 def measure_rounds(rounds: Sequence[RoundStats], samples_per_step: float = 1.0) -> Measured:
     """Characterise the cluster from rounds' statistics (``RoundStats``, identical on every rank: what ``hh.Auto``
-    sees), as ``measure`` does from telemetry: each rank's typical step (the median of its shortest step per
-    round), its steps' spread (each round's steps as a rank's two-point mix of undelayed and delayed steps
-    that has the round's shortest step, mean and mean square), the collective's cost (the least any rank spent
-    in collectives per step: the others were also waiting), persistent and transient stragglers. The rounds
+    sees), as ``measure`` does from telemetry: each rank's typical step (its shortest over the rounds, its
+    undelayed step: a round may hold a single step, delayed or not), its steps' spread (each round's steps as
+    a rank's two-point mix of undelayed and delayed steps that has the round's shortest step, mean and mean
+    square; a round whose shortest step is already delayed counts all its steps delayed), the collective's
+    cost (the least any rank spent in collectives per step: the others were also waiting), persistent and
+    transient stragglers. The rounds
     must carry every rank's step statistics (``step_min``, ``step_mean``, ``step_sq``); rounds where a rank took
     no step are left out. A ``ValueError`` where none is left.
 
@@ -328,7 +330,7 @@ def measure_rounds(rounds: Sequence[RoundStats], samples_per_step: float = 1.0) 
     mins = np.array([r.step_min for r in usable])                  # rounds x ranks
     means = np.maximum(np.array([r.step_mean for r in usable]), mins)
     sqs = np.maximum(np.array([r.step_sq for r in usable]), means ** 2)
-    typical = np.maximum(np.median(mins, axis=0), 1e-6)
+    typical = np.maximum(np.min(mins, axis=0), 1e-6)
     n = typical.size
     # each round as a two-point mix: undelayed steps at its shortest, delayed ones at ``low + reach`` with
     # probability ``share``, matching the round's mean and mean square
@@ -349,7 +351,8 @@ def measure_rounds(rounds: Sequence[RoundStats], samples_per_step: float = 1.0) 
     fastest = mins.min(axis=1, keepdims=True)
     slow_ranks = [q for q in range(n) if typical[q] >= SLOW_RATIO * typical.min()
                   and np.mean(mins[:, q] >= SLOW_RATIO * fastest[:, 0]) >= PERSISTENT_SHARE]
-    delayed = np.where((mins + reach) >= TRANSIENT_FACTOR * typical, share, 0.0)
+    late = TRANSIENT_FACTOR * typical          # a round's steps delayed: all where its shortest is, else its mix's
+    delayed = np.where(mins >= late, 1.0, np.where(mins + reach >= late, share, 0.0))
     transient_share = float(np.mean(delayed))
     transient = transient_share >= TRANSIENT_SHARE
     kind = {(True, True): "both", (True, False): "persistent", (False, True): "transient",

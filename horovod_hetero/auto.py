@@ -62,8 +62,12 @@ DEFAULT = ("sync", "balanced", "esync", "elasticbsp", "dssp", "adsp", "localsgd"
 HISTORY = 12
 #: simulated steps of the slowest rank per candidate (a decision costs some 0.2 s of a CPU core)
 SIMULATED_STEPS = 40
-#: a rank's typical step changing by more than this share (and its noise) makes Auto decide again
+#: a rank's undelayed step changing by more than this share makes Auto decide again
 CHANGE = 0.3
+#: a rank's newest steps whose shortest is its undelayed step when Auto looks for a change (one round may hold a
+#: single step, delayed or not: under random stragglers each step of a rank is 4x with even odds, and twelve
+#: in a row are all 4x once in 4,096)
+CHANGE_STEPS = 12
 #: rounds a strategy the guard left, or a trial found no faster, is not run again
 BANNED_ROUNDS = 60
 #: the most candidates predicted alike that a decision runs in turn and measures
@@ -156,6 +160,9 @@ class Auto(Strategy):
         self._trial: list[str] = []                # the candidates of the latest decision still to run and measure
         self._speeds: dict[str, float] = {}        # samples/s measured this trial, by name (what it left first)
         self._decided_at: np.ndarray | None = None  # every rank's typical step at the latest decision
+        self._final = False                        # the latest decision read ``HISTORY`` rounds, or switched
+        self._reference: np.ndarray | None = None  # every rank's undelayed step since then (``undelayed``)
+        self._change = ""                          # the change that made it decide again (for the switch's reason)
         self._since_decision = 0
         self._since_round = 0                      # steps since the latest round (the statistics rounds)
         self._round = 0
@@ -200,7 +207,7 @@ class Auto(Strategy):
     def start(self, ctx: Context) -> None:
         if self._sized and ctx.size != self.size:  # a new job size (hvd.elastic): measure it afresh
             self._restart()
-            self._decided_at, self._trial, self._speeds = None, [], {}
+            self._decided_at, self._trial, self._speeds, self._final = None, [], {}, False
             self._previous = self._before = None   # what it measured before describes the old size
         self.rank, self.size, self.clock, self._sized = ctx.rank, ctx.size, ctx.clock, True
         self.available = [name for name in self.candidates if self._runs_here(name, ctx)]
@@ -237,7 +244,7 @@ class Auto(Strategy):
         # would not match.
         # Every step until a decision (the steps at Synchronous's pace cost the most before it), then every
         # ``measure_every``.
-        every = 1 if self._decided_at is None else self.measure_every
+        every = self.measure_every if self._final else 1
         if decision is CONTINUE and self._measures and self._since_round >= every:
             return MEASURE
         return decision
@@ -296,19 +303,31 @@ class Auto(Strategy):
     def _restart(self) -> None:
         """Measure afresh (a switch, a new job size): the rounds so far describe another strategy or job."""
         self._rounds, self._progress, self._since_round, self._startup = [], [], 0, STARTUP_ROUNDS
+        self._reference = None
 
     def _changed(self) -> bool:
-        """Whether the latest round shows a rank's undelayed step moved by more than ``CHANGE`` from what the
-        latest decision measured (a straggler appeared or left): then the rounds before it are dropped, and
-        the next decision reads the cluster as it is now."""
-        if self._decided_at is None or not self._rounds:
+        """Whether a rank's undelayed step (``undelayed``: its shortest of its newest ``CHANGE_STEPS`` steps) moved
+        by more than ``CHANGE`` from what it was after the latest decision (the first such reading while the
+        strategy then chosen runs: a strategy whose ranks never wait shares the cores differently): a straggler
+        appeared or left. Then the rounds before the latest are dropped, and the next decision reads the
+        cluster as it is now."""
+        if self._decided_at is None:
             return False
-        latest = np.asarray(self._rounds[-1].step_min, dtype=float)
-        if not np.isfinite(latest).all() or latest.size != self._decided_at.size:
+        now = undelayed(self._rounds)
+        if now is None:
             return False
-        if np.max(np.abs(latest / self._decided_at - 1.0)) <= CHANGE:
+        if self._reference is None or self._reference.size != now.size:
+            self._reference = now
             return False
-        self._rounds, self._decided_at = self._rounds[-1:], None
+        moved = np.abs(now / self._reference - 1.0)
+        if np.max(moved) <= CHANGE:
+            return False
+        rank = int(np.argmax(moved))
+        self._change = (f"rank {rank}'s undelayed step moved from {self._reference[rank]:.3g} s to "
+                        f"{now[rank]:.3g} s")
+        if self.rank == 0:
+            log.info("Auto decides again: %s", self._change)
+        self._rounds, self._decided_at, self._reference, self._final = self._rounds[-1:], None, None, False
         return True
 
     def _decide(self) -> None:
@@ -324,13 +343,14 @@ class Auto(Strategy):
         if self._changed() or len(rounds) < self.min_rounds or self._decisions >= self.max_switches:
             return
         self._since_decision += 1
-        if self._decided_at is not None and (self.recheck_rounds is None or self._since_decision < self.recheck_rounds):
+        again = self.recheck_rounds is not None and self._since_decision >= self.recheck_rounds
+        if self._decided_at is not None and not again and (self._final or len(rounds) < HISTORY):
             return
         try:
             measured = advise.measure_rounds(rounds)
         except ValueError:
             return
-        self._decided_at, self._since_decision = np.array(measured.step_s), 0
+        self._decided_at, self._since_decision, self._final = np.array(measured.step_s), 0, len(rounds) >= HISTORY
         names = [n for n in self.available if self._banned.get(n, 0) <= self._round or n == self.current_name]
         if self.current_name not in names:
             names.append(self.current_name)
@@ -341,12 +361,13 @@ class Auto(Strategy):
             noise = advise.gain_noise(rounds, strategies[choice.name], strategies[self.current_name], duration)
             choice = advise.choose(measured, strategies, self.current_name, noise, duration,
                                    predicted=choice.predicted)
+        change, self._change = self._change, ""
         if choice.switches:
-            self._decisions += 1
+            self._decisions, self._final = self._decisions + 1, True
             if self.trial_rounds:
                 self._trial = list(choice.tied[:TRIED])
                 self._speeds = {self.current_name: advise.samples_per_s(rounds)}
-            self._switch(choice.name, choice.reason, choice.gain)
+            self._switch(choice.name, f"{change}: {choice.reason}" if change else choice.reason, choice.gain)
 
     def _try(self, rounds: Sequence[RoundStats]) -> None:
         """A decision's trial: measure the candidate that ran ``trial_rounds`` rounds, run the next, or, the last
@@ -476,6 +497,37 @@ class Auto(Strategy):
         self._previous = previous if previous in self.candidates else None
         self._before = (float(before[0]), float(before[1])) if before is not None else None
         self._samples = check_float("state['samples']", state.get("samples", 0.0), 0.0)
+
+
+def undelayed(rounds: Sequence[RoundStats], steps: int = CHANGE_STEPS) -> np.ndarray | None:
+    """Each rank's undelayed step: its shortest over the newest rounds that hold at least ``steps`` of its steps
+    (rounds where it took none are passed over); ``None`` where the rounds hold fewer for some rank.
+
+    Example:
+        >>> import numpy as np
+        >>> def stats(mins, steps):
+        ...     n = len(mins)
+        ...     return RoundStats(np.array(steps), np.array(mins), np.full(n, np.nan), np.zeros(n, int),
+        ...                       np.zeros(n, bool), step_min=np.array(mins))
+        >>> rounds = [stats([0.05, 0.05], [4, 1]), stats([0.2, 0.2], [4, 1]), stats([0.2, 0.05], [4, 2])]
+        >>> undelayed(rounds, 4), undelayed(rounds, 3), undelayed(rounds, 5)
+        (array([0.2 , 0.05]), array([0.2 , 0.05]), None)
+    """
+    if not rounds:
+        return None
+    n = np.asarray(rounds[-1].step_min).size
+    shortest, counted = np.full(n, np.inf), np.zeros(n)
+    for stats in reversed(rounds):
+        mins, taken = np.asarray(stats.step_min, dtype=float), np.asarray(stats.local_steps, dtype=float)
+        if mins.size != n:
+            break
+        needed = counted < steps                   # each rank reads back only as far as it needs
+        use = needed & np.isfinite(mins) & (taken > 0)
+        shortest = np.where(use, np.minimum(shortest, mins), shortest)
+        counted = counted + np.where(use, taken, 0.0)
+        if (counted >= steps).all():
+            return shortest
+    return None
 
 
 #: ``hh.Auto``'s line in the registry (it runs the others: its own module, as any strategy's)

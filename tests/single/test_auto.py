@@ -2,13 +2,14 @@
 (``advise.choose``), guards with the training loss; all in the simulator (the library's own objects on a virtual
 clock) and against injected rounds."""
 import copy
+import logging
 
 import numpy as np
 import pytest
 
 from horovod_hetero import advise
 from horovod_hetero import simulate as sim
-from horovod_hetero.auto import BANNED_ROUNDS, STARTUP_ROUNDS, Auto
+from horovod_hetero.auto import BANNED_ROUNDS, CHANGE_STEPS, HISTORY, STARTUP_ROUNDS, TRIED, Auto, undelayed
 from horovod_hetero.runtime.runner import GradientRunner, ModelAveragingRunner, runner_for
 from horovod_hetero.strategies.base import MEASURE, Context, RoundResult, RoundStats, StepReport
 from horovod_hetero.strategies.registry import configured, rebuild
@@ -45,6 +46,21 @@ def test_a_straggler_that_appears_mid_run_is_answered_after_it_appears():
     assert result.samples_per_s >= 1.5 * sync.samples_per_s and result.samples_per_s >= 0.8 * esync.samples_per_s
 
 
+def test_random_stragglers_leave_synchronous_once_and_read_as_no_change(caplog):
+    """Each step of each rank 4x with even odds (``bench --profile random``): a round may hold a single step, so
+    a rank's shortest step of the latest round flips between 0.05 and 0.2 s; pooled over its newest
+    ``CHANGE_STEPS`` steps it stays put: Auto decides once (a switch and its trial) and keeps its choice."""
+    cluster = sim.Cluster([0.05] * 4, step_factors=[[1.0, 4.0]] * 4, seed=0)
+    caplog.set_level(logging.INFO, logger="horovod_hetero")
+    result = run(cluster, Auto(), duration=60.0)
+    fixed = max(run(cluster, configured(name), duration=60.0).samples_per_s for name in ("esync", "adsp"))
+    assert result.samples_per_s >= 1.2 * run(cluster, configured("sync"), duration=60.0).samples_per_s
+    assert result.samples_per_s >= 0.95 * fixed
+    switches = [m for m in caplog.messages if m.startswith("Auto switches")]
+    assert 1 <= len(switches) <= 1 + TRIED and "from sync" in switches[0], switches
+    assert not [m for m in caplog.messages if "decides again" in m]
+
+
 def statistics(step_s, loss=np.nan, wall=1.0, steps=5, spread=0.0):
     """One round's statistics: every rank ``steps`` steps of ``step_s`` (a list, per rank) on average, their
     standard deviation ``spread`` times that, the shortest ``1 - spread`` times it."""
@@ -74,7 +90,9 @@ def test_it_adds_rounds_of_statistics_while_synchronous_runs_and_decides_alike_o
     auto = Auto(candidates=CANDIDATES, measure_every=3)
     assert rounds_of(auto, 3) == ["MEASURE"] * 3                   # every step until it has decided
     decided = copy.deepcopy(auto)
-    feed(decided, [statistics([0.05] * 4) for _ in range(6)])       # equal ranks: it decides to stay
+    feed(decided, [statistics([0.05] * 4) for _ in range(6)])       # equal ranks: it decides to stay, on 4 rounds
+    assert decided.handover() is None and rounds_of(decided, 3) == ["MEASURE"] * 3   # and decides again on HISTORY
+    feed(decided, [statistics([0.05] * 4) for _ in range(HISTORY)], start=10)
     assert decided.handover() is None and rounds_of(decided, 6) == ["CONTINUE", "CONTINUE", "MEASURE"] * 2
     assert type(runner_for(auto)) is GradientRunner and auto.runs is auto.current
     ranks = [copy.deepcopy(auto) for _ in range(4)]
@@ -318,6 +336,25 @@ def test_beside_a_model_averaging_strategy_it_adds_no_round_of_statistics():
     assert rounds_of(auto, 16) == (["CONTINUE"] * 7 + ["AVERAGE"]) * 2
 
 
+def test_a_rank_delayed_on_some_steps_is_no_change_but_one_slowed_on_every_step_is(caplog):
+    auto = Auto(candidates=CANDIDATES, measure_every=1)
+    feed(auto, [statistics([0.05] * 4, steps=1) for _ in range(STARTUP_ROUNDS + HISTORY)])
+    assert auto.handover() is None and auto.switches == []
+    # one step a round; ranks 1 and 2 delayed 4x in turn
+    flipping = [statistics([0.05, 0.2 if i % 2 else 0.05, 0.05 if i % 2 else 0.2, 0.05], steps=1) for i in range(24)]
+    slowed = [statistics([0.05, 0.05, 0.05, 0.2], steps=1) for _ in range(CHANGE_STEPS + 4)]
+    caplog.set_level(logging.INFO, logger="horovod_hetero")
+    feed(auto, flipping, start=20)
+    assert auto.handover() is None and auto.switches == []
+    feed(auto, slowed[:CHANGE_STEPS - 1], start=50)
+    assert not [m for m in caplog.messages if "decides again" in m]
+    feed(auto, slowed[CHANGE_STEPS - 1:], start=70)
+    assert [m for m in caplog.messages if "decides again" in m] == [
+        "Auto decides again: rank 3's undelayed step moved from 0.05 s to 0.2 s"]
+    assert auto.handover() is auto and auto.switches[0]["why"].startswith("rank 3's undelayed step moved")
+    assert undelayed(slowed[:1] + flipping[-2:], 2).tolist() == [0.05, 0.05, 0.05, 0.05]
+
+
 def costly_collectives(n):
     """Equal ranks whose collective costs twice a step: LocalSGD saves most of it."""
     rounds = [statistics([0.05] * 4, steps=1) for _ in range(n)]
@@ -331,9 +368,9 @@ def test_unchanged_speeds_keep_its_choice_unless_told_to_decide_again():
     ranks' steps stay put: by default it keeps its choice, with ``recheck_rounds`` it decides again."""
     for recheck, expected in ((None, "sync"), (4, "localsgd")):
         auto = Auto(candidates=CANDIDATES, measure_every=1, recheck_rounds=recheck)
-        feed(auto, [statistics([0.05] * 4, steps=1) for _ in range(STARTUP_ROUNDS + 4)])
+        feed(auto, [statistics([0.05] * 4, steps=1) for _ in range(STARTUP_ROUNDS + HISTORY)])
         assert auto.handover() is None and auto.switches == []
-        feed(auto, costly_collectives(12), start=STARTUP_ROUNDS + 5)
+        feed(auto, costly_collectives(12), start=STARTUP_ROUNDS + HISTORY + 1)
         auto.handover()
         assert auto.current_name == expected, (recheck, auto.switches)
 
