@@ -27,7 +27,8 @@ and a strategy that would have been better but was never run (the simulator's pr
 How it maps onto Horovod: ``Auto`` is a strategy that runs another one (``Strategy.runs``), so the runtime
 carries out the kind of the one running (``runtime.runner``); a switch is ``Strategy.handover`` after a global
 round (an ``AVERAGE``, or a ``MEASURE`` round of statistics it adds while a gradient-averaging strategy,
-which has no rounds of its own, runs: every step until it has decided, then every ``measure_every`` steps),
+which has no rounds of its own, runs: every step until it has decided on ``HISTORY`` rounds, then every
+``measure_every`` steps),
 so every rank switches at the same round, with the same model, and the next step takes rank 0's counters.
 Under Keras, where ranks may take different numbers of batches in an epoch, a switch away from a strategy whose
 ranks do waits for the epoch's end.
@@ -64,10 +65,12 @@ HISTORY = 12
 SIMULATED_STEPS = 40
 #: a rank's undelayed step changing by more than this share makes Auto decide again
 CHANGE = 0.3
-#: a rank's newest steps whose shortest is its undelayed step when Auto looks for a change (one round may hold a
-#: single step, delayed or not: under random stragglers each step of a rank is 4x with even odds, and twelve
-#: in a row are all 4x once in 4,096)
+#: a rank's newest steps from which Auto reads its undelayed step when it looks for a change (``undelayed``: one
+#: round may hold a single step, delayed or not: under random stragglers each step of a rank is 4x with even
+#: odds, and twelve in a row are all 4x once in 4,096)
 CHANGE_STEPS = 12
+#: rounds kept for reading a change (a rank that takes a step every few rounds needs more than ``HISTORY``)
+CHANGE_ROUNDS = 4 * HISTORY
 #: rounds a strategy the guard left, or a trial found no faster, is not run again
 BANNED_ROUNDS = 60
 #: the most candidates predicted alike that a decision runs in turn and measures
@@ -85,10 +88,11 @@ class Auto(Strategy):
             WAGMA only where its process sets are registered and Balanced only where the adapter plans
             batches); ``"sync"`` must be among them (it starts there).
         measure_every: steps between the rounds of statistics it adds while Synchronous or Balanced runs
-            (they have no rounds of their own) once it has decided, an int >= 1; before its first decision,
-            and after the speeds changed, it adds one every step, so that it decides within
-            ``min_rounds + STARTUP_ROUNDS`` steps (a round of statistics is one allreduce of some 100 bytes;
-            under a model-averaging strategy it reads that strategy's own rounds instead).
+            (they have no rounds of their own) once it has decided, an int >= 1; after a (re)start and after
+            the speeds changed, it adds one every step, so that it decides within ``min_rounds +
+            STARTUP_ROUNDS`` steps, and, where that decision keeps the strategy running, once more on
+            ``HISTORY`` rounds (a round of statistics is one allreduce of some 100 bytes; under a
+            model-averaging strategy it reads that strategy's own rounds instead).
         min_rounds: rounds of statistics after a (re)start before it decides, an int >= 1 (the first
             ``STARTUP_ROUNDS`` after a start are left out: they hold the start-up); from 4 on, the decision
             also weighs how the predicted gain moves between the older and newer half of them
@@ -149,6 +153,7 @@ class Auto(Strategy):
         self.available = list(self.candidates)     # those this job can run (``start``)
         self.switches: list[dict[str, Any]] = []   # every switch: round, step, from, to, why
         self._rounds: list[RoundStats] = []        # statistics since the latest (re)start, switch or change
+        self._recent: list[RoundStats] = []        # the same, up to ``CHANGE_ROUNDS`` (``_changed``)
         self._startup = STARTUP_ROUNDS             # rounds still to leave out after a (re)start (start-up)
         self._progress: list[tuple[float, float, float]] = []   # (seconds, mean loss, samples trained) per round
         self._before: tuple[float, float] | None = None   # the loss's weighed fall before the latest switch, its error
@@ -161,6 +166,7 @@ class Auto(Strategy):
         self._speeds: dict[str, float] = {}        # samples/s measured this trial, by name (what it left first)
         self._decided_at: np.ndarray | None = None  # every rank's typical step at the latest decision
         self._final = False                        # the latest decision read ``HISTORY`` rounds, or switched
+        self._session = ""                         # the controller's it was started by (``Context.session``)
         self._reference: np.ndarray | None = None  # every rank's undelayed step since then (``undelayed``)
         self._change = ""                          # the change that made it decide again (for the switch's reason)
         self._since_decision = 0
@@ -205,10 +211,16 @@ class Auto(Strategy):
     # -- the template methods, on the strategy it runs --
 
     def start(self, ctx: Context) -> None:
-        if self._sized and ctx.size != self.size:  # a new job size (hvd.elastic): measure it afresh
+        # A new controller (hvd.elastic's reset) or job size: every rank measures afresh alike (a worker that
+        # replaced a lost one has measured nothing, and the others must add rounds of statistics when it does)
+        resized = self._sized and ctx.size != self.size
+        if resized or ctx.session != self._session:
+            self._session = ctx.session
             self._restart()
-            self._decided_at, self._trial, self._speeds, self._final = None, [], {}, False
-            self._previous = self._before = None   # what it measured before describes the old size
+            self._decided_at, self._since_decision, self._final = None, 0, False
+        if resized:                                # what it measured before describes the old size
+            self._trial, self._speeds = [], {}
+            self._previous = self._before = None
         self.rank, self.size, self.clock, self._sized = ctx.rank, ctx.size, ctx.clock, True
         self.available = [name for name in self.candidates if self._runs_here(name, ctx)]
         self.current.start(ctx)
@@ -242,8 +254,8 @@ class Auto(Strategy):
         # in hvd.join, which answers them with zeros. A model-averaging strategy's own rounds carry the
         # statistics, and a rank that stopped early joins those with its model, which a round of statistics
         # would not match.
-        # Every step until a decision (the steps at Synchronous's pace cost the most before it), then every
-        # ``measure_every``.
+        # Every step until a decision on ``HISTORY`` rounds (the steps at Synchronous's pace cost the most before
+        # it), then every ``measure_every``.
         every = self.measure_every if self._final else 1
         if decision is CONTINUE and self._measures and self._since_round >= every:
             return MEASURE
@@ -261,6 +273,7 @@ class Auto(Strategy):
             self._startup -= 1
         else:
             self._rounds = (self._rounds + [result.stats])[-HISTORY:]
+            self._recent = (self._recent + [result.stats])[-CHANGE_ROUNDS:]
         walls, losses = result.stats.wall_s, result.stats.loss
         seconds = float(np.nanmedian(walls)) if np.isfinite(walls).any() else float("nan")
         loss = float(np.nanmean(losses)) if np.isfinite(losses).any() else float("nan")
@@ -302,20 +315,21 @@ class Auto(Strategy):
 
     def _restart(self) -> None:
         """Measure afresh (a switch, a new job size): the rounds so far describe another strategy or job."""
-        self._rounds, self._progress, self._since_round, self._startup = [], [], 0, STARTUP_ROUNDS
-        self._reference = None
+        self._rounds, self._recent, self._progress, self._since_round = [], [], [], 0
+        self._startup, self._reference = STARTUP_ROUNDS, None
 
     def _changed(self) -> bool:
-        """Whether a rank's undelayed step (``undelayed``: its shortest of its newest ``CHANGE_STEPS`` steps) moved
-        by more than ``CHANGE`` from what it was after the latest decision (the first such reading while the
-        strategy then chosen runs: a strategy whose ranks never wait shares the cores differently): a straggler
-        appeared or left. Then the rounds before the latest are dropped, and the next decision reads the
-        cluster as it is now."""
+        """Whether a rank's undelayed step (``undelayed``, over its newest ``CHANGE_STEPS`` steps) moved by more
+        than ``CHANGE`` from what it was after the latest decision (the first such reading while the strategy
+        then chosen runs: a strategy whose ranks never wait shares the cores differently): a straggler appeared
+        or left. Then the rounds before the latest are dropped, and the next decision reads the cluster as it
+        is now."""
         if self._decided_at is None:
             return False
-        now = undelayed(self._rounds)
+        now = undelayed(self._recent)
         if now is None:
             return False
+        now = np.maximum(now, 1e-6)
         if self._reference is None or self._reference.size != now.size:
             self._reference = now
             return False
@@ -327,7 +341,8 @@ class Auto(Strategy):
                         f"{now[rank]:.3g} s")
         if self.rank == 0:
             log.info("Auto decides again: %s", self._change)
-        self._rounds, self._decided_at, self._reference, self._final = self._rounds[-1:], None, None, False
+        self._rounds, self._recent = self._rounds[-1:], self._recent[-1:]
+        self._decided_at, self._reference, self._final = None, None, False
         return True
 
     def _decide(self) -> None:
@@ -340,7 +355,7 @@ class Auto(Strategy):
             if len(rounds) >= self.settle_rounds:
                 self._judge()
             return
-        if self._changed() or len(rounds) < self.min_rounds or self._decisions >= self.max_switches:
+        if self._decisions >= self.max_switches or self._changed() or len(rounds) < self.min_rounds:
             return
         self._since_decision += 1
         again = self.recheck_rounds is not None and self._since_decision >= self.recheck_rounds
@@ -351,6 +366,7 @@ class Auto(Strategy):
         except ValueError:
             return
         self._decided_at, self._since_decision, self._final = np.array(measured.step_s), 0, len(rounds) >= HISTORY
+        self._reference = None                     # read again after this decision
         names = [n for n in self.available if self._banned.get(n, 0) <= self._round or n == self.current_name]
         if self.current_name not in names:
             names.append(self.current_name)
@@ -500,34 +516,44 @@ class Auto(Strategy):
 
 
 def undelayed(rounds: Sequence[RoundStats], steps: int = CHANGE_STEPS) -> np.ndarray | None:
-    """Each rank's undelayed step: its shortest over the newest rounds that hold at least ``steps`` of its steps
-    (rounds where it took none are passed over); ``None`` where the rounds hold fewer for some rank.
+    """Each rank's undelayed step: its shortest over the newest rounds that hold at least ``steps`` of its steps.
+    Rounds where it took none are passed over, and so are rounds of a smaller batch than its largest in
+    ``rounds`` (its samples per step, where reported: an epoch's last, partial batch is not its pace);
+    ``None`` where the rounds hold fewer steps for some rank.
 
     Example:
         >>> import numpy as np
-        >>> def stats(mins, steps):
+        >>> def stats(mins, steps, samples):
         ...     n = len(mins)
-        ...     return RoundStats(np.array(steps), np.array(mins), np.full(n, np.nan), np.zeros(n, int),
+        ...     return RoundStats(np.array(steps), np.array(mins), np.full(n, np.nan), np.array(samples),
         ...                       np.zeros(n, bool), step_min=np.array(mins))
-        >>> rounds = [stats([0.05, 0.05], [4, 1]), stats([0.2, 0.2], [4, 1]), stats([0.2, 0.05], [4, 2])]
-        >>> undelayed(rounds, 4), undelayed(rounds, 3), undelayed(rounds, 5)
-        (array([0.2 , 0.05]), array([0.2 , 0.05]), None)
+        >>> rounds = [stats([0.05, 0.05], [4, 2], [128, 64]), stats([0.2, 0.02], [4, 1], [128, 8]),
+        ...           stats([0.2, 0.05], [4, 2], [128, 64])]          # rank 1's 0.02 s: a batch of 8, not 32
+        >>> undelayed(rounds, 4), undelayed(rounds, 5)
+        (array([0.2 , 0.05]), None)
     """
     if not rounds:
         return None
     n = np.asarray(rounds[-1].step_min).size
-    shortest, counted = np.full(n, np.inf), np.zeros(n)
-    for stats in reversed(rounds):
-        mins, taken = np.asarray(stats.step_min, dtype=float), np.asarray(stats.local_steps, dtype=float)
-        if mins.size != n:
-            break
-        needed = counted < steps                   # each rank reads back only as far as it needs
-        use = needed & np.isfinite(mins) & (taken > 0)
-        shortest = np.where(use, np.minimum(shortest, mins), shortest)
-        counted = counted + np.where(use, taken, 0.0)
-        if (counted >= steps).all():
-            return shortest
-    return None
+    same = [r for r in rounds if np.asarray(r.step_min).size == n]
+    taken = np.array([np.asarray(r.local_steps, dtype=float) for r in same])          # rounds x ranks
+    mins = np.array([np.asarray(r.step_min, dtype=float) for r in same])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        batch = np.array([np.asarray(r.samples, dtype=float) for r in same]) / taken
+    full = np.nanmax(np.where(taken > 0, batch, np.nan), axis=0, initial=0.0)
+    usable = (taken > 0) & np.isfinite(mins) & ~(batch < 0.99 * full)   # a batch not reported (0): usable
+    shortest = np.full(n, np.nan)
+    for q in range(n):
+        counted = 0.0
+        for i in reversed(range(len(same))):   # each rank reads back only as far as it needs
+            if usable[i, q]:
+                shortest[q] = mins[i, q] if counted == 0 else min(shortest[q], mins[i, q])
+                counted += taken[i, q]
+                if counted >= steps:
+                    break
+        if counted < steps:
+            return None
+    return shortest
 
 
 #: ``hh.Auto``'s line in the registry (it runs the others: its own module, as any strategy's)

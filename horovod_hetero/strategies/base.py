@@ -105,6 +105,9 @@ class Context:
         clock: seconds, monotonic (a virtual clock in the simulator).
         batches_planned: the adapter can hand every rank the batch a strategy plans for it (a batch sampler
             bound to the torch wrapper, Keras' ``epoch_plan``): a strategy that plans batches can run.
+        session: the controller's, the same on every rank; another after ``hvd.elastic``'s reset (where a new
+            worker may have replaced a lost one), the same when the controller starts the strategy again
+            (after ``sync_model()``, a switch). Empty where there is none (the simulator).
     """
 
     rank: int
@@ -113,6 +116,7 @@ class Context:
     collectives: ObjectCollectives | None = None
     clock: Callable[[], float] = time.perf_counter
     batches_planned: bool = False
+    session: str = ""
 
 
 @dataclass(frozen=True)

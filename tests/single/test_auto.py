@@ -292,6 +292,24 @@ def test_a_new_job_size_ends_a_trial_and_what_it_measured_before():
     assert (auto._trial, auto._speeds, auto._previous, auto._before) == ([], {}, None, None)
 
 
+def test_a_worker_that_replaced_a_lost_one_measures_as_the_others_do():
+    """A same-size reset under hvd.elastic: the survivor had decided (a round of statistics every
+    ``measure_every`` steps), the new worker has measured nothing; both take rank 0's state and start, and from
+    then on ask for the same rounds at the same steps (a round one asks and the other does not is a hang)."""
+    survivor = Auto(candidates=CANDIDATES, measure_every=3)
+    survivor.start(Context(1, 4, None, None, lambda: 0.0, session=".a"))
+    feed(survivor, [statistics([0.05] * 4, steps=1) for _ in range(STARTUP_ROUNDS + HISTORY)])
+    assert survivor.handover() is None and rounds_of(copy.deepcopy(survivor), 3) == ["CONTINUE", "CONTINUE", "MEASURE"]
+    newcomer = Auto(candidates=CANDIDATES, measure_every=3)
+    survivor.start(Context(1, 4, None, None, lambda: 0.0, session=".a"))      # sync_model(): the same controller
+    assert rounds_of(copy.deepcopy(survivor), 3) == ["CONTINUE", "CONTINUE", "MEASURE"]
+    state = survivor.state_dict()
+    for rank, auto in ((1, survivor), (3, newcomer)):
+        auto.load_state_dict(state)
+        auto.start(Context(rank, 4, None, None, lambda: 0.0, session=".b"))
+    assert rounds_of(survivor, 20) == rounds_of(newcomer, 20) == ["MEASURE"] * 20
+
+
 def test_noise_and_equal_ranks_never_make_it_switch():
     auto = Auto(candidates=CANDIDATES)
     rng = np.random.default_rng(0)
@@ -353,6 +371,24 @@ def test_a_rank_delayed_on_some_steps_is_no_change_but_one_slowed_on_every_step_
         "Auto decides again: rank 3's undelayed step moved from 0.05 s to 0.2 s"]
     assert auto.handover() is auto and auto.switches[0]["why"].startswith("rank 3's undelayed step moved")
     assert undelayed(slowed[:1] + flipping[-2:], 2).tolist() == [0.05, 0.05, 0.05, 0.05]
+
+
+def test_an_epochs_last_smaller_batch_is_no_change(caplog):
+    auto = Auto(candidates=CANDIDATES, measure_every=1)
+    caplog.set_level(logging.INFO, logger="horovod_hetero")
+    feed(auto, [statistics([0.05] * 4, steps=1) for _ in range(STARTUP_ROUNDS + 2 * HISTORY)])
+    last = statistics([0.02, 0.05, 0.05, 0.05], steps=1)
+    last.samples[0] = 8                                       # 8 samples where the others took 32
+    feed(auto, [last] + [statistics([0.05] * 4, steps=1) for _ in range(2 * CHANGE_STEPS)], start=40)
+    assert not [m for m in caplog.messages if "decides again" in m] and auto.switches == []
+
+
+def test_rounds_of_single_steps_delayed_at_random_read_as_transient_around_the_undelayed_step():
+    """One step a round (Synchronous before a decision), each rank's step 4x in every other round."""
+    rounds = [statistics([0.2 if (i + q) % 2 else 0.05 for q in range(4)], steps=1) for i in range(12)]
+    measured = advise.measure_rounds(rounds)
+    assert measured.kind == "transient" and measured.step_s == pytest.approx([0.05] * 4)
+    assert [np.mean(f > 3) for f in measured.factors] == pytest.approx([0.5] * 4)
 
 
 def costly_collectives(n):
