@@ -21,7 +21,7 @@ from horovod_hetero.common.process_sets import check_process_set, registered_ids
 from horovod_hetero.common.ranks import ELASTIC_WITH_PROCESS_SETS, StaleRequestsReset, process_state, under_elastic
 from horovod_hetero.errors import RankLostError
 from horovod_hetero.runtime.seams import (DEFAULT_TIMEOUT_S, Collectives, call_with_timeout, check_background,
-                                                library_down, process_sets_held, requests_left)
+                                                failure_seen, library_down, process_sets_held, requests_left)
 from horovod_hetero.transports.addresses import server_host
 from horovod_hetero.validation import check_float
 from horovod_hetero.errors import troubleshooting
@@ -170,11 +170,16 @@ class HorovodCollectives(Collectives):
         """Raise ``RankLostError`` naming ``what`` rather than enqueue a collective that would block.
 
         Horovod's background thread failed (``check_background``); or, with process sets registered,
-        a rank of this host died: Horovod's thread then fails and, removing the process sets, holds
-        the lock that every enqueue takes, while the enqueue holds the GIL (torch's are pybind calls),
-        so no Python code would run again until ``guard_gil`` ended the process. About 8 us per rank
-        of this host; a rank on another host is not seen (``guard_gil`` remains)."""
+        a collective of this process failed already (``failure_seen``: WAGMA's responder thread may
+        enqueue after the main thread's collective failed) or a rank of this host died: Horovod's thread
+        then fails and, removing the process sets, holds the lock that every enqueue takes, while the
+        enqueue holds the GIL (torch's are pybind calls), so no Python code would run again until
+        ``guard_gil`` ended the process. About 8 us per rank of this host; a rank on another host whose
+        death no collective of this process saw yet is not seen (``guard_gil`` remains)."""
         check_background(what)
+        if process_sets_held.is_set() and failure_seen.is_set():
+            raise RankLostError(f"{what} cannot complete: a collective of this process failed, and Horovod "
+                                f"cannot complete any other while it removes the job's process sets")
         if self._watched:
             dead = sorted(rank for rank, process in self._watched.items() if process_state(process) == "died")
             if dead:

@@ -221,6 +221,33 @@ def test_with_process_sets_an_enqueue_is_refused_once_a_rank_of_this_host_died(m
             stopped.kill()
 
 
+def test_with_process_sets_an_enqueue_is_refused_once_a_collective_of_this_process_failed(monkeypatch):
+    """WAGMA's responder thread may enqueue after the main thread's collective failed: with process sets held,
+    Horovod's failed thread holds the lock that enqueue waits on (holding the GIL), so it is refused; without
+    them (no such lock), and once the failure is forgotten (a new session), it goes on."""
+    from horovod_hetero.torch.adapter import TorchCollectives
+    c = object.__new__(TorchCollectives)
+    c._watched = {}
+    seen, held = runtime_collectives.failure_seen, runtime_collectives.process_sets_held
+    for event in (seen, held, runtime_collectives.background_failure):
+        event.clear()
+    try:
+        held.set()
+        c.check_enqueue("the group average")                 # no failure seen: healthy
+        seen.set()
+        with pytest.raises(RankLostError, match=r"^the group average cannot complete: a collective of this process "
+                                                 r"failed, and Horovod cannot complete any other"):
+            c.check_enqueue("the group average")
+        held.clear()
+        c.check_enqueue("the group average")                 # no process sets: Horovod's own error comes
+        held.set()
+        runtime_collectives.forget_failure()
+        c.check_enqueue("the group average")
+    finally:
+        seen.clear()
+        held.clear()
+
+
 def test_the_gil_watchdog_follows_horovod_and_ends_only_a_process_whose_python_cannot_run_after_a_failure():
     import threading
 
