@@ -167,7 +167,7 @@ class Auto(Strategy):
         self._decided_at: np.ndarray | None = None  # every rank's typical step at the latest decision
         self._final = False                        # the latest decision read ``HISTORY`` rounds, or switched
         self._session = ""                         # the controller's it was started by (``Context.session``)
-        self._reference: np.ndarray | None = None  # every rank's undelayed step since then (``undelayed``)
+        self._reference: np.ndarray | None = None  # every rank's undelayed step since the latest decision (``_changed``)
         self._change = ""                          # the change that made it decide again (for the switch's reason)
         self._since_decision = 0
         self._since_round = 0                      # steps since the latest round (the statistics rounds)
@@ -316,29 +316,31 @@ class Auto(Strategy):
     def _restart(self) -> None:
         """Measure afresh (a switch, a new job size): the rounds so far describe another strategy or job."""
         self._rounds, self._recent, self._progress, self._since_round = [], [], [], 0
-        self._startup, self._reference = STARTUP_ROUNDS, None
+        self._startup = STARTUP_ROUNDS
 
     def _changed(self) -> bool:
-        """Whether a rank's undelayed step (``undelayed``, over its newest ``CHANGE_STEPS`` steps) moved by more
-        than ``CHANGE`` from what it was after the latest decision (the first such reading while the strategy
-        then chosen runs: a strategy whose ranks never wait shares the cores differently): a straggler appeared
-        or left. Then the rounds before the latest are dropped, and the next decision reads the cluster as it
-        is now."""
+        """Whether a rank's undelayed step (``undelayed``, over its newest ``CHANGE_STEPS`` steps since the latest
+        switch) moved by more than ``CHANGE`` from what it was after the latest decision: a straggler appeared or
+        left. Then the rounds before the latest are dropped, and the next decision reads the cluster as it is now.
+
+        What it was: the first such reading after the decision, or the one the decision measured where that was
+        shorter (``advise.measure_rounds``: its shortest over the decision's rounds), so that a rank slowed during
+        the decision's trial reads as a change; one read slower at the decision than it runs (a few rounds of
+        one step each, all delayed at random) does not, nor, so, does a rank sped up during the trial."""
         if self._decided_at is None:
             return False
         now = undelayed(self._recent)
-        if now is None:
+        if now is None or now.size != self._decided_at.size:
             return False
         now = np.maximum(now, 1e-6)
-        if self._reference is None or self._reference.size != now.size:
-            self._reference = now
-            return False
-        moved = np.abs(now / self._reference - 1.0)
+        if self._reference is None:
+            self._reference = np.minimum(now, np.maximum(self._decided_at, 1e-6))
+        then = self._reference
+        moved = np.abs(now / then - 1.0)
         if np.max(moved) <= CHANGE:
             return False
         rank = int(np.argmax(moved))
-        self._change = (f"rank {rank}'s undelayed step moved from {self._reference[rank]:.3g} s to "
-                        f"{now[rank]:.3g} s")
+        self._change = f"rank {rank}'s undelayed step moved from {then[rank]:.3g} s to {now[rank]:.3g} s"
         if self.rank == 0:
             log.info("Auto decides again: %s", self._change)
         self._rounds, self._recent = self._rounds[-1:], self._recent[-1:]
@@ -366,7 +368,7 @@ class Auto(Strategy):
         except ValueError:
             return
         self._decided_at, self._since_decision, self._final = np.array(measured.step_s), 0, len(rounds) >= HISTORY
-        self._reference = None                     # read again after this decision
+        self._reference = None
         names = [n for n in self.available if self._banned.get(n, 0) <= self._round or n == self.current_name]
         if self.current_name not in names:
             names.append(self.current_name)

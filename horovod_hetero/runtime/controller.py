@@ -201,6 +201,7 @@ class HeteroController:
         self._t_last = clock()
         self._resumed = False          # the next step is the first after a sync (its time is not a step's)
         self._started = False          # the first start() takes the set's first rank's counters
+        self._session = ""             # this controller's (its first start's collectives' session: Context.session)
         self._activity: str | None = None  # the collective this rank is in (names it if a rank is lost)
 
     def _runner(self, strategy: Strategy) -> Runner:
@@ -249,11 +250,12 @@ class HeteroController:
                 (self.state_dict(), secrets.token_hex(4)), what="the broadcast of the strategy's counters")
             self.load_state_dict(counters)
             self.collectives.session = f".{session}"       # this controller's collectives' names (Collectives)
+            self._session = self._session or self.collectives.session
             self._started = True
         transports = Transports(self.rank, self.size, self.collectives, self.model_changed)
         try:
             self.strategy.start(Context(self.rank, self.size, transports, self.collectives, self._clock,
-                                        self.batches_planned, self.collectives.session))
+                                        self.batches_planned, self._session))
         except BaseException:
             transports.close()                 # a half-opened strategy stays closed; the next step retries
             raise

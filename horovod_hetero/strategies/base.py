@@ -106,8 +106,8 @@ class Context:
         batches_planned: the adapter can hand every rank the batch a strategy plans for it (a batch sampler
             bound to the torch wrapper, Keras' ``epoch_plan``): a strategy that plans batches can run.
         session: the controller's, the same on every rank; another after ``hvd.elastic``'s reset (where a new
-            worker may have replaced a lost one), the same when the controller starts the strategy again
-            (after ``sync_model()``, a switch). Empty where there is none (the simulator).
+            worker may have replaced a lost one), the same whenever this controller starts a strategy again
+            (after ``sync_model()``, a switch, ``set_strategy``). Empty where there is none (the simulator).
     """
 
     rank: int

@@ -61,6 +61,16 @@ def test_random_stragglers_leave_synchronous_once_and_read_as_no_change(caplog):
     assert not [m for m in caplog.messages if "decides again" in m]
 
 
+def test_a_straggler_that_appears_during_a_trial_is_answered_after_it(caplog):
+    """Equal ranks whose collective is costly: LocalSGD at the sixth step, then ADSP tried; rank 3 slows 4x at
+    3 s, inside that trial. Its steps read after the trial are compared with those the decision measured."""
+    cluster = sim.Cluster([0.05] * 4, change_at=3.0, change_factors=[1, 1, 1, 4], bandwidth=2.5e8, seed=0)
+    caplog.set_level(logging.INFO, logger="horovod_hetero")
+    result = run(cluster, Auto(), duration=40.0)
+    assert "Auto decides again: rank 3's undelayed step moved from 0.05 s to 0.2 s" in caplog.messages
+    assert result.samples_per_s >= 1.5 * run(cluster, configured("localsgd"), duration=40.0).samples_per_s
+
+
 def statistics(step_s, loss=np.nan, wall=1.0, steps=5, spread=0.0):
     """One round's statistics: every rank ``steps`` steps of ``step_s`` (a list, per rank) on average, their
     standard deviation ``spread`` times that, the shortest ``1 - spread`` times it."""
@@ -508,3 +518,26 @@ def test_a_loaded_state_where_auto_runs_another_kind_gets_that_kinds_runner():
     fresh.load_state_dict(switched.state_dict())
     assert fresh.strategy.current_name == "elasticbsp" and type(fresh.runner) is ModelAveragingRunner
     assert fresh.gradients.opened is None and fresh.protocol.policy is fresh.runner
+
+
+def test_a_switch_keeps_the_controllers_session_so_auto_keeps_what_it_decided():
+    """The controller takes fresh counters (and names its collectives anew) at each strategy's first start, a
+    switch included; ``Context.session`` stays the controller's, so Auto measures afresh only under a new one
+    (``hvd.elastic``'s reset)."""
+    from fakes import ArrayCollectives, ArrayModel
+    from horovod_hetero.runtime.controller import HeteroController
+
+    def controller(auto):
+        return HeteroController(auto, ArrayCollectives(lambda rank, arrays: arrays), ArrayModel({"w": np.array([1.0])}))
+
+    auto = Auto(candidates=CANDIDATES)
+    ctl = controller(auto)
+    ctl.start()
+    first = ctl.collectives.session
+    feed(auto, [statistics([0.05, 0.05, 0.05, 0.2]) for _ in range(STARTUP_ROUNDS + 4)])
+    ctl.sync()                                               # a round where every rank holds the same model: the switch
+    ctl.start()
+    assert auto.current_name == "elasticbsp" and ctl.collectives.session != first
+    assert auto._session == first and auto._decided_at is not None
+    controller(auto).start()                                 # a new controller: measured afresh
+    assert auto._session not in ("", first) and auto._decided_at is None
