@@ -45,6 +45,9 @@ GIL_GUARD_THREAD = "horovod_hetero-gil-guard"
 _hook: dict[str, object] = {}
 _guard: dict[str, float]        # "running" (a bool) and, once it ran, "limit" (seconds)
 _guard, _guard_lock = {"running": False}, threading.Lock()
+#: threads inside an enqueue of ours now (``gil_guarded``): where Horovod's background thread fails meanwhile,
+#: holding the process-set table's lock that enqueue waits on, it never returns (``catch_background_abort``)
+_enqueues = [0]
 
 def gil_limit_s() -> float:
     """Seconds without the GIL that ``guard_gil`` allows: ``ENV_GIL_LIMIT`` or ``GIL_LIMIT_S`` (0: never)."""
@@ -116,16 +119,22 @@ def guard_gil(running: Callable[[], object]) -> None:
 def gil_guarded() -> Iterator[None]:
     """Around an enqueue into Horovod while ``guard_gil`` runs: the watchdog is armed until it returns
     (about 0.1 ms; an enqueue that waits for a failed background thread holds the GIL forever)."""
-    if not _guard["running"]:
-        yield
-        return
-    # (not None while the guard runs: guard_gil checked it; faulthandler would take None as sys.stderr anyway)
-    faulthandler.dump_traceback_later(_guard["limit"], exit=True, file=sys.__stderr__)  # type: ignore[arg-type]
+    with _guard_lock:
+        _enqueues[0] += 1
     try:
-        yield
+        if not _guard["running"]:
+            yield
+            return
+        # (not None while the guard runs: guard_gil checked it; faulthandler would take None as sys.stderr anyway)
+        faulthandler.dump_traceback_later(_guard["limit"], exit=True, file=sys.__stderr__)  # type: ignore[arg-type]
+        try:
+            yield
+        finally:
+            if not (failure_seen.is_set() or background_failure.is_set()):
+                faulthandler.cancel_dump_traceback_later()
     finally:
-        if not (failure_seen.is_set() or background_failure.is_set()):
-            faulthandler.cancel_dump_traceback_later()
+        with _guard_lock:
+            _enqueues[0] -= 1
 
 def catch_background_abort(mpi: bool = False) -> None:
     """Turn the ``SIGABRT`` that ends every survivor of a lost rank when the job registered process
@@ -141,7 +150,8 @@ def catch_background_abort(mpi: bool = False) -> None:
     holds that thread. The process then exits with code 1: from the main thread's error (an ``atexit``
     hook ends it with ``os._exit(1)`` before Horovod's shutdown, which would wait for the held
     thread), or, if the main thread is still running after ``HOLD_S`` s (blocked inside Horovod on the
-    lock the failed thread holds), from the handler, which prints the error itself. On the main thread,
+    lock the failed thread holds), from the handler, which prints the error itself; at once where a thread
+    is inside an enqueue of ours (``gil_guarded``), which waits for that lock. On the main thread,
     or on a second failure, it aborts as before.
 
     ``mpi``: Horovod's controller is MPI (``hvd.mpi_enabled()``). There a rank that stops answering
@@ -168,7 +178,8 @@ def catch_background_abort(mpi: bool = False) -> None:
         background_failure.reason = ("Horovod's background thread failed (a rank's connection broke: Horovod "
                                      "logged the Gloo error above) and shut Horovod down")
         background_failure.set()
-        deadline = time.monotonic() + (0.0 if _hook.get("exiting") else HOLD_S)
+        # no hold where a thread is inside an enqueue of ours: it waits for the lock this thread holds, for ever
+        deadline = time.monotonic() + (0.0 if _hook.get("exiting") or _enqueues[0] else HOLD_S)
         while time.monotonic() < deadline and not _hook.get("exiting"):
             time.sleep(0.05)
         if not _hook.get("exiting"):

@@ -21,7 +21,8 @@ from horovod_hetero.common.process_sets import check_process_set, registered_ids
 from horovod_hetero.common.ranks import ELASTIC_WITH_PROCESS_SETS, StaleRequestsReset, process_state, under_elastic
 from horovod_hetero.errors import RankLostError
 from horovod_hetero.runtime.seams import (DEFAULT_TIMEOUT_S, Collectives, call_with_timeout, check_background,
-                                                failure_seen, library_down, process_sets_held, requests_left)
+                                                failure_seen, library_answers, library_down, process_sets_held,
+                                                requests_left)
 from horovod_hetero.transports.addresses import server_host
 from horovod_hetero.validation import check_float
 from horovod_hetero.errors import troubleshooting
@@ -169,17 +170,20 @@ class HorovodCollectives(Collectives):
     def check_enqueue(self, what: str) -> None:
         """Raise ``RankLostError`` naming ``what`` rather than enqueue a collective that would block.
 
-        Horovod's background thread failed (``check_background``); or, with process sets registered,
-        a collective of this process failed already (``failure_seen``: WAGMA's responder thread may
-        enqueue after the main thread's collective failed) or a rank of this host died: Horovod's thread
-        then fails and, removing the process sets, holds the lock that every enqueue takes, while the
-        enqueue holds the GIL (torch's are pybind calls), so no Python code would run again until
-        ``guard_gil`` ended the process. About 8 us per rank of this host; a rank on another host whose
-        death no collective of this process saw yet is not seen (``guard_gil`` remains)."""
+        Horovod's background thread failed (``check_background``); or, with process sets held, a
+        collective of this process failed already (``failure_seen``), a rank of this host died, or
+        Horovod's process-set table does not answer (``library_answers``): Horovod's background thread
+        fails at a dead peer and, removing the process sets, holds the table's lock, which every enqueue
+        takes while it holds the GIL (torch's are pybind calls), so no Python code, the terminate handler
+        that reports the failure included, would run again until ``guard_gil`` ended the process. The
+        table is asked on a thread of its own that waits without the GIL (some 0.1 ms in a healthy job),
+        and the failure comes as a ``RankLostError``. About 8 us more per rank of this host."""
         check_background(what)
         if process_sets_held.is_set() and failure_seen.is_set():
             raise RankLostError(f"{what} cannot complete: a collective of this process failed, and Horovod "
                                 f"cannot complete any other while it removes the job's process sets")
+        if process_sets_held.is_set():
+            library_answers(what, self.timeout)
         if self._watched:
             dead = sorted(rank for rank, process in self._watched.items() if process_state(process) == "died")
             if dead:

@@ -88,6 +88,17 @@ def follow_ranks(hvd: Any, process_set: ProcessSet | None, telemetry: Telemetry 
 
     ended: dict[str, Controller | None] = {"session": None}
 
+    def end_session(controller: Controller) -> None:
+        """End the failed session's Gloo connections (``end_gloo_waits``), once a session."""
+        if ended["session"] is controller:
+            return
+        ended["session"] = controller
+        try:
+            if ends_gloo_waits():           # HOROVOD_HETERO_END_GLOO_WAITS=0: left to Gloo's timeout
+                end_gloo_waits()
+        except Exception:                   # never in the way of the error: Gloo's timeout then ends the wait
+            log.debug("ending the failed session's Gloo connections failed", exc_info=True)
+
     def lost(controller: Controller, error: BaseException) -> BaseException | None:
         if not collective_failed(error):
             return None                     # not a failed collective: the error as it is
@@ -96,6 +107,10 @@ def follow_ranks(hvd: Any, process_set: ProcessSet | None, telemetry: Telemetry 
         # Horovod cannot start again in this process (its thread failed removing the process sets), or will
         # not (the session holds process sets besides the global one): no reset, which would wait for that thread
         if background_failure.is_set() or process_sets_held.is_set():
+            # the failed session's Gloo connections ended too: another survivor's Horovod thread, removing the
+            # process sets over them (every enqueue of that survivor waiting), fails then, not at Gloo's timeout
+            if not isinstance(error, CollectiveTimeoutError):
+                end_session(controller)
             return controller.rank_lost(error, NO_RESET_WITH_PROCESS_SETS)
         # A timeout of ours: as it is (it may be a collective of the user's between rounds, which a reset would
         # only repeat, endlessly); Horovod's session may be healthy
@@ -104,13 +119,8 @@ def follow_ranks(hvd: Any, process_set: ProcessSet | None, telemetry: Telemetry 
         # The session failed, and hvd.elastic.run resets Horovod: end the session's Gloo connections, or a
         # survivor waiting on this process in the failed collective waits for Gloo's timeout before its reset
         # (once a session; not for the reset that only clears Horovod's queue, whose session is healthy)
-        if ended["session"] is not controller and not getattr(error, "clears_requests", False):
-            ended["session"] = controller
-            try:
-                if ends_gloo_waits():       # HOROVOD_HETERO_END_GLOO_WAITS=0: left to Gloo's timeout
-                    end_gloo_waits()
-            except Exception:               # never in the way of the reset: Gloo's timeout then ends the wait
-                log.debug("ending the failed session's Gloo connections failed", exc_info=True)
+        if not getattr(error, "clears_requests", False):
+            end_session(controller)
         if isinstance(error, HorovodInternalError):
             return None                     # Horovod's own error: hvd.elastic.run resets on it
         return ElasticRankLostError(*error.args)   # ours (a dead rank seen first): the same reset

@@ -264,6 +264,38 @@ def check_background(what: str, waited_s: float = 0.0) -> None:
             raise RankLostError(f"{what} cannot complete: {reason}")
 
 
+#: Seconds between two looks at ``background_failure`` while ``library_answers`` waits for an ask
+ANSWER_POLL_S = 0.005
+
+
+def library_answers(what: str, timeout_s: float) -> None:
+    """Return once the collectives' library answers a fresh ask of ``library_down`` that it still runs; raise
+    ``RankLostError`` naming ``what`` where it answers it stopped, or where its background thread fails
+    (``background_failure``) meanwhile; ``CollectiveTimeoutError`` after ``timeout_s``.
+
+    The ask runs on a thread of its own and waits for the library's lock without holding the GIL: a caller
+    about to enqueue into Horovod while its failed background thread holds the process-set table's lock
+    waits here instead of inside the enqueue (which holds the GIL, so that the terminate handler that
+    reports the failure could never run). In a healthy job the ask answers in some 0.1 ms."""
+    if not library_down:
+        return
+    ask = _Ask(library_down[0], time.monotonic())
+    ask.start()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ask.join(ANSWER_POLL_S)
+        check_background(what)
+        if not ask.is_alive():
+            break
+        if time.monotonic() > deadline:
+            raise timeout_error(what, timeout_s)
+    if ask.error is not None:
+        raise ask.error
+    if ask.reason is not None:
+        failure_seen.set()
+        raise RankLostError(f"{what} cannot complete: {ask.reason}")
+
+
 def timeout_error(what: str, timeout_s: float) -> CollectiveTimeoutError:
     """The error every stuck collective raises, torch and Keras alike."""
     failure_seen.set()

@@ -228,6 +228,7 @@ def test_with_process_sets_an_enqueue_is_refused_once_a_collective_of_this_proce
     from horovod_hetero.torch.adapter import TorchCollectives
     c = object.__new__(TorchCollectives)
     c._watched = {}
+    monkeypatch.setattr(runtime_collectives, "library_down", [lambda: None])     # Horovod's table answers
     seen, held = runtime_collectives.failure_seen, runtime_collectives.process_sets_held
     for event in (seen, held, runtime_collectives.background_failure):
         event.clear()
@@ -246,6 +247,59 @@ def test_with_process_sets_an_enqueue_is_refused_once_a_collective_of_this_proce
     finally:
         seen.clear()
         held.clear()
+
+
+def test_with_process_sets_an_enqueue_waits_for_horovods_table_without_the_gil_and_ends_at_its_failure(monkeypatch):
+    """Horovod's background thread fails at a dead peer and, removing the process sets, holds the table's lock;
+    an enqueue would wait for it holding the GIL, so that the terminate handler reporting the failure never
+    runs. The table is asked first on a thread of its own: the caller waits without the GIL, and ends with the
+    failure once the handler (here another thread) reports it."""
+    from horovod_hetero.torch.adapter import TorchCollectives
+    c = object.__new__(TorchCollectives)
+    c._watched, c.timeout = {}, 30.0
+    held, failed = runtime_collectives.process_sets_held, runtime_collectives.background_failure
+    lock = threading.Lock()
+    answer = [None]
+
+    def table():                                             # Horovod's table, behind its lock
+        with lock:
+            return answer[0]
+
+    monkeypatch.setattr(runtime_collectives, "library_down", [table])
+    for event in (held, failed, runtime_collectives.failure_seen):
+        event.clear()
+    try:
+        held.set()
+        c.check_enqueue("the group average")                 # it answers: healthy
+        answer[0] = "Horovod shut down"
+        with pytest.raises(RankLostError, match="^the group average cannot complete: Horovod shut down"):
+            c.check_enqueue("the group average")
+        runtime_collectives.failure_seen.clear()
+        lock.acquire()                                       # the failed thread holds the table
+        failed.reason = "Horovod's background thread failed"
+        threading.Timer(0.3, failed.set).start()             # the terminate handler, which needs the GIL
+        start = time.monotonic()
+        with pytest.raises(RankLostError, match="^the group average cannot complete: Horovod's background"):
+            c.check_enqueue("the group average")
+        assert 0.25 <= time.monotonic() - start < 5.0
+    finally:
+        if lock.locked():
+            lock.release()
+        for event in (held, failed, runtime_collectives.failure_seen):
+            event.clear()
+        failed.reason = None
+
+
+def test_an_enqueue_of_ours_is_counted_while_it_runs_so_the_terminate_handler_does_not_hold_for_it():
+    """Horovod's background thread that fails while an enqueue of ours waits on the process-set table's lock it
+    holds: that enqueue never returns, so the terminate handler ends the process at once (no ``HOLD_S``)."""
+    assert failures._enqueues == [0]
+    with failures.gil_guarded():
+        with failures.gil_guarded():                         # the responder's, beside the main thread's
+            assert failures._enqueues == [2]
+    with pytest.raises(OSError), failures.gil_guarded():
+        raise OSError("an enqueue that failed")
+    assert failures._enqueues == [0]
 
 
 def test_the_gil_watchdog_follows_horovod_and_ends_only_a_process_whose_python_cannot_run_after_a_failure():
@@ -494,11 +548,16 @@ def test_under_hvd_elastic_a_held_background_thread_ends_the_worker_with_why(mon
     membership = ranks.follow_ranks(hvd, None, None, lambda telemetry: Controller())
     membership.current()
     monkeypatch.setenv("HOROVOD_ELASTIC", "1")
-    monkeypatch.setattr(ranks, "end_gloo_waits", lambda: [])
+    ended = []
+    monkeypatch.setattr(ranks, "end_gloo_waits", lambda: ended.append(membership.current()))
     process_sets_held.clear()
     for event in (background_failure, process_sets_held):
         event.set()
         try:
+            before = len(ended)
+            with pytest.raises(RankLostError), membership.guard():        # a timeout of ours: the session may
+                raise CollectiveTimeoutError("the group average did not complete")  # be healthy, left as it is
+            assert len(ended) == before
             for error in (RankLostError("a rank was lost"), HorovodInternalError("Horovod has been shut down")):
                 with pytest.raises(RankLostError) as e, membership.guard():
                     raise error
@@ -508,9 +567,12 @@ def test_under_hvd_elastic_a_held_background_thread_ends_the_worker_with_why(mon
                                                f"hvd.elastic a worker that dies ends the job")
         finally:
             event.clear()
+    # the failed session's Gloo connections ended, once a session (another survivor's Horovod thread removing
+    # the process sets over them fails then, not at Gloo's timeout): each HorovodInternalError a new session
+    assert len(ended) == 2 and ended[0] is not ended[1]
     with pytest.raises(HorovodInternalError) as e, membership.guard():      # neither: Horovod resets
         raise HorovodInternalError("Horovod has been shut down")
-    assert type(e.value) is HorovodInternalError
+    assert type(e.value) is HorovodInternalError and len(ended) == 3
 
     monkeypatch.setattr(common_collectives.compat, "registered_process_sets", lambda hvd: [0, 1])
     monkeypatch.setattr(common_collectives, "_warned", [])
