@@ -152,8 +152,8 @@ class Auto(Strategy):
         self._run("sync", configured("sync"))
         self.available = list(self.candidates)     # those this job can run (``start``)
         self.switches: list[dict[str, Any]] = []   # every switch: round, step, from, to, why
-        self._rounds: list[RoundStats] = []        # statistics since the latest (re)start, switch or change
-        self._recent: list[RoundStats] = []        # the same, up to ``CHANGE_ROUNDS`` (``_changed``)
+        self._recent: list[RoundStats] = []        # statistics since the latest (re)start, switch or change,
+                                                   # up to ``CHANGE_ROUNDS`` (``_changed``; ``_rounds``: the newest)
         self._startup = STARTUP_ROUNDS             # rounds still to leave out after a (re)start (start-up)
         self._progress: list[tuple[float, float, float]] = []   # (seconds, mean loss, samples trained) per round
         self._before: tuple[float, float] | None = None   # the loss's weighed fall before the latest switch, its error
@@ -272,7 +272,6 @@ class Auto(Strategy):
         if self._startup:                          # start-up: not what the strategy costs
             self._startup -= 1
         else:
-            self._rounds = (self._rounds + [result.stats])[-HISTORY:]
             self._recent = (self._recent + [result.stats])[-CHANGE_ROUNDS:]
         walls, losses = result.stats.wall_s, result.stats.loss
         seconds = float(np.nanmedian(walls)) if np.isfinite(walls).any() else float("nan")
@@ -313,9 +312,14 @@ class Auto(Strategy):
 
     # -- deciding --
 
+    @property
+    def _rounds(self) -> list[RoundStats]:
+        """The newest ``HISTORY`` rounds of statistics: what a decision and a trial read."""
+        return self._recent[-HISTORY:]
+
     def _restart(self) -> None:
         """Measure afresh (a switch, a new job size): the rounds so far describe another strategy or job."""
-        self._rounds, self._recent, self._progress, self._since_round = [], [], [], 0
+        self._recent, self._progress, self._since_round = [], [], 0
         self._startup = STARTUP_ROUNDS
 
     def _changed(self) -> bool:
@@ -343,7 +347,7 @@ class Auto(Strategy):
         self._change = f"rank {rank}'s undelayed step moved from {then[rank]:.3g} s to {now[rank]:.3g} s"
         if self.rank == 0:
             log.info("Auto decides again: %s", self._change)
-        self._rounds, self._recent = self._rounds[-1:], self._recent[-1:]
+        self._recent = self._recent[-1:]
         self._decided_at, self._reference, self._final = None, None, False
         return True
 

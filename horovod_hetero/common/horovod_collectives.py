@@ -179,10 +179,10 @@ class HorovodCollectives(Collectives):
         table is asked on a thread of its own that waits without the GIL (some 0.1 ms in a healthy job),
         and the failure comes as a ``RankLostError``. About 8 us more per rank of this host."""
         check_background(what)
-        if process_sets_held.is_set() and failure_seen.is_set():
-            raise RankLostError(f"{what} cannot complete: a collective of this process failed, and Horovod "
-                                f"cannot complete any other while it removes the job's process sets")
         if process_sets_held.is_set():
+            if failure_seen.is_set():
+                raise RankLostError(f"{what} cannot complete: a collective of this process failed, and Horovod "
+                                    f"cannot complete any other while it removes the job's process sets")
             library_answers(what, self.timeout)
         if self._watched:
             dead = sorted(rank for rank, process in self._watched.items() if process_state(process) == "died")
