@@ -76,6 +76,8 @@ CHANGE_STEPS = 12
 CHANGE_ROUNDS = 4 * HISTORY
 #: rounds a strategy the guard left, or a trial found no faster, is not run again
 BANNED_ROUNDS = 60
+#: Student's t, two-sided 95 %, for 1, 2, ... degrees of freedom (the guard's fits; the last from 12 on)
+T95 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18)
 #: the most candidates predicted alike that a decision runs in turn and measures
 TRIED = 2
 #: rounds after a (re)start that hold start-up and are left out of a decision: a job's first two steps (the
@@ -127,7 +129,7 @@ class Auto(Strategy):
     """
 
     def __init__(self, candidates: Sequence[str] | None = None, measure_every: int = 5, min_rounds: int = 4,
-                 max_switches: int = 6, guard: float = 0.5, settle_rounds: int = 3, trial_rounds: int = 8,
+                 max_switches: int = 6, guard: float = 0.5, settle_rounds: int = 5, trial_rounds: int = 8,
                  recheck_rounds: int | None = None) -> None:
         super().__init__()
         names = list(DEFAULT if candidates is None else candidates)
@@ -352,6 +354,8 @@ class Auto(Strategy):
         if self.rank == 0:
             log.info("Auto decides again: %s", self._change)
         self._recent = self._recent[-1:]
+        self._progress = []                        # the loss's fall so far was on the cluster before: the guard
+                                                   # compares with the rounds since the change
         self._decided_at, self._reference, self._final = None, None, False
         return True
 
@@ -438,8 +442,9 @@ class Auto(Strategy):
 
     def _rate(self) -> tuple[float, float] | None:
         """How fast the training loss fell this phase, per second (a least-squares slope, sign turned), weighed
-        by the samples trained at the phase's middle, and that product's standard error; None where the rounds
-        carried too few losses.
+        by the samples trained at the phase's middle, and the half-width of that product's 95 % interval (its
+        standard error times Student's t for the fit's degrees of freedom: a fit of three rounds has one, and
+        its standard error is itself noise); None where the rounds carried too few losses.
 
         The weight makes windows far apart comparable: a loss that falls by ``b`` per logarithm of the samples
         (``L = a - b ln s``) falls ``b`` times the samples per second divided by ``s`` per second, so the weighed
@@ -455,7 +460,8 @@ class Auto(Strategy):
         slope, intercept = np.polyfit(t, loss, 1)
         residual = float(np.sum((loss - (slope * t + intercept)) ** 2))
         weight = float(age.mean())
-        return float(-slope) * weight, float(np.sqrt(residual / (len(points) - 2) / spread)) * weight
+        error = float(np.sqrt(residual / (len(points) - 2) / spread)) * weight
+        return float(-slope) * weight, error * T95[min(len(points) - 2, len(T95)) - 1]
 
     def _switch(self, name: str, why: str, gain: float) -> None:
         self._before, self._previous = self._rate(), self.current_name
@@ -465,14 +471,14 @@ class Auto(Strategy):
     def _judge(self) -> None:
         """After a switch: keep it, or go back where the loss falls per second (weighed by the samples trained,
         ``_rate``) by less than ``guard`` times what it fell before (the strategy left is then not tried again
-        for ``BANNED_ROUNDS`` rounds). Both rates must be told apart from the losses' noise (two standard errors
+        for ``BANNED_ROUNDS`` rounds). Both rates must be told apart from the losses' noise (the 95 % intervals
         of each slope): where the loss did not measurably fall before, there is no progress to compare, and the
         switch stays."""
         after, before, previous = self._rate(), self._before, self._previous
         self._previous = self._before = None
-        if self.guard == 0 or after is None or before is None or previous is None or before[0] <= 2 * before[1]:
+        if self.guard == 0 or after is None or before is None or previous is None or before[0] <= before[1]:
             return
-        if after[0] + 2 * after[1] < self.guard * before[0]:
+        if after[0] + after[1] < self.guard * before[0]:
             self._banned[self.current_name] = self._round + BANNED_ROUNDS
             self._pending = previous
             self._announce(previous, f"the training loss fell {after[0]:.3g}/s under {self.current_name}, against "

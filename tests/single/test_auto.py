@@ -9,7 +9,7 @@ import pytest
 
 from horovod_hetero import advise
 from horovod_hetero import simulate as sim
-from horovod_hetero.auto import BANNED_ROUNDS, CHANGE_STEPS, HISTORY, STARTUP_ROUNDS, TRIED, Auto, undelayed
+from horovod_hetero.auto import BANNED_ROUNDS, CHANGE_STEPS, DEFAULT, HISTORY, STARTUP_ROUNDS, TRIED, Auto, undelayed
 from horovod_hetero.runtime.runner import GradientRunner, ModelAveragingRunner, runner_for
 from horovod_hetero.strategies.base import MEASURE, Context, RoundResult, RoundStats, StepReport
 from horovod_hetero.strategies.registry import configured, rebuild
@@ -63,11 +63,12 @@ def test_random_stragglers_leave_synchronous_once_and_read_as_no_change(caplog):
 
 
 def test_a_straggler_that_appears_during_a_trial_is_answered_after_it(caplog):
-    """Equal ranks whose collective is costly: LocalSGD at the sixth step, then ADSP tried; rank 3 slows 4x at
-    3 s, inside that trial. Its steps read after the trial are compared with those the decision measured."""
+    """Equal ranks whose collective is costly: LocalSGD at the sixth step, then ADSP (listed) tried; rank 3 slows
+    4x at 3 s, inside that trial. Its steps read after the trial are compared with those the decision measured."""
     cluster = sim.Cluster([0.05] * 4, change_at=3.0, change_factors=[1, 1, 1, 4], bandwidth=2.5e8, seed=0)
     caplog.set_level(logging.INFO, logger="horovod_hetero")
-    result = run(cluster, Auto(), duration=40.0)
+    result = run(cluster, Auto(candidates=[*DEFAULT, "adsp"]), duration=40.0)
+    assert "Auto switches from adsp to localsgd" in "".join(caplog.messages)
     assert "Auto decides again: rank 3's undelayed step moved from 0.05 s to 0.2 s" in caplog.messages
     assert result.samples_per_s >= 1.5 * run(cluster, configured("localsgd"), duration=40.0).samples_per_s
 
@@ -128,6 +129,27 @@ def test_the_guard_goes_back_where_the_loss_falls_slower_and_bans_the_strategy_f
     assert auto.switches[-1]["to"] == "sync" and "the guard" in auto.switches[-1]["why"]
     feed(auto, [statistics([0.05, 0.05, 0.05, 0.2], loss=1.0 - 0.1 * i) for i in range(5)], start=12)
     assert auto.current_name == "sync" or auto.switches[-1]["to"] != "elasticbsp"   # banned for a while
+
+
+@pytest.mark.parametrize("changed", [False, True])
+def test_the_guards_baseline_is_measured_on_the_cluster_as_it_is(changed):
+    """The loss fell fast on equal ranks; then rank 3 slows 4x and the loss stops falling under Synchronous.
+    Auto reads the change and moves to ElasticBSP, whose loss falls no faster: the guard compares it with the
+    rounds since the change (no measurable fall: nothing to compare) and the switch stays. Where rank 3 was slow
+    from the start and the loss fell fast before the switch, the same ElasticBSP rounds make it go back."""
+    auto = Auto(candidates=["sync", "elasticbsp"], trial_rounds=0, settle_rounds=5)
+    auto.start(Context(0, 4, None, None, lambda: 0.0))
+    first = [0.05, 0.05, 0.05, 0.2 if not changed else 0.05]
+    feed(auto, [statistics(first, loss=3.0 - 0.1 * i, steps=4) for i in range(STARTUP_ROUNDS + HISTORY)])
+    flat = [statistics([0.05, 0.05, 0.05, 0.2], loss=1.6 + 0.001 * (i % 2), steps=4) for i in range(9)]
+    if changed:
+        assert switched(auto) is None                                        # equal ranks: Synchronous stays
+        feed(auto, flat, start=STARTUP_ROUNDS + HISTORY + 1)
+    assert switched(auto) is auto and auto.current_name == "elasticbsp"
+    assert ("rank 3's undelayed step moved" in auto.switches[-1]["why"]) == changed
+    feed(auto, flat[:STARTUP_ROUNDS + 5], start=40)
+    assert switched(auto) is (None if changed else auto)
+    assert auto.current_name == ("elasticbsp" if changed else "sync"), auto.switches
 
 
 def paced(samples_per_s, n=1, steps=1):
@@ -260,7 +282,7 @@ def test_the_guard_after_a_trial_weighs_the_losss_fall_by_the_samples_trained(pe
     dssp, age = aged(paced(1e6, STARTUP_ROUNDS) + paced(300.0, 8), after, age)
     feed(auto, dssp, start=17)
     assert switched(auto) is auto and auto.current_name == "elasticbsp" and auto._previous == "sync"
-    back, age = aged(paced(1e6, STARTUP_ROUNDS) + paced(330.0, 3), after, age)
+    back, age = aged(paced(1e6, STARTUP_ROUNDS) + paced(330.0, 5), after, age)
     feed(auto, back, start=27)
     switched(auto)
     assert auto.current_name == kept, auto.switches
