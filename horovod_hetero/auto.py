@@ -175,6 +175,7 @@ class Auto(Strategy):
         self._session = ""                         # the controller's it was started by (``Context.session``)
         self._reference: np.ndarray | None = None  # every rank's undelayed step since the latest decision (``_changed``)
         self._change = ""                          # the change that made it decide again (for the switch's reason)
+        self._slowed = False                       # that change: a rank slowed (``_enough``)
         self._since_decision = 0
         self._since_round = 0                      # steps since the latest round (the statistics rounds)
         self._round = 0
@@ -326,12 +327,13 @@ class Auto(Strategy):
     def _restart(self) -> None:
         """Measure afresh (a switch, a new job size): the rounds so far describe another strategy or job."""
         self._recent, self._progress, self._since_round = [], [], 0
-        self._startup = STARTUP_ROUNDS
+        self._startup, self._slowed = STARTUP_ROUNDS, False
 
     def _changed(self) -> bool:
         """Whether a rank's undelayed step (``undelayed``, over its newest ``CHANGE_STEPS`` steps since the latest
         switch) moved by more than ``CHANGE`` from what it was after the latest decision: a straggler appeared or
-        left. Then the rounds before the latest are dropped, and the next decision reads the cluster as it is now.
+        left. Then the rounds before the change are dropped (where a rank slowed, those since it slowed are kept,
+        and the next round may be decided on: ``_enough``), and the next decision reads the cluster as it is now.
 
         What it was: the first such reading after the decision, or the one the decision measured where that was
         shorter (``advise.measure_rounds``: its shortest over the decision's rounds), so that a rank slowed during
@@ -353,9 +355,17 @@ class Auto(Strategy):
         self._change = f"rank {rank}'s undelayed step moved from {then[rank]:.3g} s to {now[rank]:.3g} s"
         if self.rank == 0:
             log.info("Auto decides again: %s", self._change)
-        self._recent = self._recent[-1:]
-        self._progress = []                        # the loss's fall so far was on the cluster before: the guard
-                                                   # compares with the rounds since the change
+        # Kept: where the rank slowed, the newest rounds whose every step of it was slow (its shortest step in
+        # them moved as its undelayed one did): the cluster as it is now, which the next decision may read at
+        # once. Where it sped up, a round's shortest step reads the change at its first fast step: the newest.
+        kept, self._slowed = 1, bool(now[rank] > then[rank])
+        if self._slowed:
+            slow = [np.asarray(r.step_min, dtype=float)[rank] >= (1.0 - CHANGE) * now[rank]
+                    if np.asarray(r.step_min).size == now.size else False for r in self._recent]
+            while kept < len(slow) and slow[-kept - 1]:
+                kept += 1
+        self._recent = self._recent[-kept:]
+        self._progress = []                        # the loss's fall so far was on the cluster before
         self._decided_at, self._reference, self._final = None, None, False
         return True
 
@@ -369,7 +379,7 @@ class Auto(Strategy):
             if len(rounds) >= self.settle_rounds:
                 self._judge()
             return
-        if self._decisions >= self.max_switches or self._changed() or len(rounds) < self.min_rounds:
+        if self._decisions >= self.max_switches or self._changed() or not self._enough(rounds):
             return
         self._since_decision += 1
         again = self.recheck_rounds is not None and self._since_decision >= self.recheck_rounds
@@ -391,13 +401,27 @@ class Auto(Strategy):
             noise = advise.gain_noise(rounds, strategies[choice.name], strategies[self.current_name], duration)
             choice = advise.choose(measured, strategies, self.current_name, noise, duration,
                                    predicted=choice.predicted)
-        change, self._change = self._change, ""
+        change, self._change, self._slowed = self._change, "", False
         if choice.switches:
             self._decisions, self._final = self._decisions + 1, True
             if self.trial_rounds:
                 self._trial = list(choice.tied[:TRIED])
                 self._speeds = {self.current_name: advise.samples_per_s(rounds)}
             self._switch(choice.name, f"{change}: {choice.reason}" if change else choice.reason, choice.gain)
+            if change:                             # the loss's fall since the change: too few rounds to judge by
+                self._before = None
+
+    def _enough(self, rounds: Sequence[RoundStats]) -> bool:
+        """Whether ``rounds`` can be decided on: ``min_rounds`` of them; or, after a rank slowed (``_changed``),
+        two that hold ``CHANGE_STEPS`` steps of every rank (a model-averaging strategy's rounds of several steps
+        each: a straggler that appears under LocalSGD(8) is answered within two rounds after it was read,
+        where four took 6 s at the straggler's pace)."""
+        if len(rounds) >= self.min_rounds:
+            return True
+        if not self._slowed or len(rounds) < 2:
+            return False
+        steps = np.sum([np.asarray(r.local_steps, dtype=float) for r in rounds], axis=0)
+        return bool(np.min(steps) >= CHANGE_STEPS)
 
     def _try(self, rounds: Sequence[RoundStats]) -> None:
         """A decision's trial: measure the candidate that ran ``trial_rounds`` rounds, run the next, or, the last

@@ -132,11 +132,11 @@ def test_the_guard_goes_back_where_the_loss_falls_slower_and_bans_the_strategy_f
 
 
 @pytest.mark.parametrize("changed", [False, True])
-def test_the_guards_baseline_is_measured_on_the_cluster_as_it_is(changed):
-    """The loss fell fast on equal ranks; then rank 3 slows 4x and the loss stops falling under Synchronous.
-    Auto reads the change and moves to ElasticBSP, whose loss falls no faster: the guard compares it with the
-    rounds since the change (no measurable fall: nothing to compare) and the switch stays. Where rank 3 was slow
-    from the start and the loss fell fast before the switch, the same ElasticBSP rounds make it go back."""
+def test_the_guard_does_not_judge_the_switch_that_answers_a_change(changed):
+    """The loss falls fast on equal ranks, and on after rank 3 slows 4x; Auto reads the change and moves to
+    ElasticBSP, whose loss then falls no more: the fall before was on another cluster or on the few rounds
+    since the change, and the guard stays out. Where rank 3 was slow from the start, the same rounds make the
+    guard go back to Synchronous."""
     auto = Auto(candidates=["sync", "elasticbsp"], trial_rounds=0, settle_rounds=5)
     auto.start(Context(0, 4, None, None, lambda: 0.0))
     first = [0.05, 0.05, 0.05, 0.2 if not changed else 0.05]
@@ -144,12 +144,30 @@ def test_the_guards_baseline_is_measured_on_the_cluster_as_it_is(changed):
     flat = [statistics([0.05, 0.05, 0.05, 0.2], loss=1.6 + 0.001 * (i % 2), steps=4) for i in range(9)]
     if changed:
         assert switched(auto) is None                                        # equal ranks: Synchronous stays
-        feed(auto, flat, start=STARTUP_ROUNDS + HISTORY + 1)
+        slowed = [statistics([0.05, 0.05, 0.05, 0.2], loss=1.6 - 0.1 * i, steps=4) for i in range(9)]
+        feed(auto, slowed, start=STARTUP_ROUNDS + HISTORY + 1)
     assert switched(auto) is auto and auto.current_name == "elasticbsp"
     assert ("rank 3's undelayed step moved" in auto.switches[-1]["why"]) == changed
     feed(auto, flat[:STARTUP_ROUNDS + 5], start=40)
     assert switched(auto) is (None if changed else auto)
     assert auto.current_name == ("elasticbsp" if changed else "sync"), auto.switches
+
+
+@pytest.mark.parametrize("steps, after", [(8, 3), (1, 13)])
+def test_a_rank_that_slows_is_answered_on_the_rounds_since_it_slowed(steps, after):
+    """Rank 3 turns 4x slower. The change is read once its newest 12 steps are all slow, and the rounds whose
+    every step of it was slow are kept: the decision comes at the next round. Rounds of 8 steps (a
+    model-averaging strategy's): read at the second, decided at the third, on 24 steps of each rank. Rounds of
+    one step: read at the 12th, decided at the 13th, on 12 rounds (not ``min_rounds`` more)."""
+    auto = Auto(candidates=["sync", "elasticbsp"], trial_rounds=0)
+    auto.start(Context(0, 4, None, None, lambda: 0.0))
+    feed(auto, [statistics([0.05] * 4, steps=steps) for _ in range(STARTUP_ROUNDS + HISTORY)])
+    assert switched(auto) is None and auto._final
+    for i in range(1, 20):
+        feed(auto, [statistics([0.05, 0.05, 0.05, 0.2], steps=steps)], start=20 + i)
+        if switched(auto) is not None:
+            break
+    assert (i, auto.current_name) == (after, "elasticbsp"), auto.switches
 
 
 def paced(samples_per_s, n=1, steps=1):
