@@ -327,7 +327,7 @@ class Auto(Strategy):
     def _restart(self) -> None:
         """Measure afresh (a switch, a new job size): the rounds so far describe another strategy or job."""
         self._recent, self._progress, self._since_round = [], [], 0
-        self._startup, self._slowed = STARTUP_ROUNDS, False
+        self._startup, self._slowed, self._change = STARTUP_ROUNDS, False, ""
 
     def _changed(self) -> bool:
         """Whether a rank's undelayed step (``undelayed``, over its newest ``CHANGE_STEPS`` steps since the latest
@@ -355,12 +355,15 @@ class Auto(Strategy):
         self._change = f"rank {rank}'s undelayed step moved from {then[rank]:.3g} s to {now[rank]:.3g} s"
         if self.rank == 0:
             log.info("Auto decides again: %s", self._change)
-        # Kept: where the rank slowed, the newest rounds whose every step of it was slow (its shortest step in
-        # them moved as its undelayed one did): the cluster as it is now, which the next decision may read at
-        # once. Where it sped up, a round's shortest step reads the change at its first fast step: the newest.
-        kept, self._slowed = 1, bool(now[rank] > then[rank])
+        # Kept: where ranks only slowed, the newest rounds whose every step of each rank that slowed was slow
+        # (its shortest step in them nearer its new undelayed step than its old one): the cluster as it is now,
+        # which a decision may read at once. Where one sped up, a round's shortest step reads the change at its
+        # first fast step: the newest round alone.
+        slowed, sped = now > then * (1.0 + CHANGE), now < then * (1.0 - CHANGE)
+        kept, self._slowed = 1, not sped.any()
         if self._slowed:
-            slow = [np.asarray(r.step_min, dtype=float)[rank] >= (1.0 - CHANGE) * now[rank]
+            middle = np.sqrt(now * then)
+            slow = [bool(np.all(np.asarray(r.step_min, dtype=float)[slowed] >= middle[slowed]))
                     if np.asarray(r.step_min).size == now.size else False for r in self._recent]
             while kept < len(slow) and slow[-kept - 1]:
                 kept += 1
@@ -375,11 +378,17 @@ class Auto(Strategy):
             if len(rounds) >= self.trial_rounds:
                 self._try(rounds)
             return
+        if self._previous is not None and self._before is None:
+            self._previous = None                  # nothing for the guard to compare with
         if self._previous is not None:             # a switch to judge first
             if len(rounds) >= self.settle_rounds:
                 self._judge()
             return
-        if self._decisions >= self.max_switches or self._changed() or not self._enough(rounds):
+        if self._decisions >= self.max_switches:
+            return
+        if self._changed():                        # a rank slowed: the rounds since may be decided on at once
+            rounds = self._rounds
+        if not self._enough(rounds):
             return
         self._since_decision += 1
         again = self.recheck_rounds is not None and self._since_decision >= self.recheck_rounds
@@ -412,10 +421,11 @@ class Auto(Strategy):
                 self._before = None
 
     def _enough(self, rounds: Sequence[RoundStats]) -> bool:
-        """Whether ``rounds`` can be decided on: ``min_rounds`` of them; or, after a rank slowed (``_changed``),
+        """Whether ``rounds`` can be decided on: ``min_rounds`` of them; or, after ranks slowed (``_changed``),
         two that hold ``CHANGE_STEPS`` steps of every rank (a model-averaging strategy's rounds of several steps
-        each: a straggler that appears under LocalSGD(8) is answered within two rounds after it was read,
-        where four took 6 s at the straggler's pace)."""
+        each: a straggler that appears under LocalSGD(8) is answered at the round its change is read, where
+        three more rounds took some 5 s at the straggler's pace). A decision on fewer than four rounds weighs
+        no noise (``advise.gain_noise``): the change itself was read on twelve steps."""
         if len(rounds) >= self.min_rounds:
             return True
         if not self._slowed or len(rounds) < 2:

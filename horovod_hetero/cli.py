@@ -222,8 +222,8 @@ def advise(directory: str, strategies: str, duration: float | None) -> None:
         from horovod_hetero.auto import TRIED
         tried = ", ".join(choice.tied[:TRIED])
         click.echo(f"  ({tried} predicted within {adv.TIE:.0%} of the fastest: it would run them in turn and keep "
-                   f"the one measured fastest, or go back where none ran {1 + adv.MIN_GAIN:.2f}x Synchronous's "
-                   "samples/s)")
+                   f"the first in its order of those measured alike, or go back where none ran "
+                   f"{1 + adv.MIN_GAIN:.2f}x Synchronous's samples/s)")
 
 
 def plot_results(results: Sequence[SimResult], path: str) -> None:

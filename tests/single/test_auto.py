@@ -153,12 +153,12 @@ def test_the_guard_does_not_judge_the_switch_that_answers_a_change(changed):
     assert auto.current_name == ("elasticbsp" if changed else "sync"), auto.switches
 
 
-@pytest.mark.parametrize("steps, after", [(8, 3), (1, 13)])
+@pytest.mark.parametrize("steps, after", [(8, 2), (1, 12)])
 def test_a_rank_that_slows_is_answered_on_the_rounds_since_it_slowed(steps, after):
     """Rank 3 turns 4x slower. The change is read once its newest 12 steps are all slow, and the rounds whose
-    every step of it was slow are kept: the decision comes at the next round. Rounds of 8 steps (a
-    model-averaging strategy's): read at the second, decided at the third, on 24 steps of each rank. Rounds of
-    one step: read at the 12th, decided at the 13th, on 12 rounds (not ``min_rounds`` more)."""
+    every step of it was slow are kept and decided on at once. Rounds of 8 steps (a model-averaging
+    strategy's): read and decided at the second, on 16 steps of each rank. Rounds of one step: at the 12th, on
+    12 rounds (not ``min_rounds`` more)."""
     auto = Auto(candidates=["sync", "elasticbsp"], trial_rounds=0)
     auto.start(Context(0, 4, None, None, lambda: 0.0))
     feed(auto, [statistics([0.05] * 4, steps=steps) for _ in range(STARTUP_ROUNDS + HISTORY)])
@@ -168,6 +168,22 @@ def test_a_rank_that_slows_is_answered_on_the_rounds_since_it_slowed(steps, afte
         if switched(auto) is not None:
             break
     assert (i, auto.current_name) == (after, "elasticbsp"), auto.switches
+
+
+def test_a_rank_slowed_a_little_is_read_at_its_new_pace_once(caplog):
+    """Rank 3 moves from 0.05 to 0.07 s a step (1.4x, more than ``CHANGE``): the rounds kept for the decision
+    are those nearer its new step than its old one, so the decision reads 0.07 and the change is read once."""
+    caplog.set_level(logging.INFO, logger="horovod_hetero")
+    auto = Auto(candidates=["sync", "elasticbsp"], trial_rounds=0)
+    auto.start(Context(0, 4, None, None, lambda: 0.0))
+    feed(auto, [statistics([0.05] * 4) for _ in range(STARTUP_ROUNDS + HISTORY)])
+    feed(auto, [statistics([0.05, 0.05, 0.05, 0.07]) for _ in range(20)], start=20)
+    assert len([m for m in caplog.messages if "decides again" in m]) == 1, caplog.messages
+    assert auto._decided_at is not None and auto._decided_at[3] == pytest.approx(0.07)
+
+
+def test_adsp_runs_only_where_listed():
+    assert "adsp" not in Auto().candidates and "adsp" in Auto(candidates=["sync", "adsp"]).candidates
 
 
 def paced(samples_per_s, n=1, steps=1):
