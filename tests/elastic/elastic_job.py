@@ -41,10 +41,11 @@ def set_hosts(text):
     os.replace(path + ".tmp", path)
 
 
-def run(worker, strategy, tmp_path, hosts_text="localhost:2\n", np=2, args=(), launch=(), ok=True, **env):
+def run(worker, strategy, tmp_path, hosts_text="localhost:2\n", np=2, args=(), launch=(), ok=True, timeout=240,
+        **env):
     """Start ``worker strategy *args`` on ``np`` workers of ``hosts_text`` (at least 2, at most 4), with
     ``launch``, more options of horovodrun; the records its processes logged. ``ok``: the job must succeed
-    (else its exit status is not checked)."""
+    (else its exit status is not checked); ``timeout``: seconds the job may take."""
     hosts, log = tmp_path / "hosts", tmp_path / "log.jsonl"
     hosts.write_text(hosts_text)
     discover = tmp_path / "discover.sh"
@@ -55,7 +56,7 @@ def run(worker, strategy, tmp_path, hosts_text="localhost:2\n", np=2, args=(), l
     # --network-interface: without it Horovod's elastic Gloo launcher waits for two hosts to compare their NICs
     cmd = [str(HOROVODRUN), "-np", str(np), "--min-np", "2", "--max-np", "4", "--network-interface", "lo",
            "--host-discovery-script", str(discover), *launch, "--gloo", sys.executable, str(worker), strategy, *args]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert not ok or done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     return [json.loads(line) for line in log.read_text().splitlines()]
 

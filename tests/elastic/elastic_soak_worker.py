@@ -1,10 +1,12 @@
 """A Horovod elastic script (``hvd.elastic.run``, ``TorchState``) on two hosts (``localhost:2``,
 ``127.0.0.1:2``) whose second host keeps failing; run by ``test_elastic_soak.py``. While four workers
 train, the worker of rank 2 kills itself with SIGKILL in the middle of an epoch, ``kills`` times in
-all, two epochs after the job last shrank and one after it last grew back; Horovod blacklists the host, the two survivors go on
-from the last commit, and once the host's cooldown ends (``--blacklist-cooldown-range``) the
-discovery script still lists it: two new workers join and the job grows back to four. The job ends
-two epochs after it last grew back (with ``kills`` 0: after ``epochs`` epochs). Every process
+all, two epochs after the job last shrank and one after it last grew back; Horovod blacklists the host,
+the two survivors go on from the last commit, and once the host's cooldown ends
+(``--blacklist-cooldown-range``) the discovery script still lists it: two new workers join and the job
+grows back to four. The job ends two epochs after it last grew back (with ``kills`` 0: after ``epochs``
+epochs). With ``gap`` (seconds, optional), each kill also waits until four workers have trained that long
+since the job last grew back (or started): a failure every ``gap`` seconds and its recovery. Every process
 appends what it saw to a JSON-lines log."""
 import argparse
 import os
@@ -24,10 +26,12 @@ def main():
     parser.add_argument("strategy", choices=STRATEGIES)
     parser.add_argument("kills", type=int)
     parser.add_argument("epochs", type=int)
+    parser.add_argument("gap", type=float, nargs="?", default=0.0)
     args = parser.parse_args()
     model, strategy, sampler, opt = build(args.strategy)
     # kill_at: the epoch in which the next kill comes (moved on by the survivors of each kill)
-    state = hvd.elastic.TorchState(model=model, optimizer=opt, epoch=0, kills=0, kill_at=1, grown_at=0)
+    state = hvd.elastic.TorchState(model=model, optimizer=opt, epoch=0, kills=0, kill_at=1, grown_at=0,
+                                   grown_t=time.time())
 
     @hvd.elastic.run
     def train(state):
@@ -35,18 +39,19 @@ def main():
         if size < 4 and state.epoch >= state.kill_at:     # the survivors of a kill (restored: the last commit)
             state.kills, state.kill_at = state.kills + 1, state.epoch + 2
         if size == 4 and state.grown_at < 0:
-            state.grown_at = state.epoch
+            state.grown_at, state.grown_t = state.epoch, time.time()
         elif size < 4:
             state.grown_at = -1
         log(event="start", rank=rank, size=size, epoch=state.epoch, kills=state.kills, t=time.time())
-        deadline = time.monotonic() + 150
+        deadline = time.monotonic() + 150 + args.gap
         while not done(state, size):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"stuck: epoch {state.epoch}, size {size}, kills {state.kills}")
             batches = iter(sampler) if sampler is not None else None
             for i in range(STEPS):
                 if size == 4 and rank == VICTIM and state.kills < args.kills and state.epoch >= state.kill_at \
-                        and state.epoch > state.grown_at and i == STEPS // 2:
+                        and state.epoch > state.grown_at and i == STEPS // 2 \
+                        and time.time() - state.grown_t >= args.gap:
                     log(event="kill", rank=rank, t=time.time())
                     os.kill(os.getpid(), signal.SIGKILL)
                 train_step(model, opt, rank, batches)
