@@ -348,7 +348,8 @@ class Auto(Strategy):
         if self._reference is None:
             self._reference = np.minimum(now, np.maximum(self._decided_at, 1e-6))
         then = self._reference
-        moved = np.abs(now / then - 1.0)
+        ratio = now / then
+        moved = np.abs(ratio - 1.0)
         if np.max(moved) <= CHANGE:
             return False
         rank = int(np.argmax(moved))
@@ -359,7 +360,7 @@ class Auto(Strategy):
         # (its shortest step in them nearer its new undelayed step than its old one): the cluster as it is now,
         # which a decision may read at once. Where one sped up, a round's shortest step reads the change at its
         # first fast step: the newest round alone.
-        slowed, sped = now > then * (1.0 + CHANGE), now < then * (1.0 - CHANGE)
+        slowed, sped = ratio > 1.0 + CHANGE, ratio < 1.0 - CHANGE
         kept, self._slowed = 1, not sped.any()
         if self._slowed:
             middle = np.sqrt(now * then)

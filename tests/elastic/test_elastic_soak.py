@@ -62,7 +62,6 @@ def soak(tmp_path, strategy, kills, gap=0.0):
     clean = run(WORKER, strategy, tmp_path / "clean", hosts_text=HOSTS, np=4, args=("0", str(epochs)),
                 timeout=240 + kills * gap, **ENV)
     wall, goodput = first["t"] - first["t0"], _rate(records) / _rate(clean)
-    every = wall / kills if kills else float("nan")
-    print(f"\n{strategy}: {kills} kills in {wall:.0f} s (one per {every:.0f} s; the first "
+    print(f"\n{strategy}: {kills} kills in {wall:.0f} s (one per {wall / kills:.0f} s; the first "
           f"{killed[0] - first['t0']:.0f} s after the start), {epochs} epochs; goodput {goodput:.2f} of the same job without failures; "
           f"{wall * (1 - goodput) / kills:.1f} s lost per failure")
