@@ -24,7 +24,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -211,6 +211,13 @@ TIE = 0.25
 MIN_GAIN = 0.15
 #: how many times the measured noise the predicted gain must also exceed
 NOISE_FACTOR = 3.0
+#: the least predicted gain that makes ``choose`` move to a strategy that averages models (not gradients at
+#: every step) where no rank is a straggler (``Measured.kind == "even"``). There nobody waits for a slow rank:
+#: the only gain is fewer collectives, and each sample then moves the averaged model less. Measured
+#: (``horovod-hetero benchmark auto``, Fashion-MNIST to 0.89, four equal ranks): LocalSGD(8) ran 1.6-1.7x
+#: Synchronous's samples/s and reached the accuracy at 0.88-0.91x its speed, so a sample of it was worth some
+#: 0.55 of Synchronous's; a move pays where it runs about twice the samples per second
+EVEN_GAIN = 1.0
 
 
 @dataclass(frozen=True)
@@ -225,6 +232,7 @@ class Choice:
         reason: one line saying why.
         tied: where it switches, the candidates predicted within ``TIE`` of the fastest and over the gain a switch
             needs, in ``PREFERENCE`` order (``name`` first): what ``hh.Auto`` runs in turn and measures.
+        needed: the least gain over ``current`` that a move to each candidate needed (``needed``), by name.
     """
 
     name: str
@@ -233,6 +241,7 @@ class Choice:
     predicted: dict[str, float]
     reason: str
     tied: tuple[str, ...] = ()
+    needed: dict[str, float] = field(default_factory=dict)
 
     @property
     def switches(self) -> bool:
@@ -249,6 +258,23 @@ def ordered(names: Iterable[str]) -> list[str]:
     return sorted(names, key=lambda name: PREFERENCE.index(name) if name in PREFERENCE else len(PREFERENCE))
 
 
+def needed(strategy: Strategy, kind: str, noise: float = 0.0) -> float:
+    """The least predicted gain over the strategy running that a move to ``strategy`` needs on a cluster of
+    ``kind`` (``Measured.kind``): ``MIN_GAIN`` and ``NOISE_FACTOR`` times ``noise``; where ``kind`` is
+    ``"even"`` and ``strategy`` averages models rather than every step's gradients (its runner's
+    ``steps_together``), at least ``EVEN_GAIN``.
+
+    Example:
+        >>> from horovod_hetero.strategies import LocalSGD, Synchronous
+        >>> needed(LocalSGD(8), "even"), needed(LocalSGD(8), "persistent"), needed(Synchronous(), "even", 0.25)
+        (1.0, 0.15, 0.75)
+    """
+    bar = max(MIN_GAIN, NOISE_FACTOR * noise)
+    if kind == "even" and not runner_for(strategy).steps_together:
+        bar = max(bar, EVEN_GAIN)
+    return bar
+
+
 def choose(measured: Measured, strategies: Mapping[str, Strategy], current: str, noise: float = 0.0,
            duration: float | None = None, batch_share: float | None = None,
            predicted: Mapping[str, float] | None = None) -> Choice:
@@ -257,7 +283,8 @@ def choose(measured: Measured, strategies: Mapping[str, Strategy], current: str,
     done). Every candidate of ``strategies`` (names of the registry) is simulated on the measured cluster
     (``predict``). A candidate may replace ``current`` only if its predicted gain over it exceeds ``MIN_GAIN``
     and ``NOISE_FACTOR`` times ``noise`` (how much the gain itself moves between halves of the measurements:
-    ``gain_noise``), so that noise never makes the choice flap; of those, the ones predicted within ``TIE`` of
+    ``gain_noise``), so that noise never makes the choice flap, and, on an even cluster, ``EVEN_GAIN`` for a
+    strategy that averages models (``needed``); of those, the ones predicted within ``TIE`` of
     the fastest are ties (``Choice.tied``), and the first in ``PREFERENCE`` wins. ``batch_share``: the share of
     a step's time that grows with its batch, where measured; unknown (``None``) it is taken as 0, Balanced's
     worst case (it then gains nothing here). ``predicted``: samples/s by name from an earlier ``choose`` on the
@@ -282,20 +309,20 @@ def choose(measured: Measured, strategies: Mapping[str, Strategy], current: str,
         results = predict(measured, strategies, duration, 0.0 if batch_share is None else batch_share)
         rates = {name: r.samples_per_s for name, r in results}
     top, base = max(rates.values()), rates[current]
-    needed = max(MIN_GAIN, NOISE_FACTOR * noise)
+    bars = {name: needed(strategy, measured.kind, noise) for name, strategy in strategies.items()}
     gain = {name: rate / base if base > 0 else float("inf") for name, rate in rates.items()}
     tied = tuple(ordered(name for name in rates if name != current and rates[name] >= top * (1 - TIE)
-                         and gain[name] > 1.0 + needed))
+                         and gain[name] > 1.0 + bars[name]))
     if not tied:
         fastest = max((name for name in rates if name != current), key=rates.__getitem__, default=current)
         if rates[fastest] <= base:
-            return Choice(current, current, 1.0, rates, f"{current} is predicted the fastest")
+            return Choice(current, current, 1.0, rates, f"{current} is predicted the fastest", needed=bars)
         return Choice(current, current, 1.0, rates, f"{fastest} is predicted {gain[fastest]:.2f}x {current}'s "
-                                                    f"samples/s, within the {1 + needed:.2f}x a switch needs "
-                                                    f"({measured.kind})")
+                                                    f"samples/s, within the {1 + bars[fastest]:.2f}x a switch to it "
+                                                    f"needs ({measured.kind})", needed=bars)
     best = tied[0]
     return Choice(best, current, gain[best], rates, f"{best} is predicted {gain[best]:.2f}x {current}'s samples/s "
-                                                     f"({measured.kind}; needed {1 + needed:.2f}x)", tied)
+                                                     f"({measured.kind}; needed {1 + bars[best]:.2f}x)", tied, bars)
 
 
 #: points per measured step in a rank's distribution of step factors (``measure_rounds``)

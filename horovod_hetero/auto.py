@@ -170,6 +170,7 @@ class Auto(Strategy):
         self._sized = False                        # started, or loaded, at a job size (``size``)
         self._trial: list[str] = []                # the candidates of the latest decision still to run and measure
         self._speeds: dict[str, float] = {}        # samples/s measured this trial, by name (what it left first)
+        self._needs: dict[str, float] = {}         # the gain over what it left each candidate of the trial needs
         self._decided_at: np.ndarray | None = None  # every rank's typical step at the latest decision
         self._final = False                        # the latest decision read ``HISTORY`` rounds, or switched
         self._session = ""                         # the controller's it was started by (``Context.session``)
@@ -226,7 +227,7 @@ class Auto(Strategy):
             self._restart()
             self._decided_at, self._since_decision, self._final = None, 0, False
         if resized:                                # what it measured before describes the old size
-            self._trial, self._speeds = [], {}
+            self._trial, self._speeds, self._needs = [], {}, {}
             self._previous = self._before = None
         self.rank, self.size, self.clock, self._sized = ctx.rank, ctx.size, ctx.clock, True
         self.available = [name for name in self.candidates if self._runs_here(name, ctx)]
@@ -381,14 +382,17 @@ class Auto(Strategy):
             return
         if self._previous is not None and self._before is None:
             self._previous = None                  # nothing for the guard to compare with
-        if self._previous is not None:             # a switch to judge first
+        if self._decisions >= self.max_switches and self._previous is None:
+            return
+        if self._changed():                        # a rank slowed: the rounds since may be decided on at once
+            rounds = self._rounds
+            self._previous = self._before = None   # and the loss before the switch says nothing of the cluster now
+        elif self._previous is not None:           # a switch to judge first
             if len(rounds) >= self.settle_rounds:
                 self._judge()
             return
         if self._decisions >= self.max_switches:
             return
-        if self._changed():                        # a rank slowed: the rounds since may be decided on at once
-            rounds = self._rounds
         if not self._enough(rounds):
             return
         self._since_decision += 1
@@ -417,6 +421,7 @@ class Auto(Strategy):
             if self.trial_rounds:
                 self._trial = list(choice.tied[:TRIED])
                 self._speeds = {self.current_name: advise.samples_per_s(rounds)}
+                self._needs = {name: advise.needed(strategies[name], measured.kind) for name in self._trial}
             self._switch(choice.name, f"{change}: {choice.reason}" if change else choice.reason, choice.gain)
             if change:                             # the loss's fall since the change: too few rounds to judge by
                 self._before = None
@@ -448,7 +453,7 @@ class Auto(Strategy):
             self._pending = self._trial[0]
             self._announce(self._pending, f"measured samples/s: {said}; tries {self._pending}, predicted alike", 1.0)
             return
-        self._speeds = {}
+        needs, self._speeds, self._needs = self._needs, {}, {}
         if left is None:                           # no strategy to go back to (restored without one): stay
             return
         base = speeds.get(left, float("nan"))
@@ -456,7 +461,8 @@ class Auto(Strategy):
         if not np.isfinite(base) or not fast:      # nothing to compare: the prediction stands
             log.info("Auto keeps %s: its trial measured no comparison (samples/s: %s)", current, said)
             return
-        passed = {name: speed for name, speed in fast.items() if speed > (1.0 + advise.MIN_GAIN) * base}
+        bars = {name: 1.0 + needs.get(name, advise.MIN_GAIN) for name in fast}
+        passed = {name: speed for name, speed in fast.items() if speed > bars[name] * base}
         if passed:
             fastest = max(passed.values())
             # measured alike (within the prediction's TIE): the one the order prefers, as among predicted ties
@@ -472,7 +478,8 @@ class Auto(Strategy):
             if name != left:
                 self._banned[name] = self._round + BANNED_ROUNDS
         self._pending, self._previous, self._before = left, None, None
-        self._announce(left, f"measured samples/s: {said}; none ran {1 + advise.MIN_GAIN:.2f}x {left}'s",
+        need = " or ".join(sorted({f"{bar:.2f}x" for bar in bars.values()}))
+        self._announce(left, f"measured samples/s: {said}; none ran {need} {left}'s",
                        base / fast[current] if current in fast and fast[current] > 0 else 1.0)
 
     def _rate(self) -> tuple[float, float] | None:
@@ -536,7 +543,8 @@ class Auto(Strategy):
         state.update(current=self.current_name, current_state=self.current.state_dict(),
                      switches=list(self.switches), banned=dict(self._banned), round=self._round,
                      since_round=self._since_round, size=self.size, decisions=self._decisions,
-                     trial=list(self._trial), speeds=dict(self._speeds), previous=self._previous,
+                     trial=list(self._trial), speeds=dict(self._speeds), needs=dict(self._needs),
+                     previous=self._previous,
                      before=None if self._before is None else list(self._before), samples=self._samples)
         return state
 
@@ -560,6 +568,8 @@ class Auto(Strategy):
         self._decisions = check_int("state['decisions']", state.get("decisions", 0), 0)
         self._trial = [name for name in state.get("trial", []) if name in self.candidates]
         self._speeds = {str(k): float(v) for k, v in dict(state.get("speeds", {})).items() if k in self.candidates}
+        self._needs = {str(k): check_float("state['needs']", v, 0.0)
+                       for k, v in dict(state.get("needs", {})).items() if k in self.candidates}
         previous, before = state.get("previous"), state.get("before")
         self._previous = previous if previous in self.candidates else None
         self._before = (float(before[0]), float(before[1])) if before is not None else None
