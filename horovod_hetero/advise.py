@@ -211,13 +211,15 @@ TIE = 0.25
 MIN_GAIN = 0.15
 #: how many times the measured noise the predicted gain must also exceed
 NOISE_FACTOR = 3.0
-#: the least predicted gain that makes ``choose`` move to a strategy that averages models (not gradients at
-#: every step) where no rank is a straggler (``Measured.kind == "even"``). There nobody waits for a slow rank:
-#: the only gain is fewer collectives, and each sample then moves the averaged model less. Measured
-#: (``horovod-hetero benchmark auto``, Fashion-MNIST to 0.89, four equal ranks): LocalSGD(8) ran 1.6-1.7x
-#: Synchronous's samples/s and reached the accuracy at 0.88-0.91x its speed, so a sample of it was worth some
-#: 0.55 of Synchronous's; a move pays where it runs about twice the samples per second
-EVEN_GAIN = 1.0
+#: where no rank is a straggler (``Measured.kind == "even"``), what ``choose`` counts a sample of a strategy
+#: that averages models (not every step's gradients) for, against one of a gradient-averaging strategy. There
+#: nobody waits for a slow rank: the only gain is fewer collectives, and each sample then moves the averaged
+#: model less. Measured (``horovod-hetero benchmark auto``, Fashion-MNIST to 0.89, four equal ranks):
+#: LocalSGD(8) ran 1.6-1.7x Synchronous's samples/s and reached the accuracy at 0.88-0.91x its speed. A move
+#: from Synchronous to such a strategy then needs ``(1 + MIN_GAIN) / EVEN_WORTH`` (2.09x) its samples/s, and
+#: one running already is left for Synchronous where it runs less than ``1 / ((1 + MIN_GAIN) * EVEN_WORTH)``
+#: (1.58x) Synchronous's (a straggler that left)
+EVEN_WORTH = 0.55
 
 
 @dataclass(frozen=True)
@@ -227,12 +229,13 @@ class Choice:
     Attributes:
         name: the strategy to run (the registry's name).
         current: the strategy running when it decided.
-        gain: ``name``'s predicted samples/s over ``current``'s (1 where it stays).
+        gain: ``name``'s predicted samples/s over ``current``'s, each times its ``worth`` (1 where it stays).
         predicted: predicted samples/s by name.
         reason: one line saying why.
         tied: where it switches, the candidates predicted within ``TIE`` of the fastest and over the gain a switch
             needs, in ``PREFERENCE`` order (``name`` first): what ``hh.Auto`` runs in turn and measures.
-        needed: the least gain over ``current`` that a move to each candidate needed (``needed``), by name.
+        worth: what a sample of each candidate counted for (``worth``), by name; ``gain`` and the ties count
+            samples/s times it.
     """
 
     name: str
@@ -241,7 +244,7 @@ class Choice:
     predicted: dict[str, float]
     reason: str
     tied: tuple[str, ...] = ()
-    needed: dict[str, float] = field(default_factory=dict)
+    worth: dict[str, float] = field(default_factory=dict)
 
     @property
     def switches(self) -> bool:
@@ -258,21 +261,17 @@ def ordered(names: Iterable[str]) -> list[str]:
     return sorted(names, key=lambda name: PREFERENCE.index(name) if name in PREFERENCE else len(PREFERENCE))
 
 
-def needed(strategy: Strategy, kind: str, noise: float = 0.0) -> float:
-    """The least predicted gain over the strategy running that a move to ``strategy`` needs on a cluster of
-    ``kind`` (``Measured.kind``): ``MIN_GAIN`` and ``NOISE_FACTOR`` times ``noise``; where ``kind`` is
-    ``"even"`` and ``strategy`` averages models rather than every step's gradients (its runner's
-    ``steps_together``), at least ``EVEN_GAIN``.
+def worth(strategy: Strategy, kind: str) -> float:
+    """What ``choose`` counts a sample of ``strategy`` for on a cluster of ``kind`` (``Measured.kind``):
+    ``EVEN_WORTH`` where ``kind`` is ``"even"`` and ``strategy`` averages models rather than every step's
+    gradients (its runner's ``steps_together``), else 1.
 
     Example:
         >>> from horovod_hetero.strategies import LocalSGD, Synchronous
-        >>> needed(LocalSGD(8), "even"), needed(LocalSGD(8), "persistent"), needed(Synchronous(), "even", 0.25)
-        (1.0, 0.15, 0.75)
+        >>> worth(LocalSGD(8), "even"), worth(LocalSGD(8), "persistent"), worth(Synchronous(), "even")
+        (0.55, 1.0, 1.0)
     """
-    bar = max(MIN_GAIN, NOISE_FACTOR * noise)
-    if kind == "even" and not runner_for(strategy).steps_together:
-        bar = max(bar, EVEN_GAIN)
-    return bar
+    return EVEN_WORTH if kind == "even" and not runner_for(strategy).steps_together else 1.0
 
 
 def choose(measured: Measured, strategies: Mapping[str, Strategy], current: str, noise: float = 0.0,
@@ -283,9 +282,9 @@ def choose(measured: Measured, strategies: Mapping[str, Strategy], current: str,
     done). Every candidate of ``strategies`` (names of the registry) is simulated on the measured cluster
     (``predict``). A candidate may replace ``current`` only if its predicted gain over it exceeds ``MIN_GAIN``
     and ``NOISE_FACTOR`` times ``noise`` (how much the gain itself moves between halves of the measurements:
-    ``gain_noise``), so that noise never makes the choice flap, and, on an even cluster, ``EVEN_GAIN`` for a
-    strategy that averages models (``needed``); of those, the ones predicted within ``TIE`` of
-    the fastest are ties (``Choice.tied``), and the first in ``PREFERENCE`` wins. ``batch_share``: the share of
+    ``gain_noise``), so that noise never makes the choice flap; on an even cluster, a strategy that averages
+    models has its samples/s counted at ``EVEN_WORTH`` (``worth``) here. Of those, the ones predicted within
+    ``TIE`` of the fastest are ties (``Choice.tied``), and the first in ``PREFERENCE`` wins. ``batch_share``: the share of
     a step's time that grows with its batch, where measured; unknown (``None``) it is taken as 0, Balanced's
     worst case (it then gains nothing here). ``predicted``: samples/s by name from an earlier ``choose`` on the
     same measurements (its ``Choice.predicted``), taken instead of simulating again (``hh.Auto`` decides
@@ -308,21 +307,32 @@ def choose(measured: Measured, strategies: Mapping[str, Strategy], current: str,
     else:
         results = predict(measured, strategies, duration, 0.0 if batch_share is None else batch_share)
         rates = {name: r.samples_per_s for name, r in results}
-    top, base = max(rates.values()), rates[current]
-    bars = {name: needed(strategy, measured.kind, noise) for name, strategy in strategies.items()}
-    gain = {name: rate / base if base > 0 else float("inf") for name, rate in rates.items()}
-    tied = tuple(ordered(name for name in rates if name != current and rates[name] >= top * (1 - TIE)
-                         and gain[name] > 1.0 + bars[name]))
+    worths = {name: worth(strategy, measured.kind) for name, strategy in strategies.items()}
+    value = {name: rate * worths[name] for name, rate in rates.items()}     # samples/s, as progress
+    top, base = max(value.values()), value[current]
+    needed = max(MIN_GAIN, NOISE_FACTOR * noise)
+    gain = {name: v / base if base > 0 else float("inf") for name, v in value.items()}
+    tied = tuple(ordered(name for name in value if name != current and value[name] >= top * (1 - TIE)
+                         and gain[name] > 1.0 + needed))
+
+    def predicted_as(name: str) -> str:
+        said = f"{name} is predicted {rates[name] / rates[current] if rates[current] > 0 else float('inf'):.2f}x " \
+               f"{current}'s samples/s"
+        if worths[name] != worths[current]:
+            said += f", {gain[name]:.2f}x counted as progress (a sample of model averaging as {EVEN_WORTH:g})"
+        return said
+
     if not tied:
-        fastest = max((name for name in rates if name != current), key=rates.__getitem__, default=current)
-        if rates[fastest] <= base:
-            return Choice(current, current, 1.0, rates, f"{current} is predicted the fastest", needed=bars)
-        return Choice(current, current, 1.0, rates, f"{fastest} is predicted {gain[fastest]:.2f}x {current}'s "
-                                                    f"samples/s, within the {1 + bars[fastest]:.2f}x a switch to it "
-                                                    f"needs ({measured.kind})", needed=bars)
+        fastest = max((name for name in value if name != current), key=value.__getitem__, default=current)
+        if value[fastest] <= base:
+            counted = "" if len(set(worths.values())) == 1 else \
+                f", a sample of model averaging counted as {EVEN_WORTH:g} ({measured.kind})"
+            return Choice(current, current, 1.0, rates, f"{current} is predicted the fastest{counted}", worth=worths)
+        return Choice(current, current, 1.0, rates, f"{predicted_as(fastest)}, within the {1 + needed:.2f}x a "
+                                                    f"switch needs ({measured.kind})", worth=worths)
     best = tied[0]
-    return Choice(best, current, gain[best], rates, f"{best} is predicted {gain[best]:.2f}x {current}'s samples/s "
-                                                     f"({measured.kind}; needed {1 + bars[best]:.2f}x)", tied, bars)
+    return Choice(best, current, gain[best], rates,
+                  f"{predicted_as(best)} ({measured.kind}; needed {1 + needed:.2f}x)", tied, worths)
 
 
 #: points per measured step in a rank's distribution of step factors (``measure_rounds``)

@@ -11,9 +11,10 @@ hands over to the best one at the next round where every rank holds the same mod
 beats the measured noise. Then it checks the prediction: the first ``TRIED`` of the candidates predicted within
 ``advise.TIE`` of the fastest (the simulator's resolution) each run ``trial_rounds`` rounds, and ``Auto`` keeps
 the one that ran the most samples per second (``advise.samples_per_s``, from the rounds' statistics) where it
-ran ``advise.MIN_GAIN`` more than the strategy it left; else it goes back. It keeps measuring: a straggler
-that appears or leaves, or a resize under ``hvd.elastic``, makes it decide again, with hysteresis and a cap on
-decisions.
+ran ``advise.MIN_GAIN`` more than the strategy it left (where no rank is a straggler, a model-averaging
+strategy's samples counted at ``advise.EVEN_WORTH``: ``advise.worth``); else it goes back. It keeps
+measuring: a straggler that appears or leaves, or a resize under ``hvd.elastic``, makes it decide again, with
+hysteresis and a cap on decisions.
 
 Samples per second is not accuracy. A guard compares the training loss the rounds carry (every rank's mean)
 against wall time before and after a switch, and goes back when the progress per second falls below
@@ -112,9 +113,9 @@ class Auto(Strategy):
         trial_rounds: rounds each candidate of a decision runs before ``Auto`` measures it, an int in
             [0, ``HISTORY``] (counted after the ``STARTUP_ROUNDS`` that follow each switch): the first
             ``TRIED`` of those predicted within ``advise.TIE`` of the fastest run in turn, and it keeps the one
-            measured fastest where it ran ``advise.MIN_GAIN`` more samples per second than what it left, else
-            it goes back there (and does not try them again for ``BANNED_ROUNDS`` rounds). 0: no trial; the
-            prediction decides alone.
+            measured fastest where it ran ``advise.MIN_GAIN`` more samples per second than what it left
+            (each counted at its ``advise.worth``), else it goes back there (and does not try them again for
+            ``BANNED_ROUNDS`` rounds). 0: no trial; the prediction decides alone.
         recheck_rounds: rounds between decisions while the measured speeds stay put, an int >= 1, or ``None``
             (the default): decide again only when they change or the job's size does. Measured through a
             model-averaging strategy's rounds (several steps each, a rank's occasional pause inside them), an
@@ -170,7 +171,7 @@ class Auto(Strategy):
         self._sized = False                        # started, or loaded, at a job size (``size``)
         self._trial: list[str] = []                # the candidates of the latest decision still to run and measure
         self._speeds: dict[str, float] = {}        # samples/s measured this trial, by name (what it left first)
-        self._needs: dict[str, float] = {}         # the gain over what it left each candidate of the trial needs
+        self._worth: dict[str, float] = {}         # what a sample of each candidate of the trial counts for
         self._decided_at: np.ndarray | None = None  # every rank's typical step at the latest decision
         self._final = False                        # the latest decision read ``HISTORY`` rounds, or switched
         self._session = ""                         # the controller's it was started by (``Context.session``)
@@ -227,7 +228,7 @@ class Auto(Strategy):
             self._restart()
             self._decided_at, self._since_decision, self._final = None, 0, False
         if resized:                                # what it measured before describes the old size
-            self._trial, self._speeds, self._needs = [], {}, {}
+            self._trial, self._speeds, self._worth = [], {}, {}
             self._previous = self._before = None
         self.rank, self.size, self.clock, self._sized = ctx.rank, ctx.size, ctx.clock, True
         self.available = [name for name in self.candidates if self._runs_here(name, ctx)]
@@ -421,7 +422,7 @@ class Auto(Strategy):
             if self.trial_rounds:
                 self._trial = list(choice.tied[:TRIED])
                 self._speeds = {self.current_name: advise.samples_per_s(rounds)}
-                self._needs = {name: advise.needed(strategies[name], measured.kind) for name in self._trial}
+                self._worth = {name: choice.worth[name] for name in [*self._trial, self.current_name]}
             self._switch(choice.name, f"{change}: {choice.reason}" if change else choice.reason, choice.gain)
             if change:                             # the loss's fall since the change: too few rounds to judge by
                 self._before = None
@@ -441,10 +442,11 @@ class Auto(Strategy):
 
     def _try(self, rounds: Sequence[RoundStats]) -> None:
         """A decision's trial: measure the candidate that ran ``trial_rounds`` rounds, run the next, or, the last
-        measured, keep the fastest where it beat the strategy it left (``_previous``) by ``advise.MIN_GAIN``, else
-        go back there. Candidates measured within ``advise.TIE`` of the fastest are alike, as predicted ones are:
-        the first in ``advise.PREFERENCE`` is kept (samples per second do not count the progress per sample,
-        which the order does); a candidate whose rounds measured no wall time counts as not faster."""
+        measured, keep the fastest where it beat the strategy it left (``_previous``) by ``advise.MIN_GAIN``, its
+        samples/s counted at its ``advise.worth`` on the decision's cluster, else go back there. Candidates
+        measured within ``advise.TIE`` of the fastest are alike, as predicted ones are: the first in
+        ``advise.PREFERENCE`` is kept (samples per second do not count the progress per sample, which the order
+        does); a candidate whose rounds measured no wall time counts as not faster."""
         speeds, current, left = self._speeds, self.current_name, self._previous
         speeds[current] = advise.samples_per_s(rounds)
         self._trial = [name for name in self._trial if name != current]
@@ -453,7 +455,7 @@ class Auto(Strategy):
             self._pending = self._trial[0]
             self._announce(self._pending, f"measured samples/s: {said}; tries {self._pending}, predicted alike", 1.0)
             return
-        needs, self._speeds, self._needs = self._needs, {}, {}
+        worth, self._speeds, self._worth = self._worth, {}, {}
         if left is None:                           # no strategy to go back to (restored without one): stay
             return
         base = speeds.get(left, float("nan"))
@@ -461,8 +463,10 @@ class Auto(Strategy):
         if not np.isfinite(base) or not fast:      # nothing to compare: the prediction stands
             log.info("Auto keeps %s: its trial measured no comparison (samples/s: %s)", current, said)
             return
-        bars = {name: 1.0 + needs.get(name, advise.MIN_GAIN) for name in fast}
-        passed = {name: speed for name, speed in fast.items() if speed > bars[name] * base}
+        # samples/s as progress (``advise.worth``), and the share of what it left each had to run
+        share = {name: worth.get(left, 1.0) / worth.get(name, 1.0) for name in fast}
+        value = {name: speed / share[name] for name, speed in fast.items()}
+        passed = {name: v for name, v in value.items() if v > (1.0 + advise.MIN_GAIN) * base}
         if passed:
             fastest = max(passed.values())
             # measured alike (within the prediction's TIE): the one the order prefers, as among predicted ties
@@ -478,7 +482,7 @@ class Auto(Strategy):
             if name != left:
                 self._banned[name] = self._round + BANNED_ROUNDS
         self._pending, self._previous, self._before = left, None, None
-        need = " or ".join(sorted({f"{bar:.2f}x" for bar in bars.values()}))
+        need = " or ".join(sorted({f"{(1.0 + advise.MIN_GAIN) * bar:.2f}x" for bar in share.values()}))
         self._announce(left, f"measured samples/s: {said}; none ran {need} {left}'s",
                        base / fast[current] if current in fast and fast[current] > 0 else 1.0)
 
@@ -543,7 +547,7 @@ class Auto(Strategy):
         state.update(current=self.current_name, current_state=self.current.state_dict(),
                      switches=list(self.switches), banned=dict(self._banned), round=self._round,
                      since_round=self._since_round, size=self.size, decisions=self._decisions,
-                     trial=list(self._trial), speeds=dict(self._speeds), needs=dict(self._needs),
+                     trial=list(self._trial), speeds=dict(self._speeds), worth=dict(self._worth),
                      previous=self._previous,
                      before=None if self._before is None else list(self._before), samples=self._samples)
         return state
@@ -568,8 +572,8 @@ class Auto(Strategy):
         self._decisions = check_int("state['decisions']", state.get("decisions", 0), 0)
         self._trial = [name for name in state.get("trial", []) if name in self.candidates]
         self._speeds = {str(k): float(v) for k, v in dict(state.get("speeds", {})).items() if k in self.candidates}
-        self._needs = {str(k): check_float("state['needs']", v, 0.0)
-                       for k, v in dict(state.get("needs", {})).items() if k in self.candidates}
+        self._worth = {str(k): check_float("state['worth']", v, 0.0, 1.0)
+                       for k, v in dict(state.get("worth", {})).items() if k in self.candidates}
         previous, before = state.get("previous"), state.get("before")
         self._previous = previous if previous in self.candidates else None
         self._before = (float(before[0]), float(before[1])) if before is not None else None
