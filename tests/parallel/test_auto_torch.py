@@ -56,8 +56,8 @@ def test_a_persistent_straggler_makes_auto_leave_synchronous_at_one_round_on_eve
 
 def test_equal_ranks_keep_synchronous_where_no_candidate_saves_them_time():
     """ESync and ElasticBSP average as often as Synchronous where every rank is as fast: nothing to gain.
-    (LocalSGD would save collectives: with them costly, Auto may move there, as any strategy it predicts
-    faster.)"""
+    (LocalSGD would save collectives: with them costly enough, over the 2.09x that equal ranks ask of a
+    model-averaging strategy, Auto may move there.)"""
     everyone = train("1,1,1,1", 60, ("sync", "esync", "elasticbsp"))
     flats, decided, current, _, _ = zip(*everyone)
     assert all(f == flats[0] for f in flats)
@@ -84,7 +84,7 @@ def test_the_guard_takes_auto_back_where_the_loss_stops_falling_after_a_switch()
 
 def test_ranks_that_stop_at_different_steps_under_a_model_averaging_strategy_end_together():
     """Collectives that cost far more than a step (a 4M-parameter model, batches of 4: LocalSGD is predicted
-    several times Synchronous's speed; six rounds steady the noise estimate): Auto leaves Synchronous for
+    several times Synchronous's speed, over the 2.09x equal ranks ask; six rounds steady the noise estimate): Auto leaves Synchronous for
     LocalSGD. Rank 0 stops right after one of LocalSGD's rounds, the others 6 steps later (past where a round of
     statistics would fall): rank 0 joins the others' rounds with its model in ``sync_model()``, no round of
     statistics stands in their way, and every rank ends with the same model."""
