@@ -42,7 +42,7 @@ def test_strategies_switched_during_the_job_survive_its_resets(tmp_path):
 
 
 def test_auto_keeps_what_it_chose_across_the_jobs_resets(tmp_path):
-    """``hh.Auto()`` inside ``hvd.elastic.run`` (odd ranks step twice as long): it leaves Synchronous in the
+    """``hh.Auto()`` inside ``hvd.elastic.run`` (odd ranks step 4x as long): it leaves Synchronous in the
     first epoch, the workers that join take the strategy it runs with the committed state (they are built
     running Synchronous), every rank runs the same one in every epoch, and the survivors end identical."""
     records, epochs, by_epoch = run_switching(tmp_path, "auto", "running")
