@@ -572,7 +572,7 @@ class Auto(Strategy):
         self._decisions = check_int("state['decisions']", state.get("decisions", 0), 0)
         self._trial = [name for name in state.get("trial", []) if name in self.candidates]
         self._speeds = {str(k): float(v) for k, v in dict(state.get("speeds", {})).items() if k in self.candidates}
-        self._worth = {str(k): check_float("state['worth']", v, 0.0, 1.0)
+        self._worth = {str(k): check_float("state['worth']", v, 0.0, 1.0, min_exclusive=True)
                        for k, v in dict(state.get("worth", {})).items() if k in self.candidates}
         previous, before = state.get("previous"), state.get("before")
         self._previous = previous if previous in self.candidates else None

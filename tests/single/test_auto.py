@@ -548,6 +548,9 @@ def test_its_state_holds_what_it_runs_and_rebuilds():
     assert again.current_name == "elasticbsp" and again.switches == auto.switches and again.measure_every == 4
     with pytest.raises(ValueError, match="state\\['current'\\] must be one of Auto's candidates"):
         Auto(candidates=["sync", "localsgd"]).load_state_dict(state)
+    assert state["worth"]["elasticbsp"] == state["worth"]["sync"] == 1.0          # the trial's, persistent
+    with pytest.raises(ValueError, match="state\\['worth'\\] must be"):                 # a trial would divide by it
+        rebuild(state).load_state_dict({**state, "worth": {"elasticbsp": 0.0}})
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
