@@ -274,6 +274,17 @@ def worth(strategy: Strategy, kind: str) -> float:
     return EVEN_WORTH if kind == "even" and not runner_for(strategy).steps_together else 1.0
 
 
+def bar(worths: Mapping[str, float], name: str, left: str) -> float:
+    """The samples/s ``name`` must run, as a multiple of ``left``'s, to replace it: ``1 + MIN_GAIN`` times
+    ``left``'s worth over ``name``'s (``worths``: ``worth`` by name, 1 where absent).
+
+    Example:
+        >>> round(bar({"sync": 1.0, "localsgd": 0.55}, "localsgd", "sync"), 2), bar({}, "esync", "sync")
+        (2.09, 1.15)
+    """
+    return (1.0 + MIN_GAIN) * worths.get(left, 1.0) / worths.get(name, 1.0)
+
+
 def choose(measured: Measured, strategies: Mapping[str, Strategy], current: str, noise: float = 0.0,
            duration: float | None = None, batch_share: float | None = None,
            predicted: Mapping[str, float] | None = None) -> Choice:
@@ -284,9 +295,9 @@ def choose(measured: Measured, strategies: Mapping[str, Strategy], current: str,
     and ``NOISE_FACTOR`` times ``noise`` (how much the gain itself moves between halves of the measurements:
     ``gain_noise``), so that noise never makes the choice flap; on an even cluster, a strategy that averages
     models has its samples/s counted at ``EVEN_WORTH`` (``worth``) here. Of those, the ones predicted within
-    ``TIE`` of the fastest are ties (``Choice.tied``), and the first in ``PREFERENCE`` wins. ``batch_share``: the share of
-    a step's time that grows with its batch, where measured; unknown (``None``) it is taken as 0, Balanced's
-    worst case (it then gains nothing here). ``predicted``: samples/s by name from an earlier ``choose`` on the
+    ``TIE`` of the fastest are ties (``Choice.tied``), and the first in ``PREFERENCE`` wins. ``batch_share``: the
+    share of a step's time that grows with its batch, where measured; unknown (``None``) it is taken as 0,
+    Balanced's worst case (it then gains nothing here). ``predicted``: samples/s by name from an earlier ``choose`` on the
     same measurements (its ``Choice.predicted``), taken instead of simulating again (``hh.Auto`` decides
     twice: without and with the noise).
 

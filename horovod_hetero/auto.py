@@ -463,10 +463,11 @@ class Auto(Strategy):
         if not np.isfinite(base) or not fast:      # nothing to compare: the prediction stands
             log.info("Auto keeps %s: its trial measured no comparison (samples/s: %s)", current, said)
             return
-        # samples/s as progress (``advise.worth``), and the share of what it left each had to run
-        share = {name: worth.get(left, 1.0) / worth.get(name, 1.0) for name in fast}
-        value = {name: speed / share[name] for name, speed in fast.items()}
-        passed = {name: v for name, v in value.items() if v > (1.0 + advise.MIN_GAIN) * base}
+        # the samples/s each had to run, as a multiple of what it left ran (``advise.bar``), and each one's
+        # samples/s as progress in samples of what it left (``advise.worth``)
+        bars = {name: advise.bar(worth, name, left) for name in fast}
+        value = {name: speed * worth.get(name, 1.0) / worth.get(left, 1.0) for name, speed in fast.items()}
+        passed = {name: value[name] for name, speed in fast.items() if speed > bars[name] * base}
         if passed:
             fastest = max(passed.values())
             # measured alike (within the prediction's TIE): the one the order prefers, as among predicted ties
@@ -482,7 +483,7 @@ class Auto(Strategy):
             if name != left:
                 self._banned[name] = self._round + BANNED_ROUNDS
         self._pending, self._previous, self._before = left, None, None
-        need = " or ".join(sorted({f"{(1.0 + advise.MIN_GAIN) * bar:.2f}x" for bar in share.values()}))
+        need = " or ".join(sorted({f"{bar:.2f}x" for bar in bars.values()}))
         self._announce(left, f"measured samples/s: {said}; none ran {need} {left}'s",
                        base / fast[current] if current in fast and fast[current] > 0 else 1.0)
 

@@ -221,7 +221,7 @@ def advise(directory: str, strategies: str, duration: float | None) -> None:
     if len(choice.tied) > 1:
         from horovod_hetero.auto import TRIED
         tried = ", ".join(choice.tied[:TRIED])
-        bars = sorted({f"{(1 + adv.MIN_GAIN) / choice.worth[n]:.2f}x" for n in choice.tied[:TRIED]})
+        bars = sorted({f"{adv.bar(choice.worth, n, 'sync'):.2f}x" for n in choice.tied[:TRIED]})
         click.echo(f"  ({tried} predicted within {adv.TIE:.0%} of the fastest: it would run them in turn and keep "
                    f"the first in its order of those measured alike, or go back where none ran "
                    f"{' or '.join(bars)} Synchronous's samples/s)")
