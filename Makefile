@@ -20,7 +20,7 @@ demo: $(READY)
 
 #: make test's parts in order; each is timed (tools/timed), and the table of where the time went, every
 #: part and the jobs inside it, is printed at the end, also when a part failed (the first failure stops the run)
-TEST_PARTS ?= test-single typecheck test-parallel test-bench test-waiting test-mpi docs
+TEST_PARTS ?= test-checks test-parallel test-bench test-waiting test-mpi
 TIMING_LOG ?= $(CURDIR)/build/test-timing.tsv
 #: $(call timed_parts,TARGETS): each target in turn through tools/timed (the first failure stops the run),
 #: then the table of where the time went
@@ -97,6 +97,23 @@ test-mpi: $(READY)
 	  HH_TEST_PROCESS_SETS=$$sets LAUNCHER=$$launcher PARALLEL_JOB="$$files$${sets:+ ($$sets process sets)}" VENV=$(VENV) \
 	    tools/run_parallel.sh $(NP) $$(echo $$files | tr , ' ' | sed -E 's@([^ ]+)@tests/parallel/\1.py@g') || exit 1; done
 	HH_TIMING_BY=test $(PY) -m pytest -q -s -p no:cacheprovider --timeout 240 tests/mpi
+
+#: the checks that start no job and time nothing, on both cores: the single tier's files without SINGLE_HEAVY
+#: on one side; SINGLE_HEAVY, the doctests, mypy and the documentation on the other (make test-single,
+#: typecheck and docs together); their outputs follow in turn once both sides end (the part fails if either did)
+SINGLE_HEAVY := tests/single/test_packaging.py tests/single/test_simulate.py tests/single/test_rank_lost.py
+CHECKS_LOGS = $(dir $(TIMING_LOG))checks
+.PHONY: test-checks
+test-checks: $(READY)
+	@mkdir -p $(CHECKS_LOGS); \
+	tools/timed single-tests $(PY) -m pytest -q -p no:cacheprovider $(addprefix --ignore=,$(SINGLE_HEAVY)) tests/single \
+	  >$(CHECKS_LOGS)/single.log 2>&1 & single=$$!; \
+	{ tools/timed single-heavy $(PY) -m pytest -q -p no:cacheprovider $(SINGLE_HEAVY) && \
+	  tools/timed doctests $(PY) -m pytest -q -p no:cacheprovider --doctest-modules horovod_hetero lab/horovod_hetero_lab && \
+	  tools/timed typecheck $(MAKE) --no-print-directory typecheck && \
+	  tools/timed docs $(MAKE) --no-print-directory docs; } >$(CHECKS_LOGS)/others.log 2>&1; others=$$?; \
+	wait $$single; single=$$?; cat $(CHECKS_LOGS)/single.log $(CHECKS_LOGS)/others.log; \
+	[ $$single -eq 0 ] && [ $$others -eq 0 ]
 
 #: the tiers whose jobs mostly wait (on Horovod's Gloo timeout after a killed worker, on a frozen or cut rank's
 #: timeout, on host discovery): test-elastic beside test-faults then test-multihost, on the same cores;
