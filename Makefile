@@ -20,7 +20,7 @@ demo: $(READY)
 
 #: make test's parts in order; each is timed (tools/timed), and the table of where the time went, every
 #: part and the jobs inside it, is printed at the end, also when a part failed (the first failure stops the run)
-TEST_PARTS ?= test-checks test-parallel test-waiting test-mpi
+TEST_PARTS ?= test-checks test-parallel test-waiting test-mpi-jobs
 TIMING_LOG ?= $(CURDIR)/build/test-timing.tsv
 #: $(call timed_parts,TARGETS): each target in turn through tools/timed (the first failure stops the run),
 #: then the table of where the time went
@@ -91,11 +91,18 @@ MPI_KERAS_CORE := test_contract_keras$(comma)test_keras$(comma)test_keras_wagma
 MPI_JOBS ?= $(if $(MPI_ALL),$(foreach l,mpi mpirun,$(l)::$(MPI_TORCH_CORE) $(l):dynamic:test_wagma $(l)::$(MPI_KERAS_CORE)),\
   mpi:dynamic:test_esync$(comma)test_adasum_torch$(comma)test_wagma mpirun::test_torch$(comma)test_wagma mpirun::test_contract_keras)
 test-mpi: $(READY)
+	$(MAKE) --no-print-directory test-mpi-jobs
+	$(MAKE) --no-print-directory test-mpi-faults
+#: test-mpi's parallel jobs alone (make test runs its faults in test-waiting)
+.PHONY: test-mpi-jobs test-mpi-faults
+test-mpi-jobs: $(READY)
 	@for job in $(MPI_JOBS); do \
 	  launcher=$${job%%:*}; rest=$${job#*:}; sets=$${rest%%:*}; files=$${rest#*:}; \
 	  echo "[$$launcher$${sets:+, $$sets process sets}] $$files"; \
 	  HH_TEST_PROCESS_SETS=$$sets LAUNCHER=$$launcher PARALLEL_JOB="$$files$${sets:+ ($$sets process sets)}" VENV=$(VENV) \
 	    tools/run_parallel.sh $(NP) $$(echo $$files | tr , ' ' | sed -E 's@([^ ]+)@tests/parallel/\1.py@g') || exit 1; done
+#: faults under mpirun (a rank killed, a rank stopped: they mostly wait on the strategy's timeout)
+test-mpi-faults: $(READY)
 	HH_TIMING_BY=test $(PY) -m pytest -q -s -p no:cacheprovider --timeout 240 tests/mpi
 
 #: the checks that start no job and time nothing, on both cores: the single tier's files without SINGLE_HEAVY
@@ -116,14 +123,15 @@ test-checks: $(READY)
 	[ $$single -eq 0 ] && [ $$others -eq 0 ]
 
 #: the tiers whose jobs mostly wait (on Horovod's Gloo timeout after a killed worker, on a frozen or cut rank's
-#: timeout, on host discovery): test-elastic then test-bench beside test-faults then test-multihost, on the
-#: same cores; their outputs follow in turn once both sides end (both run to their end; the part fails if
-#: either failed)
+#: timeout, on host discovery): test-mpi-faults, test-elastic then test-bench beside test-faults then
+#: test-multihost, on the same cores; their outputs follow in turn once both sides end (both run to their
+#: end; the part fails if either failed)
 WAITING_LOGS = $(dir $(TIMING_LOG))waiting
 .PHONY: test-waiting
 test-waiting: $(READY)
 	@mkdir -p $(WAITING_LOGS); \
-	{ tools/timed test-elastic $(MAKE) --no-print-directory test-elastic && \
+	{ tools/timed test-mpi-faults $(MAKE) --no-print-directory test-mpi-faults && \
+	  tools/timed test-elastic $(MAKE) --no-print-directory test-elastic && \
 	  tools/timed test-bench $(MAKE) --no-print-directory test-bench; } >$(WAITING_LOGS)/elastic.log 2>&1 & elastic=$$!; \
 	{ tools/timed test-faults $(MAKE) --no-print-directory test-faults && \
 	  tools/timed test-multihost $(MAKE) --no-print-directory test-multihost; } >$(WAITING_LOGS)/others.log 2>&1; others=$$?; \
