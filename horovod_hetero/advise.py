@@ -297,9 +297,9 @@ def choose(measured: Measured, strategies: Mapping[str, Strategy], current: str,
     models has its samples/s counted at ``EVEN_WORTH`` (``worth``) here. Of those, the ones predicted within
     ``TIE`` of the fastest are ties (``Choice.tied``), and the first in ``PREFERENCE`` wins. ``batch_share``: the
     share of a step's time that grows with its batch, where measured; unknown (``None``) it is taken as 0,
-    Balanced's worst case (it then gains nothing here). ``predicted``: samples/s by name from an earlier ``choose`` on the
-    same measurements (its ``Choice.predicted``), taken instead of simulating again (``hh.Auto`` decides
-    twice: without and with the noise).
+    Balanced's worst case (it then gains nothing here). ``predicted``: samples/s by name from an earlier
+    ``choose`` on the same measurements (its ``Choice.predicted``), taken instead of simulating again
+    (``hh.Auto`` decides twice: without and with the noise).
 
     Example:
         >>> from horovod_hetero.strategies import ESync, LocalSGD, Synchronous
