@@ -43,9 +43,12 @@ test-parallel-quick: $(READY)
 	VENV=$(VENV) tools/run_parallel.sh $(NP) $(QUICK_TORCH)
 	VENV=$(VENV) tools/run_parallel.sh $(NP) $(QUICK_KERAS)
 
+#: the single tier's pytest, and its doctests (make test runs both in test-checks)
+PYTEST_SINGLE = $(PY) -m pytest -q -p no:cacheprovider
+DOCTESTS := --doctest-modules horovod_hetero lab/horovod_hetero_lab
 test-single: $(READY)
-	$(PY) -m pytest -q -p no:cacheprovider tests/single
-	$(PY) -m pytest -q -p no:cacheprovider --doctest-modules horovod_hetero lab/horovod_hetero_lab
+	$(PYTEST_SINGLE) tests/single
+	$(PYTEST_SINGLE) $(DOCTESTS)
 
 #: mypy on the whole package, the lab (lab/) and examples/, as pyproject.toml's [tool.mypy] sets it (the core:
 #: every definition annotated)
@@ -113,10 +116,10 @@ CHECKS_LOGS = $(dir $(TIMING_LOG))checks
 .PHONY: test-checks
 test-checks: $(READY)
 	@mkdir -p $(CHECKS_LOGS); \
-	tools/timed single-tests $(PY) -m pytest -q -p no:cacheprovider $(addprefix --ignore=,$(SINGLE_HEAVY)) tests/single \
+	tools/timed single-tests $(PYTEST_SINGLE) $(addprefix --ignore=,$(SINGLE_HEAVY)) tests/single \
 	  >$(CHECKS_LOGS)/single.log 2>&1 & single=$$!; \
-	{ tools/timed single-heavy $(PY) -m pytest -q -p no:cacheprovider $(SINGLE_HEAVY) && \
-	  tools/timed doctests $(PY) -m pytest -q -p no:cacheprovider --doctest-modules horovod_hetero lab/horovod_hetero_lab && \
+	{ tools/timed single-heavy $(PYTEST_SINGLE) $(SINGLE_HEAVY) && \
+	  tools/timed doctests $(PYTEST_SINGLE) $(DOCTESTS) && \
 	  tools/timed typecheck $(MAKE) --no-print-directory typecheck && \
 	  tools/timed docs $(MAKE) --no-print-directory docs; } >$(CHECKS_LOGS)/others.log 2>&1; others=$$?; \
 	wait $$single; single=$$?; cat $(CHECKS_LOGS)/single.log $(CHECKS_LOGS)/others.log; \
