@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from horovod_hetero.runtime.seams import background_failure, failure_seen
 from horovod_hetero.validation import check_float
@@ -42,11 +42,11 @@ ENV_END_GLOO = "HOROVOD_HETERO_END_GLOO_WAITS"
 
 #: The name of ``guard_gil``'s thread.
 GIL_GUARD_THREAD = "horovod_hetero-gil-guard"
-_hook: dict[str, object] = {}
+_hook: dict[str, Any] = {}      # the terminate handlers (catch_background_abort), "mpi", "exiting"
 _guard: dict[str, float]        # "running" (a bool) and, once it ran, "limit" (seconds)
 _guard, _guard_lock = {"running": False}, threading.Lock()
-#: threads inside an enqueue of ours now (``gil_guarded``): where Horovod's background thread fails meanwhile,
-#: holding the process-set table's lock that enqueue waits on, it never returns (``catch_background_abort``)
+#: threads inside an enqueue of ours now, its checks included (``enqueueing``): while there is one, a failure of
+#: Horovod's background thread takes the C++ runtime's terminate handler, not ours (``catch_background_abort``)
 _enqueues = [0]
 
 def gil_limit_s() -> float:
@@ -75,7 +75,7 @@ def ends_gloo_waits() -> bool:
 
 def guard_gil(running: Callable[[], object]) -> None:
     """End the process (exit code 1, every thread's traceback on stderr) if no Python code could run
-    for ``gil_limit_s()`` seconds *after a failure*: while an enqueue of ours runs (``gil_guarded``), or
+    for ``gil_limit_s()`` seconds *after a failure*: while an enqueue of ours runs (``enqueueing``), or
     once this process has seen a collective fail (``runtime.seams.failure_seen``, cleared when
     ``hvd.elastic`` has started Horovod again). Python's
     ``faulthandler`` watchdog, a C thread that needs no GIL, armed then and re-armed every second by a
@@ -115,12 +115,53 @@ def guard_gil(running: Callable[[], object]) -> None:
 
     threading.Thread(target=rearm, name=GIL_GUARD_THREAD, daemon=True).start()
 
-@contextlib.contextmanager
-def gil_guarded() -> Iterator[None]:
-    """Around an enqueue into Horovod while ``guard_gil`` runs: the watchdog is armed until it returns
-    (about 0.1 ms; an enqueue that waits for a failed background thread holds the GIL forever)."""
+#: Seconds ``enqueueing`` gives Horovod's process-set table to answer once more before the enqueue (an ask
+#: answers in some 0.2 ms; with dynamic process sets Horovod holds the table for about a millisecond a cycle).
+#: A failure while it waits ends the process through the C++ runtime's handler: the shorter, the rarer.
+RECHECK_S = 0.005
+
+def _runtime_terminate(step: int) -> None:
+    """One more (``step`` 1) or one less (-1) enqueue of ours in progress: the C++ runtime's terminate
+    handler stands in for ours from the first to the last (``enqueueing``)."""
     with _guard_lock:
-        _enqueues[0] += 1
+        _enqueues[0] += step
+        if "runtime" in _hook and _enqueues[0] == (1 if step > 0 else 0):
+            _hook["set"](_hook["runtime"] if step > 0 else _hook["ours"])
+
+@contextlib.contextmanager
+def enqueueing(check: Callable[[], None], answers: Callable[[float], bool] | None = None) -> Iterator[None]:
+    """Around an enqueue of ours into Horovod (the body, about 0.1 ms), after ``check()``, which raises rather
+    than enqueue into a failed Horovod (the adapter's ``check_enqueue``: with process sets held it waits,
+    without the GIL, until Horovod's process-set table answers).
+
+    While the enqueue runs, a failure of Horovod's background thread ends the process as Horovod ends it
+    without this library, through the C++ runtime's terminate handler (which prints the exception and
+    aborts), not ours (``catch_background_abort``), which needs the GIL: that thread fails holding the
+    table's lock, which the enqueue takes holding the GIL, so the two would wait for each other until
+    ``guard_gil``'s watchdog, and every other survivor for Gloo's timeout. So that a failure between the
+    check and that change still meets our handler, ``answers(RECHECK_S)`` asks the table once more after
+    it (True: it answered; the failed thread holds the lock for good, so it cannot): otherwise the change
+    is undone and ``check()`` waits, with our handler, for the answer or the failure. While ``guard_gil``
+    runs, its watchdog is armed during the enqueue.
+
+    Args:
+        check: raises where the enqueue must not run; returns once it may.
+        answers: with process sets held, ``seams.library_answers`` given seconds to answer (None: no ask).
+
+    Example:
+        >>> with enqueueing(lambda: None):
+        ...     handle = 7                      # an enqueue: hvd.allreduce_async(...)
+    """
+    while True:
+        check()
+        _runtime_terminate(1)
+        try:
+            if answers is None or answers(RECHECK_S):
+                break
+        except BaseException:
+            _runtime_terminate(-1)
+            raise
+        _runtime_terminate(-1)
     try:
         if not _guard["running"]:
             yield
@@ -133,8 +174,7 @@ def gil_guarded() -> Iterator[None]:
             if not (failure_seen.is_set() or background_failure.is_set()):
                 faulthandler.cancel_dump_traceback_later()
     finally:
-        with _guard_lock:
-            _enqueues[0] -= 1
+        _runtime_terminate(-1)
 
 def catch_background_abort(mpi: bool = False) -> None:
     """Turn the ``SIGABRT`` that ends every survivor of a lost rank when the job registered process
@@ -150,9 +190,10 @@ def catch_background_abort(mpi: bool = False) -> None:
     holds that thread. The process then exits with code 1: from the main thread's error (an ``atexit``
     hook ends it with ``os._exit(1)`` before Horovod's shutdown, which would wait for the held
     thread), or, if the main thread is still running after ``HOLD_S`` s (blocked inside Horovod on the
-    lock the failed thread holds), from the handler, which prints the error itself; at once where a thread
-    is inside an enqueue of ours (``gil_guarded``), which waits for that lock. On the main thread,
-    or on a second failure, it aborts as before.
+    lock the failed thread holds), from the handler, which prints the error itself. While an enqueue of
+    ours runs (``enqueueing``), which would wait for that lock holding the GIL that this handler needs,
+    the C++ runtime's handler stands in for it. On the main thread, or on a second failure, it aborts
+    as before.
 
     ``mpi``: Horovod's controller is MPI (``hvd.mpi_enabled()``). There a rank that stops answering
     (stopped, or cut off) leaves the background thread in an MPI collective for ever: our own wait
@@ -178,8 +219,7 @@ def catch_background_abort(mpi: bool = False) -> None:
         background_failure.reason = ("Horovod's background thread failed (a rank's connection broke: Horovod "
                                      "logged the Gloo error above) and shut Horovod down")
         background_failure.set()
-        # no hold where a thread is inside an enqueue of ours: it waits for the lock this thread holds, for ever
-        deadline = time.monotonic() + (0.0 if _hook.get("exiting") or _enqueues[0] else HOLD_S)
+        deadline = time.monotonic() + (0.0 if _hook.get("exiting") else HOLD_S)
         while time.monotonic() < deadline and not _hook.get("exiting"):
             time.sleep(0.05)
         if not _hook.get("exiting"):
@@ -189,8 +229,11 @@ def catch_background_abort(mpi: bool = False) -> None:
 
     handler = handler_type(on_terminate)
     set_terminate.restype = ctypes.c_void_p
-    set_terminate.argtypes = [handler_type]
-    set_terminate(handler)
+    set_terminate.argtypes = [ctypes.c_void_p]
+    ours = ctypes.cast(handler, ctypes.c_void_p)
+    runtime = set_terminate(ours)                   # (installed by the first adapter, before any enqueue of ours)
+    if runtime:                                     # the C++ runtime's: what enqueueing() puts back meanwhile
+        _hook.update(set=set_terminate, ours=ours, runtime=ctypes.c_void_p(runtime))
     _hook["handler"] = handler                      # kept alive: C++ holds only the pointer
 
 def _exit_now() -> NoReturn:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from horovod_hetero.common import compat
-from horovod_hetero.common.failures import catch_background_abort, guard_gil
+from horovod_hetero.common.failures import catch_background_abort, enqueueing, guard_gil
 from horovod_hetero.common.process_sets import check_process_set, registered_ids
 from horovod_hetero.common.ranks import ELASTIC_WITH_PROCESS_SETS, StaleRequestsReset, process_state, under_elastic
 from horovod_hetero.errors import RankLostError
@@ -167,6 +167,12 @@ class HorovodCollectives(Collectives):
                 with contextlib.suppress(psutil.NoSuchProcess):
                     self._watched[rank] = psutil.Process(pid)
 
+    def enqueueing(self, what: str) -> contextlib.AbstractContextManager[None]:
+        """``common.failures.enqueueing`` with this adapter's checks: around an enqueue of ``what`` into Horovod."""
+        def answers(give_up_s: float) -> bool:
+            return library_answers(what, self.timeout, give_up_s)
+        return enqueueing(lambda: self.check_enqueue(what), answers if process_sets_held.is_set() else None)
+
     def check_enqueue(self, what: str) -> None:
         """Raise ``RankLostError`` naming ``what`` rather than enqueue a collective that would block.
 
@@ -177,7 +183,8 @@ class HorovodCollectives(Collectives):
         takes while it holds the GIL (torch's are pybind calls), so no Python code, the terminate handler
         that reports the failure included, would run again until ``guard_gil`` ended the process. The
         table is asked on a thread of its own that waits without the GIL (some 0.1 ms in a healthy job),
-        and the failure comes as a ``RankLostError``. About 8 us more per rank of this host."""
+        and the failure comes as a ``RankLostError`` (``enqueueing`` asks once more, then enqueues). About
+        8 us more per rank of this host."""
         check_background(what)
         if process_sets_held.is_set():
             if failure_seen.is_set():

@@ -268,25 +268,29 @@ def check_background(what: str, waited_s: float = 0.0) -> None:
 ANSWER_POLL_S = 0.005
 
 
-def library_answers(what: str, timeout_s: float) -> None:
-    """Return once the collectives' library answers a fresh ask of ``library_down`` that it still runs; raise
+def library_answers(what: str, timeout_s: float, give_up_s: float | None = None) -> bool:
+    """True once the collectives' library answers a fresh ask of ``library_down`` that it still runs; raise
     ``RankLostError`` naming ``what`` where it answers it stopped, or where its background thread fails
-    (``background_failure``) meanwhile; ``CollectiveTimeoutError`` after ``timeout_s``.
+    (``background_failure``) meanwhile; ``CollectiveTimeoutError`` after ``timeout_s``; False after
+    ``give_up_s`` without an answer, if given (the ask goes on, on its own thread).
 
     The ask runs on a thread of its own and waits for the library's lock without holding the GIL: a caller
     about to enqueue into Horovod while its failed background thread holds the process-set table's lock
     waits here instead of inside the enqueue (which holds the GIL, so that the terminate handler that
     reports the failure could never run). In a healthy job the ask answers in some 0.1 ms."""
     if not library_down:
-        return
+        return True
     ask = _Ask(library_down[0], time.monotonic())
     ask.start()
     deadline = time.monotonic() + timeout_s
+    give_up = time.monotonic() + give_up_s if give_up_s is not None else None
     while True:
         ask.join(ANSWER_POLL_S)
         check_background(what)
         if not ask.is_alive():
             break
+        if give_up is not None and time.monotonic() > give_up:
+            return False
         if time.monotonic() > deadline:
             raise timeout_error(what, timeout_s)
     if ask.error is not None:
@@ -294,6 +298,7 @@ def library_answers(what: str, timeout_s: float) -> None:
     if ask.reason is not None:
         failure_seen.set()
         raise RankLostError(f"{what} cannot complete: {ask.reason}")
+    return True
 
 
 def timeout_error(what: str, timeout_s: float) -> CollectiveTimeoutError:

@@ -18,7 +18,6 @@ import torch
 import horovod.torch as hvd
 
 from horovod_hetero.common.horovod_collectives import HorovodCollectives
-from horovod_hetero.common.failures import gil_guarded
 from horovod_hetero.runtime.seams import Model, check_background, timeout_error
 
 
@@ -94,8 +93,7 @@ class TorchCollectives(HorovodCollectives):
     def polled(self, enqueue: Callable[[], int], what: str) -> Any:
         """Enqueue one collective (``enqueue()``: its handle) and return its result, polled (``wait``);
         never into a failed Horovod, where the enqueue would block (``check_enqueue``)."""
-        self.check_enqueue(what)
-        with gil_guarded():
+        with self.enqueueing(what):
             handle = enqueue()
         return wait(handle, self.timeout, what)
 
@@ -105,8 +103,7 @@ class TorchCollectives(HorovodCollectives):
 
     def broadcast(self, tensors: Sequence[torch.Tensor], root_rank: int, *, name: str,
                   what: str) -> list[torch.Tensor]:
-        self.check_enqueue(what)
-        with gil_guarded():
+        with self.enqueueing(what):
             handles = [hvd.broadcast_async(t.detach(), root_rank, name=self.named(f"{name}.{i}"),
                                            process_set=self.process_set) for i, t in enumerate(tensors)]
         return [wait(h, self.timeout, what) for h in handles]

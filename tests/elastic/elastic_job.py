@@ -57,8 +57,14 @@ def run(worker, strategy, tmp_path, hosts_text="localhost:2\n", np=2, args=(), l
     cmd = [str(HOROVODRUN), "-np", str(np), "--min-np", "2", "--max-np", "4", "--network-interface", "lo",
            "--host-discovery-script", str(discover), *launch, "--gloo", sys.executable, str(worker), strategy, *args]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    (tmp_path / "job.txt").write_text(done.stdout + done.stderr)     # for a test's message (job_output)
     assert not ok or done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def job_output(tmp_path, chars=6000):
+    """The end of what the last job run in ``tmp_path`` printed (its processes' stacks where one was stuck)."""
+    return (tmp_path / "job.txt").read_text()[-chars:]
 
 
 def check_grew_and_shrank(records, planned):

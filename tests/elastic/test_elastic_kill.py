@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_job import run
+from elastic_job import job_output, run
 
 
 WORKER = Path(__file__).with_name("elastic_kill_worker.py")
@@ -51,10 +51,12 @@ def test_wagma_a_killed_worker_ends_the_job_at_once_with_the_named_error(tmp_pat
     """WAGMA's groups are Horovod process sets, and Horovod 0.28 removes them after a failed collective over
     the broken connections, outside its error handling: no process can reset. The survivors raise
     ``RankLostError`` (not Horovod's error, which ``hvd.elastic.run`` would take for a reset that waits
-    20 s for Horovod's failed thread) and the job ends, in 0.6-1.2 s (24 runs). No survivor waits in an
+    20 s for Horovod's failed thread) and the job ends, in 0.6-1.4 s (32 runs). No survivor waits in an
     enqueue until the library's GIL watchdog (``common.failures.GIL_LIMIT_S``, 45 s), as 3 runs of 9 did
-    with rank 2 killed before the survivors ended the failed session's Gloo connections, asked Horovod's
-    process-set table before an enqueue, and the failed thread's handler stopped holding for an enqueue."""
+    with rank 2 killed before the survivors ended the failed session's Gloo connections and asked Horovod's
+    process-set table before an enqueue, and 1 in about 50 after, where Horovod's thread failed between
+    that ask and the enqueue: during the enqueue the C++ runtime's terminate handler stands in for ours
+    (``common.failures.enqueueing``), and such a survivor aborts at once, as without the library."""
     records = run(WORKER, "wagma", tmp_path, hosts_text=HOSTS, np=4, args=(str(victim),), ok=False, **ENV)
     job_ended = time.time()
     kill = next(r for r in records if r["event"] == "kill")
@@ -66,7 +68,7 @@ def test_wagma_a_killed_worker_ends_the_job_at_once_with_the_named_error(tmp_pat
     print(f"\nWAGMA, rank {victim} killed: {len(ended)} survivors raised RankLostError after "
           f"{max(r['t'] for r in records if r['event'] == 'ended') - kill['t']:.2f} s, the job ended after "
           f"{job_ended - kill['t']:.2f} s")
-    assert job_ended - kill["t"] < RESTARTED_S
+    assert job_ended - kill["t"] < RESTARTED_S, job_output(tmp_path)
 
 
 @pytest.mark.parametrize("victim", [0, 2])

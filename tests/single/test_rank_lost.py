@@ -276,6 +276,7 @@ def test_with_process_sets_an_enqueue_waits_for_horovods_table_without_the_gil_a
             c.check_enqueue("the group average")
         runtime_collectives.failure_seen.clear()
         lock.acquire()                                       # the failed thread holds the table
+        assert runtime_collectives.library_answers("the group average", 30.0, give_up_s=0.1) is False
         failed.reason = "Horovod's background thread failed"
         threading.Timer(0.3, failed.set).start()             # the terminate handler, which needs the GIL
         start = time.monotonic()
@@ -290,16 +291,55 @@ def test_with_process_sets_an_enqueue_waits_for_horovods_table_without_the_gil_a
         failed.reason = None
 
 
-def test_an_enqueue_of_ours_is_counted_while_it_runs_so_the_terminate_handler_does_not_hold_for_it():
+def test_the_runtime_terminate_handler_stands_in_for_ours_from_the_first_enqueue_of_ours_to_the_last(monkeypatch):
     """Horovod's background thread that fails while an enqueue of ours waits on the process-set table's lock it
-    holds: that enqueue never returns, so the terminate handler ends the process at once (no ``HOLD_S``)."""
+    holds (holding the GIL that our terminate handler needs) ends the process through the C++ runtime's
+    handler, as without this library: swapped in after the checks, and once more after the table answered a
+    second ask, so that a failure between the checks and the swap still meets our handler."""
+    calls = []
+    monkeypatch.setattr(failures, "_hook", {"set": calls.append, "ours": "ours", "runtime": "runtime"})
     assert failures._enqueues == [0]
-    with failures.gil_guarded():
-        with failures.gil_guarded():                         # the responder's, beside the main thread's
-            assert failures._enqueues == [2]
-    with pytest.raises(OSError), failures.gil_guarded():
+    with failures.enqueueing(lambda: None):
+        with failures.enqueueing(lambda: None):              # the responder's, beside the main thread's
+            assert failures._enqueues == [2] and calls == ["runtime"]
+    assert calls == ["runtime", "ours"]
+
+    def lost():
+        raise RankLostError("the group average cannot complete: rank 0 of this host died")
+
+    calls.clear()
+    with pytest.raises(RankLostError), failures.enqueueing(lost):
+        pytest.fail("no enqueue after a check that raised")
+    assert calls == [] and failures._enqueues == [0]
+    # the table did not answer the second ask in time: our handler again while the check waits once more
+    answers, checks = iter([False, True]), []
+    with failures.enqueueing(lambda: checks.append(list(calls)), lambda give_up_s: next(answers)):
+        assert calls == ["runtime", "ours", "runtime"] and checks == [[], ["runtime", "ours"]]
+    assert calls[-1] == "ours" and failures._enqueues == [0]
+    calls.clear()
+    with pytest.raises(RankLostError), failures.enqueueing(lambda: None, lambda give_up_s: lost()):
+        pytest.fail("no enqueue after an ask that raised")
+    assert calls == ["runtime", "ours"] and failures._enqueues == [0]
+    with pytest.raises(OSError), failures.enqueueing(lambda: None):
         raise OSError("an enqueue that failed")
     assert failures._enqueues == [0]
+
+
+def test_a_failed_background_thread_meets_our_handler_but_during_an_enqueue_of_ours_the_runtimes():
+    """In a process: std::terminate on a thread other than the main thread (Horovod's failed background
+    thread) is our handler's (``background_failure``, exit status 1 once the main thread ends), but during an
+    enqueue of ours the C++ runtime's (its message, then SIGABRT)."""
+    code = ("import ctypes, sys, threading\nfrom horovod_hetero.common import failures\n"
+            "from horovod_hetero.runtime.seams import background_failure\nfailures.catch_background_abort()\n"
+            "failed = threading.Thread(target=ctypes.CDLL('libstdc++.so.6')._ZSt9terminatev)\n"
+            "if sys.argv[1] == 'enqueue':\n    with failures.enqueueing(lambda: None):\n"
+            "        failed.start(); failed.join(30)\n"
+            "else:\n    failed.start(); failed.join(1)\n    print('named', background_failure.is_set())\n")
+    done = {mode: subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, timeout=120)
+            for mode in ("enqueue", "healthy")}
+    enqueue, healthy = done["enqueue"], done["healthy"]
+    assert enqueue.returncode == -signal.SIGABRT and "terminate called" in enqueue.stderr, enqueue
+    assert healthy.returncode == 1 and healthy.stdout == "named True\n", healthy
 
 
 def test_the_gil_watchdog_follows_horovod_and_ends_only_a_process_whose_python_cannot_run_after_a_failure():
@@ -325,7 +365,7 @@ def test_the_gil_watchdog_follows_horovod_and_ends_only_a_process_whose_python_c
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
 
     # an enqueue of ours that holds the GIL past the limit (1 s): exit 1 with every thread's traceback
-    done = run("with failures.gil_guarded():\n    ctypes.PyDLL(None).sleep(3)", 1)
+    done = run("with failures.enqueueing(lambda: None):\n    ctypes.PyDLL(None).sleep(3)", 1)
     assert done.returncode == 1 and "survived" not in done.stdout, (done.returncode, done.stdout)
     assert "Timeout (0:00:01)!" in done.stderr and "in <module>" in done.stderr
     # once a collective failed here, any code that holds the GIL past the limit
@@ -337,7 +377,7 @@ def test_the_gil_watchdog_follows_horovod_and_ends_only_a_process_whose_python_c
     assert done.returncode == 0 and "survived" in done.stdout, (done.returncode, done.stderr[-2000:])
     # a healthy process holding the GIL past the limit (a multi-GB torch.save: 60 s against the default 45 s;
     # here 3 s against 1 s) lives, and an enqueue that returns disarms the watchdog
-    done = run("with failures.gil_guarded():\n    pass\nctypes.PyDLL(None).sleep(3)", 1)
+    done = run("with failures.enqueueing(lambda: None):\n    pass\nctypes.PyDLL(None).sleep(3)", 1)
     assert done.returncode == 0 and "survived" in done.stdout, (done.returncode, done.stderr[-2000:])
 
 
