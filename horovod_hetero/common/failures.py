@@ -219,7 +219,7 @@ def catch_background_abort(mpi: bool = False) -> None:
         background_failure.reason = ("Horovod's background thread failed (a rank's connection broke: Horovod "
                                      "logged the Gloo error above) and shut Horovod down")
         background_failure.set()
-        deadline = time.monotonic() + (0.0 if _hook.get("exiting") else HOLD_S)
+        deadline = time.monotonic() + HOLD_S
         while time.monotonic() < deadline and not _hook.get("exiting"):
             time.sleep(0.05)
         if not _hook.get("exiting"):
