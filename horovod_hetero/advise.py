@@ -233,7 +233,8 @@ class Choice:
         predicted: predicted samples/s by name.
         reason: one line saying why.
         tied: where it switches, the candidates predicted within ``TIE`` of the fastest and over the gain a switch
-            needs, in ``PREFERENCE`` order (``name`` first): what ``hh.Auto`` runs in turn and measures.
+            needs, in ``PREFERENCE`` order (``name`` first): ``hh.Auto``'s trial runs the first
+            ``trial_candidates`` of them in turn and measures them.
         worth: what a sample of each candidate counted for (``worth``), by name; ``gain`` and the ties count
             samples/s times it.
     """

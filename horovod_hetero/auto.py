@@ -8,10 +8,10 @@ steps vary (a persistent straggler, or transient ones), and what a collective co
 candidate strategy with the simulator, which runs the library's own strategy objects on the measured cluster
 (``advise.choose``: the same decision ``horovod-hetero advise`` gives from a finished run's telemetry), and
 hands over to the best one at the next round where every rank holds the same model, when the predicted gain
-beats the measured noise. Then it checks the prediction: the first ``TRIED`` of the candidates predicted within
-``advise.TIE`` of the fastest (the simulator's resolution) each run ``trial_rounds`` rounds, and ``Auto`` keeps
-the one that ran the most samples per second (``advise.samples_per_s``, from the rounds' statistics) where it
-ran ``advise.MIN_GAIN`` more than the strategy it left (where no rank is a straggler, a model-averaging
+beats the measured noise. Then it checks the prediction: the strategy it moved to (and, with
+``trial_candidates`` above 1, the next of those predicted within ``advise.TIE`` of the fastest, the simulator's
+resolution, in turn) runs ``trial_rounds`` rounds, and ``Auto`` keeps the one that ran the most samples per
+second (``advise.samples_per_s``, from the rounds' statistics) where it ran ``advise.MIN_GAIN`` more than the strategy it left (where no rank is a straggler, a model-averaging
 strategy's samples counted at ``advise.EVEN_WORTH``: ``advise.worth``); else it goes back. It keeps
 measuring: a straggler that appears or leaves, or a resize under ``hvd.elastic``, makes it decide again, with
 hysteresis and a cap on decisions.
@@ -79,8 +79,11 @@ CHANGE_ROUNDS = 4 * HISTORY
 BANNED_ROUNDS = 60
 #: Student's t, two-sided 95 %, for 1, 2, ... degrees of freedom (the guard's fits; the last from 12 on)
 T95 = (12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18)
-#: the most candidates predicted alike that a decision runs in turn and measures
-TRIED = 2
+#: the candidates predicted alike that a decision runs in turn and measures, by default (``trial_candidates``):
+#: the one it moved to alone. Measured with two (``horovod-hetero benchmark auto``, five clusters, and Horovod's
+#: two example scripts), the second never replaced the first: measured alike, or slower (DSSP 0.83x ElasticBSP's
+#: samples/s under Keras), and each such trial cost its steps at the slower pace and two switches
+TRIED = 1
 #: rounds after a (re)start that hold start-up and are left out of a decision: a job's first two steps (the
 #: first allocations and compilations; a rank's second step measured up to 12x its typical one on a CPU)
 STARTUP_ROUNDS = 2
@@ -99,10 +102,11 @@ class Auto(Strategy):
             STARTUP_ROUNDS`` steps, and, where that decision keeps the strategy running, once more on
             ``HISTORY`` rounds (a round of statistics is one allreduce of some 100 bytes; under a
             model-averaging strategy it reads that strategy's own rounds instead).
-        min_rounds: rounds of statistics after a (re)start before it decides, an int >= 1 (the first
-            ``STARTUP_ROUNDS`` after a start are left out: they hold the start-up); from 4 on, the decision
-            also weighs how the predicted gain moves between the older and newer half of them
-            (``advise.gain_noise``).
+        min_rounds: rounds of statistics after a (re)start before it decides, an int in [1, ``HISTORY``]
+            (the first ``STARTUP_ROUNDS`` after a start are left out: they hold the start-up); from 4 on, the
+            decision also weighs how the predicted gain moves between the older and newer half of them
+            (``advise.gain_noise``). Fewer read ranks slow at random as persistent stragglers more often:
+            two one-step rounds where two of four ranks are slow at each step, one time in six.
         max_switches: the most decisions to switch in a run, an int >= 0 (the switches of a decision's trial and
             the guard's way back are part of that decision).
         guard: go back where the training loss falls per second by less than this share of what it fell
@@ -112,10 +116,14 @@ class Auto(Strategy):
             ``STARTUP_ROUNDS`` that follow the switch, left out as at a start).
         trial_rounds: rounds each candidate of a decision runs before ``Auto`` measures it, an int in
             [0, ``HISTORY``] (counted after the ``STARTUP_ROUNDS`` that follow each switch): the first
-            ``TRIED`` of those predicted within ``advise.TIE`` of the fastest run in turn, and it keeps the one
-            measured fastest where it ran ``advise.MIN_GAIN`` more samples per second than what it left
-            (each counted at its ``advise.worth``), else it goes back there (and does not try them again for
-            ``BANNED_ROUNDS`` rounds). 0: no trial; the prediction decides alone.
+            ``trial_candidates`` of those predicted within ``advise.TIE`` of the fastest run in turn, and it
+            keeps the one measured fastest where it ran ``advise.MIN_GAIN`` more samples per second than what
+            it left (each counted at its ``advise.worth``), else it goes back there (does not try them again
+            for ``BANNED_ROUNDS`` rounds, and decides once more on ``HISTORY`` rounds there). 0: no trial; the
+            prediction decides alone.
+        trial_candidates: how many of the candidates predicted alike a decision's trial runs in turn, an int
+            >= 1 (default ``TRIED``, 1: the one the prediction chose, measured against the strategy it left;
+            more: also the next ones in ``advise.PREFERENCE`` order, each at its own pace for its rounds).
         recheck_rounds: rounds between decisions while the measured speeds stay put, an int >= 1, or ``None``
             (the default): decide again only when they change or the job's size does. Measured through a
             model-averaging strategy's rounds (several steps each, a rank's occasional pause inside them), an
@@ -131,7 +139,7 @@ class Auto(Strategy):
 
     def __init__(self, candidates: Sequence[str] | None = None, measure_every: int = 5, min_rounds: int = 4,
                  max_switches: int = 6, guard: float = 0.5, settle_rounds: int = 5, trial_rounds: int = 8,
-                 recheck_rounds: int | None = None) -> None:
+                 recheck_rounds: int | None = None, trial_candidates: int = TRIED) -> None:
         super().__init__()
         names = list(DEFAULT if candidates is None else candidates)
         if isinstance(candidates, str) or not names:
@@ -145,13 +153,14 @@ class Auto(Strategy):
             raise ValueError("candidates must hold 'sync': Auto starts as Synchronous")
         self.candidates = [n for n in dict.fromkeys(names) if n in REGISTRY and n != "auto"]
         self.measure_every = check_int("measure_every", measure_every, 1)
-        self.min_rounds = check_int("min_rounds", min_rounds, 1)
+        self.min_rounds = check_int("min_rounds", min_rounds, 1, HISTORY)
         self.max_switches = check_int("max_switches", max_switches, 0)
         self.guard = check_float("guard", guard, 0.0, 1.0)
         if self.guard >= 1.0:
             raise ValueError(f"guard must be in [0, 1), got {guard!r}")
         self.settle_rounds = check_int("settle_rounds", settle_rounds, 1)
         self.trial_rounds = check_int("trial_rounds", trial_rounds, 0, HISTORY)
+        self.trial_candidates = check_int("trial_candidates", trial_candidates, 1)
         self.recheck_rounds = None if recheck_rounds is None else check_int("recheck_rounds", recheck_rounds, 1)
         self.current: Strategy                     # the strategy running, its name, whether it adds statistics rounds
         self.current_name: str
@@ -420,7 +429,7 @@ class Auto(Strategy):
         if choice.switches:
             self._decisions, self._final = self._decisions + 1, True
             if self.trial_rounds:
-                self._trial = list(choice.tied[:TRIED])
+                self._trial = list(choice.tied[:self.trial_candidates])
                 self._speeds = {self.current_name: advise.samples_per_s(rounds)}
                 self._worth = {name: choice.worth[name] for name in [*self._trial, self.current_name]}
             self._switch(choice.name, f"{change}: {choice.reason}" if change else choice.reason, choice.gain)
@@ -482,7 +491,10 @@ class Auto(Strategy):
         for name in speeds:
             if name != left:
                 self._banned[name] = self._round + BANNED_ROUNDS
-        self._pending, self._previous, self._before = left, None, None
+        # back, and once more on ``HISTORY`` rounds there (measuring every step), without those it tried: a
+        # decision on a few rounds may have read ranks slow at random as persistent stragglers, and the
+        # strategy for them may be another
+        self._pending, self._previous, self._before, self._final = left, None, None, False
         need = " or ".join(sorted({f"{bar:.2f}x" for bar in bars.values()}))
         self._announce(left, f"measured samples/s: {said}; none ran {need} {left}'s",
                        base / fast[current] if current in fast and fast[current] > 0 else 1.0)

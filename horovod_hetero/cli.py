@@ -218,13 +218,13 @@ def advise(directory: str, strategies: str, duration: float | None) -> None:
     candidates = {n: configured(n) for n in DEFAULT if n in REGISTRY}
     choice = adv.choose(measured, candidates, "sync", duration=SIMULATED_STEPS * max(measured.step_s))
     click.echo(f"hh.Auto, started as Synchronous on this cluster, would run {choice.name}: {choice.reason}")
-    if len(choice.tied) > 1:
+    if choice.switches:
         from horovod_hetero.auto import TRIED
-        tried = ", ".join(choice.tied[:TRIED])
-        bars = sorted({f"{adv.bar(choice.worth, n, 'sync'):.2f}x" for n in choice.tied[:TRIED]})
-        click.echo(f"  ({tried} predicted within {adv.TIE:.0%} of the fastest: it would run them in turn and keep "
-                   f"the first in its order of those measured alike, or go back where none ran "
-                   f"{' or '.join(bars)} Synchronous's samples/s)")
+        tried = choice.tied[:TRIED]
+        bars = sorted({f"{adv.bar(choice.worth, n, 'sync'):.2f}x" for n in tried})
+        kept = "it" if len(tried) == 1 else "the fastest of them"
+        click.echo(f"  (it would measure {' then '.join(tried)} for a few rounds and keep {kept} where it ran "
+                   f"{' or '.join(bars)} Synchronous's samples/s, else go back to Synchronous)")
 
 
 def plot_results(results: Sequence[SimResult], path: str) -> None:

@@ -94,6 +94,9 @@ def test_the_command_reads_a_run_or_a_bench_jobs_directory(tmp_path):
     assert lines[0] == "4 ranks, 55 steps each measured, 32 samples a step"
     assert lines[1] == "typical step (ms): 50.0 50.0 50.0 200.0"
     assert sum(line[3:].startswith(("Synchronous", "ESync", "Balanced")) for line in lines) == 3
+    assert lines[-2].startswith("hh.Auto, started as Synchronous on this cluster, would run elasticbsp: "), lines
+    assert lines[-1] == ("  (it would measure elasticbsp for a few rounds and keep it where it ran 1.15x "
+                         "Synchronous's samples/s, else go back to Synchronous)")
     bad = runner.invoke(cli, ["advise", str(job), "--strategy", "sync,fast"])
     assert bad.exit_code == 2 and "unknown fast; choose from all, sync" in bad.output
     empty = runner.invoke(cli, ["advise", str(tmp_path)])
