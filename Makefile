@@ -20,7 +20,7 @@ demo: $(READY)
 
 #: make test's parts in order; each is timed (tools/timed), and the table of where the time went, every
 #: part and the jobs inside it, is printed at the end, also when a part failed (the first failure stops the run)
-TEST_PARTS ?= test-checks test-parallel test-waiting test-mpi-jobs
+TEST_PARTS ?= test-checks test-parallel test-waiting
 TIMING_LOG ?= $(CURDIR)/build/test-timing.tsv
 #: $(call timed_parts,TARGETS): each target in turn through tools/timed (the first failure stops the run),
 #: then the table of where the time went
@@ -126,9 +126,10 @@ test-checks: $(READY)
 	[ $$single -eq 0 ] && [ $$others -eq 0 ]
 
 #: the tiers whose jobs mostly wait (on Horovod's Gloo timeout after a killed worker, on a frozen or cut rank's
-#: timeout, on host discovery): test-mpi-faults, test-elastic then test-bench beside test-faults then
-#: test-multihost, on the same cores; their outputs follow in turn once both sides end (both run to their
-#: end; the part fails if either failed)
+#: timeout, on host discovery): test-mpi-faults, test-elastic then test-bench beside test-faults,
+#: test-multihost then test-mpi-jobs (the MPI parallel jobs: two minutes, which fill the waits), on the same
+#: cores; their outputs follow in turn once both sides end (both run to their end; the part fails if either
+#: failed)
 WAITING_LOGS = $(dir $(TIMING_LOG))waiting
 .PHONY: test-waiting
 test-waiting: $(READY)
@@ -137,7 +138,8 @@ test-waiting: $(READY)
 	  tools/timed test-elastic $(MAKE) --no-print-directory test-elastic && \
 	  tools/timed test-bench $(MAKE) --no-print-directory test-bench; } >$(WAITING_LOGS)/elastic.log 2>&1 & elastic=$$!; \
 	{ tools/timed test-faults $(MAKE) --no-print-directory test-faults && \
-	  tools/timed test-multihost $(MAKE) --no-print-directory test-multihost; } >$(WAITING_LOGS)/others.log 2>&1; others=$$?; \
+	  tools/timed test-multihost $(MAKE) --no-print-directory test-multihost && \
+	  tools/timed test-mpi-jobs $(MAKE) --no-print-directory test-mpi-jobs; } >$(WAITING_LOGS)/others.log 2>&1; others=$$?; \
 	wait $$elastic; elastic=$$?; cat $(WAITING_LOGS)/elastic.log $(WAITING_LOGS)/others.log; \
 	[ $$elastic -eq 0 ] && [ $$others -eq 0 ]
 
