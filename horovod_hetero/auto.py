@@ -11,8 +11,9 @@ hands over to the best one at the next round where every rank holds the same mod
 beats the measured noise. Then it checks the prediction: the strategy it moved to (and, with
 ``trial_candidates`` above 1, the next of those predicted within ``advise.TIE`` of the fastest, the simulator's
 resolution, in turn) runs ``trial_rounds`` rounds, and ``Auto`` keeps the one that ran the most samples per
-second (``advise.samples_per_s``, from the rounds' statistics) where it ran ``advise.MIN_GAIN`` more than the strategy it left (where no rank is a straggler, a model-averaging
-strategy's samples counted at ``advise.EVEN_WORTH``: ``advise.worth``); else it goes back. It keeps
+second (``advise.samples_per_s``, from the rounds' statistics) where it ran ``advise.MIN_GAIN`` more than the
+strategy it left (where no rank is a straggler, a model-averaging strategy's samples counted at
+``advise.EVEN_WORTH``: ``advise.worth``); else it goes back, and decides once more on ``HISTORY`` rounds. It keeps
 measuring: a straggler that appears or leaves, or a resize under ``hvd.elastic``, makes it decide again, with
 hysteresis and a cap on decisions.
 
