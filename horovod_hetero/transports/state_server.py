@@ -432,7 +432,7 @@ class StateClient:
             assert self._sock is not None and self._channel is not None     # connected
             self._sock.settimeout(self.timeout)            # _receive sets the time it waits
             self._sock.sendall(self._channel.seal(body) + b"\n")
-        except TimeoutError:                                # no greeting, or a send that did not go
+        except socket.timeout:          # no greeting, or a send that did not go (TimeoutError from Python 3.10 on)
             self.close()
             raise StateServerTimeout(f"the ESync state server at {self.address} did not answer within "
                                      f"{self.timeout:g} s") from None
@@ -453,8 +453,8 @@ class StateClient:
             try:            # a socket timeout, not select.select (it fails for descriptors from 1024 on)
                 self._sock.settimeout(max(0.0, deadline - time.perf_counter()))
                 data = self._sock.recv(65536)
-            except (TimeoutError, BlockingIOError):        # nothing came in time (0 s: non-blocking)
-                return []
+            except (socket.timeout, BlockingIOError):      # nothing came in time (0 s: non-blocking); on Python 3.9
+                return []                                  # socket.timeout is an OSError, not a TimeoutError
             except OSError as e:
                 data, why = b"", str(e)
             else:
