@@ -275,13 +275,13 @@ def rate(ranks, start, end):
     return sum(steps_by(r, end) - steps_by(r, start) for r in ranks) * BATCH / (end - start)
 
 
-def failure_lines(rank, tail=30):
-    """A rank's output for a failure message: what it printed before its first traceback but its progress
-    (where Horovod's background thread logs the error that shut Horovod down), then its last ``tail`` lines."""
-    lines = [line for _, line in rank.lines]
+def failure_lines(rank, lines, tail=30):
+    """Rank ``rank``'s output ``lines`` for a failure message: what it printed before its first traceback
+    but its progress (where Horovod's background thread logs the error that shut Horovod down, and the
+    library its warnings), then its last ``tail`` lines."""
     first = next((i for i, line in enumerate(lines) if line.startswith("Traceback")), len(lines))
     before = [line for line in lines[:first] if not line.startswith(("PROGRESS ", "PID "))][-40:]
-    return [f"--- rank {rank.rank}: before its first traceback ---", *before, "--- its last lines ---", *lines[-tail:]]
+    return [f"--- rank {rank}: before its first traceback ---", *before, "--- its last lines ---", *lines[-tail:]]
 
 
 def run(case, start_limit_s=120):
@@ -293,7 +293,7 @@ def run(case, start_limit_s=120):
         started = wait_for(lambda: any(int(s.split()[0]) >= FAULT_AT for s in target.find("PROGRESS ")), start_limit_s)
         if not started:
             raise RuntimeError(f"{case.name}: rank {case.target} never reached step {FAULT_AT}:\n" +
-                               "\n".join(line for r in ranks for line in failure_lines(r)))
+                               "\n".join(line for r in ranks for line in failure_lines(r.rank, [l for _, l in r.lines])))
         pid = int(target.find("PID ")[0])
         fault = time.time()
         fault_end = fault

@@ -8,7 +8,7 @@ the table (case, outcome, seconds to exit, samples/s before / during / after).
 """
 import pytest
 
-from harness import CASES, EXIT_LIMIT_S, run
+from harness import CASES, EXIT_LIMIT_S, failure_lines, run
 
 LOST = ("RankLostError", "CollectiveTimeoutError")
 
@@ -21,7 +21,8 @@ def test_fault(case, fault_table):
     for r in outcome.codes:
         assert "terminate called" not in text[r], f"rank {r} aborted:\n{text[r][-3000:]}"
     if case.survives:
-        assert all(code == 0 for code in outcome.codes.values()), {r: t[-3000:] for r, t in text.items()}
+        told = "\n".join(line for r, lines in sorted(outcome.lines.items()) for line in failure_lines(r, lines))
+        assert all(code == 0 for code in outcome.codes.values()), f"exit codes {outcome.codes}:\n{told}"
         assert None not in outcome.results.values() and len(set(outcome.results.values())) == 1, outcome.results
         return
     for r in outcome.survivors:
