@@ -310,6 +310,7 @@ def test_cut_link_under_mpi_fails_every_rank_on_both_sides(hosts, tmp_path):
     ended = {}
     try:
         _cut_after_step_20(hosts, out, job, "localsgd", ended)
+        _await_records(out, ended)               # a rank ends as a zombie, before its parent writes its status
     finally:
         for pid in (p for _, p in map(lambda r: _progress(out, r), range(4)) if p and _alive(p)):
             os.kill(pid, signal.SIGKILL)
