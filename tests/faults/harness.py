@@ -217,17 +217,18 @@ class Rank:
     def find(self, prefix):
         """What follows ``prefix`` (a worker's marker, ``say``) on each line that starts with it, or that
         ends with it in full: stdout and stderr share the pipe, and Horovod's C++ log writes a line in
-        pieces from its own thread, so a marker can end a line that a log piece began (seen:
-        ``282351: E ERROR RankLostError 1795883838.284``). There only the markers' own shape counts
-        (words or a number, then a number): a log's ``UNKNOWN ERROR (303)`` is not one."""
+        pieces from its own thread, so a marker (one write, ending its line) can end a line that a log
+        piece began, with or without a space between them (seen: ``282351: E ERROR RankLostError
+        1795883838.284``). There only the markers' own shape counts (words or a number, then a number):
+        a log's ``UNKNOWN ERROR (303)`` is not one."""
         found = []
         for _, line in list(self.lines):
             if line.startswith(prefix):
                 found.append(line[len(prefix):].strip())
                 continue
-            at = line.rfind(" " + prefix)
-            if at >= 0 and _MARKER_END.fullmatch(line[at + 1 + len(prefix):].strip()):
-                found.append(line[at + 1 + len(prefix):].strip())
+            at = line.rfind(prefix)
+            if at > 0 and _MARKER_END.fullmatch(line[at + len(prefix):].strip()):
+                found.append(line[at + len(prefix):].strip())
         return found
 
     def progress(self):
