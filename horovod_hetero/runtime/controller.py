@@ -221,7 +221,7 @@ class HeteroController:
 
     @property
     def step_times(self) -> npt.NDArray[np.float64] | None:
-        """Every rank's latest seconds per step, from the rounds (``speeds``)."""
+        """Every rank's seconds per step, from the rounds (``speeds``: its median over the recent ones)."""
         return self.speeds.step_times
 
     @property
@@ -336,6 +336,7 @@ class HeteroController:
         runner, previous = self._runner(strategy), self.runner
         strategy.take_over(previous.strategy.step)
         self._use(runner)
+        self.speeds.restart()                  # its steps may differ (Balanced's batches): measured afresh
 
     def _use(self, runner: Runner) -> None:
         """Carry out ``runner``'s kind from the next step on: the gradient allreduce opened or closed, the rounds'

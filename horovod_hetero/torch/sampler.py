@@ -162,7 +162,8 @@ class DistributedSampler(torch.utils.data.Sampler):
         self._share = None
 
     def step_times(self) -> npt.NDArray[np.float64]:
-        """Every rank's latest seconds per step (NaN: not measured yet, e.g. before any round)."""
+        """Every rank's seconds per step, as the optimizer's rounds measured it (``runtime.speeds``; NaN: not
+        measured yet, e.g. before any round)."""
         controller = getattr(self.optimizer, "_hh", None)
         try:
             return step_times_of(None if controller is None else controller.step_times, self.num_replicas)
