@@ -75,6 +75,8 @@ MAX_PENDING = 64
 CLOSE_TIMEOUT_S = 5.0
 #: Seconds between two log records of the server's own failures (the rest are only counted).
 LOG_INTERVAL_S = 60.0
+#: the longest ``StateClient.enter`` waits to connect again (it is sent while falling back, at most once a round)
+ENTER_CONNECT_S = 0.5
 #: The server's first line on every connection, followed by a 32-digit hex challenge and a newline.
 GREETING = b"horovod_hetero-state-server 1 "
 _CHALLENGE_BYTES = 16
@@ -409,12 +411,19 @@ class StateClient:
         self.slowest = False
         self.rejected = 0
 
-    def _connect(self) -> None:
-        """Connect and read the server's greeting (its challenge: the ``Channel`` of this connection)."""
-        self._sock = socket.create_connection(self._host_port, timeout=self.timeout)
+    def _connect(self, timeout: float | None = None) -> None:
+        """Connect and read the server's greeting (its challenge: the ``Channel`` of this connection) within
+        ``timeout`` seconds in all (default: ``self.timeout``); ``socket.timeout`` after that."""
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.perf_counter() + timeout
+        self._sock = socket.create_connection(self._host_port, timeout=timeout)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         greeting = b""
         while len(greeting) < GREETING_LEN:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                raise socket.timeout("no greeting in time")
+            self._sock.settimeout(left)
             chunk = self._sock.recv(GREETING_LEN - len(greeting))
             if not chunk:
                 break
@@ -422,13 +431,13 @@ class StateClient:
         self._channel = worker_channel(self._key, greeting)
         self._buffer = b""
 
-    def _send(self, msg: dict[str, Any]) -> None:
-        self._send_body(json.dumps(msg).encode())
+    def _send(self, msg: dict[str, Any], connect_s: float | None = None) -> None:
+        self._send_body(json.dumps(msg).encode(), connect_s)
 
-    def _send_body(self, body: bytes) -> None:
+    def _send_body(self, body: bytes, connect_s: float | None = None) -> None:
         try:
             if self._sock is None:
-                self._connect()
+                self._connect(connect_s)
             assert self._sock is not None and self._channel is not None     # connected
             self._sock.settimeout(self.timeout)            # _receive sets the time it waits
             self._sock.sendall(self._channel.seal(body) + b"\n")
@@ -522,10 +531,11 @@ class StateClient:
     def enter(self, round: int) -> None:
         """This worker aggregates round ``round`` without the server's answer (no answer is awaited).
 
-        Sent over the open connection only: a server that did not answer in time would not greet a
-        new one either, and one that closed the connection has no records to hold anyone back."""
-        if self._sock is not None:
-            self._send({"op": "enter", "rank": self.rank, "round": round})
+        Where this worker's connection was closed (a reset that failed, leaving its record a round behind,
+        which would keep the others not ready until they fall back too), it connects again first, waiting
+        ``ENTER_CONNECT_S`` for the connection and the server's greeting (for each of the server's
+        addresses: one where the address is numeric): a server that has gone refuses at once."""
+        self._send({"op": "enter", "rank": self.rank, "round": round}, min(self.timeout, ENTER_CONNECT_S))
 
     def close(self) -> None:
         if self._sock is not None:

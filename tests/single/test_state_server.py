@@ -225,6 +225,56 @@ def test_a_server_stalled_longer_than_the_query_timeout_does_not_split_the_ranks
     assert server.state.entered_round == 2
 
 
+def test_a_worker_whose_connection_closed_still_tells_the_server_it_entered_the_round(server):
+    """A worker whose reset failed (its connection closed, its record a round behind) falls back and enters
+    the round: it connects again to say so, so the others are ready at their next query instead of waiting
+    for its record until they fall back too."""
+    worker, other = StateClient(server.address, 1, KEY), StateClient(server.address, 2, KEY)
+    assert worker.query(0, None, 0) is False and other.query(0, None, 0) is False
+    worker.close()                                         # as a failed reset leaves it
+    worker.enter(1)
+    deadline = time.monotonic() + 3
+    while server.state.entered_round != 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server.state.entered_round == 1 and server.state.records[1].round == 1
+    assert other.query(1, 0.01, 1) is True                 # ready: a worker waits in round 1's aggregation
+    for c in (worker, other):
+        c.close()
+
+
+def test_entering_a_round_with_the_server_gone_connects_for_enter_connect_s_and_fails(monkeypatch):
+    s = StateServer(2, KEY)
+    client = StateClient(s.address, 1, KEY, timeout=5.0)
+    client.query(0, None, 0)
+    s.close()
+    client.close()
+    waits = []
+    connect = state_server.socket.create_connection
+
+    def recorded(address, *args, **kwargs):
+        waits.append(kwargs.get("timeout"))
+        return connect(address, *args, **kwargs)
+
+    monkeypatch.setattr(state_server.socket, "create_connection", recorded)
+    with pytest.raises(StateServerError):              # refused (or, were the port reused, no greeting)
+        client.enter(1)
+    assert waits == [state_server.ENTER_CONNECT_S]
+
+
+def test_a_server_that_accepts_but_never_greets_costs_enter_connect_s_in_all(monkeypatch):
+    """A listener whose process is stopped still accepts (its kernel does) but never greets: the connection and
+    the greeting share one deadline."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    monkeypatch.setattr(state_server, "ENTER_CONNECT_S", 0.2)
+    client = StateClient(f"tcp://127.0.0.1:{listener.getsockname()[1]}", 1, KEY, timeout=5.0)
+    started = time.perf_counter()
+    with pytest.raises(StateServerTimeout):
+        client.enter(1)
+    waited = time.perf_counter() - started
+    listener.close()
+    assert 0.2 <= waited < 5.0                          # the deadline's, not the client's 5-s timeout
+
+
 def raw_connection(server):
     """A foreign client: a plain socket to ``server``, its reader, and the challenge of its greeting."""
     sock = socket.create_connection(parse_address(server.address), timeout=3)
