@@ -190,8 +190,8 @@ def catch_background_abort(mpi: bool = False) -> None:
     holds that thread. The process then exits with code 1: from the main thread's error (an ``atexit``
     hook ends it with ``os._exit(1)`` before Horovod's shutdown, which would wait for the held
     thread), or, if the main thread is still running after ``HOLD_S`` s (blocked inside Horovod on the
-    lock the failed thread holds), from the handler, which prints the error itself. While an enqueue of
-    ours runs (``enqueueing``), which would wait for that lock holding the GIL that this handler needs,
+    lock the failed thread holds), from the handler, which prints the error itself, the type of the C++
+    exception (``cxx_exception_type``) and every thread's Python stack. While an enqueue of ours runs (``enqueueing``), which would wait for that lock holding the GIL that this handler needs,
     the C++ runtime's handler stands in for it. On the main thread, or on a second failure, it aborts
     as before.
 
@@ -216,15 +216,19 @@ def catch_background_abort(mpi: bool = False) -> None:
     def on_terminate() -> None:
         if threading.current_thread() is threading.main_thread() or background_failure.is_set():
             os.abort()
-        background_failure.reason = ("Horovod's background thread failed (a rank's connection broke: Horovod "
-                                     "logged the Gloo error above) and shut Horovod down")
+        thrown = cxx_exception_type()
+        background_failure.reason = (f"Horovod's background thread failed ("
+                                     f"{f'it threw {thrown}' if thrown else 'std::terminate, no exception'}"
+                                     f") and shut Horovod down")
         background_failure.set()
         deadline = time.monotonic() + HOLD_S
         while time.monotonic() < deadline and not _hook.get("exiting"):
             time.sleep(0.05)
         if not _hook.get("exiting"):
             print(f"horovod_hetero.errors.RankLostError: {background_failure.reason}; the main thread is "
-                  f"blocked in Horovod: exiting", file=sys.stderr, flush=True)
+                  f"blocked in Horovod: exiting. Every thread's Python stack:", file=sys.stderr, flush=True)
+            if sys.__stderr__ is not None:
+                faulthandler.dump_traceback(file=sys.__stderr__, all_threads=True)
         _exit_now()
 
     handler = handler_type(on_terminate)
@@ -235,6 +239,38 @@ def catch_background_abort(mpi: bool = False) -> None:
     if runtime:                                     # the C++ runtime's: what enqueueing() puts back meanwhile
         _hook.update(set=set_terminate, ours=ours, runtime=ctypes.c_void_p(runtime))
     _hook["handler"] = handler                      # kept alive: C++ holds only the pointer
+
+def cxx_exception_type() -> str | None:
+    """The type of the C++ exception this thread is handling, demangled (``gloo::IoException``), as a C++
+    terminate handler sees the exception that nothing caught; ``None`` when there is none, or off GNU
+    libstdc++ (``__cxa_current_exception_type`` returns a ``std::type_info``, whose name follows its vtable).
+
+    Example:
+        >>> cxx_exception_type() is None           # Python code handling no C++ exception
+        True
+    """
+    try:
+        cxx = ctypes.CDLL("libstdc++.so.6")
+        current, demangle = cxx.__cxa_current_exception_type, cxx.__cxa_demangle
+    except (OSError, AttributeError):
+        return None
+    current.restype, current.argtypes = ctypes.c_void_p, []
+    info = current()
+    if not info:
+        return None
+    mangled = ctypes.c_char_p.from_address(info + ctypes.sizeof(ctypes.c_void_p)).value or b""
+    mangled = mangled.lstrip(b"*")                  # a type local to one object file
+    demangle.restype = ctypes.c_void_p
+    demangle.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+    status = ctypes.c_int(-1)
+    named = demangle(mangled, None, None, ctypes.byref(status))
+    if not named or status.value != 0:
+        return mangled.decode("ascii", "replace")
+    try:
+        return ctypes.string_at(named).decode("ascii", "replace")
+    finally:
+        ctypes.CDLL(None).free(ctypes.c_void_p(named))
+
 
 def _exit_now() -> NoReturn:
     logging.shutdown()

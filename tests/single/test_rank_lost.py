@@ -342,6 +342,27 @@ def test_a_failed_background_thread_meets_our_handler_but_during_an_enqueue_of_o
     assert healthy.returncode == 1 and healthy.stdout == "named True\n", healthy
 
 
+def test_a_main_thread_blocked_after_the_failure_exits_naming_the_exception_with_every_threads_stack():
+    """A C++ exception that nothing caught on a thread other than the main thread (Horovod's background
+    thread, here ``std::__throw_runtime_error`` called through ctypes) while the main thread does not exit
+    within ``HOLD_S`` (0.5 s here; blocked inside Horovod's reset in a real job): exit status 1, the
+    exception's type in the reason, then every thread's Python stack."""
+    code = ("import ctypes, threading, time\nfrom horovod_hetero.common import failures\n"
+            "failures.HOLD_S = 0.5\nfailures.catch_background_abort()\n"
+            "throw = ctypes.CDLL('libstdc++.so.6')._ZSt21__throw_runtime_errorPKc\n"
+            "throw.argtypes = [ctypes.c_char_p]\n"
+            "threading.Thread(target=throw, args=(b'a peer closed its connection',)).start()\n"
+            "time.sleep(30)\nprint('survived')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "survived" not in done.stdout, (done.returncode, done.stderr[-2000:])
+    first, *stacks = done.stderr.splitlines()
+    assert first == ("horovod_hetero.errors.RankLostError: Horovod's background thread failed (it threw "
+                     "std::runtime_error) and shut Horovod down; the main thread is blocked in Horovod: exiting. "
+                     "Every thread's Python stack:"), first
+    assert stacks[0].startswith("Current thread ") and any("in on_terminate" in line for line in stacks), stacks
+    assert any(line.endswith("line 8 in <module>") for line in stacks), stacks    # the main thread's sleep
+
+
 def test_the_gil_watchdog_follows_horovod_and_ends_only_a_process_whose_python_cannot_run_after_a_failure():
     import threading
 
