@@ -1,8 +1,10 @@
 """A strategy that exists only in the tests: it follows docs/architecture.md's checklist and trains
 with the torch wrapper and the Keras callback with no change to the library."""
+from types import SimpleNamespace
+
 import numpy as np
 
-from horovod_hetero.strategies import Plan, ModelAveraging
+from horovod_hetero.strategies import ModelAveraging, Plan, RoundStats
 from horovod_hetero.validation import check_int
 
 
@@ -40,3 +42,13 @@ class SpeedProportional(ModelAveraging):
 
     def state_dict(self):
         return dict(super().state_dict(), plans=[list(p) for p in self.plans])
+
+
+def replan(make, recorded):
+    """The plan a fresh strategy (``make()``) answers to one round's recorded statistics (telemetry's
+    ``ranks``): what the planned strategies' rounds must have planned, whatever the measured times were."""
+    nan = lambda values: [np.nan if v is None else v for v in values]  # noqa: E731
+    stats = RoundStats(local_steps=np.array(recorded["local_steps"]), step_s=np.array(nan(recorded["step_s"])),
+                       loss=np.array(nan(recorded["loss"])), samples=np.array(recorded["samples"]),
+                       done=np.array(recorded["done"], dtype=bool))
+    return make().on_round(SimpleNamespace(stats=stats)).steps

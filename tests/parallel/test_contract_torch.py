@@ -1,7 +1,5 @@
 """The checklist's proof, torch: a strategy defined only in the tests trains under horovodrun, and
 so do the library's planned strategies (ElasticBSP, DSSP), with the same assertions."""
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 import torch
@@ -9,9 +7,8 @@ import torch
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
 import job
-from contract_strategy import SpeedProportional
+from contract_strategy import SpeedProportional, replan
 from horovod_hetero.runtime.straggler import Slowdown
-from horovod_hetero.strategies import RoundStats
 
 job.init(hvd, hh)
 RANK, SIZE = hvd.rank(), hvd.size()
@@ -33,15 +30,6 @@ def run(make, rounds, slowdown="1,1,1,4"):
     opt.sync_model()
     rounds = [r for r in opt.telemetry.records if r["synced"]]
     return [tuple(r["plan"]) for r in rounds], after, [r["ranks"] for r in rounds], p.tolist()
-
-
-def replan(make, recorded):
-    """The plan a fresh strategy answers to one round's recorded statistics (telemetry's ``ranks``)."""
-    nan = lambda values: [np.nan if v is None else v for v in values]  # noqa: E731
-    stats = RoundStats(local_steps=np.array(recorded["local_steps"]), step_s=np.array(nan(recorded["step_s"])),
-                       loss=np.array(nan(recorded["loss"])), samples=np.array(recorded["samples"]),
-                       done=np.array(recorded["done"], dtype=bool))
-    return make().on_round(SimpleNamespace(stats=stats)).steps
 
 
 @pytest.mark.parametrize("name", PLANNED)
