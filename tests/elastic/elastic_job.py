@@ -10,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-HOROVODRUN = Path(sys.executable).with_name("horovodrun")
+#: Horovod's horovodrun, its build check answered from a cache (``tools/horovodrun``: 5 s less per job)
+HOROVODRUN = [sys.executable, str(Path(__file__).resolve().parents[2] / "tools" / "horovodrun")]
 
 
 def log(**fields):
@@ -54,7 +55,7 @@ def run(worker, strategy, tmp_path, hosts_text="localhost:2\n", np=2, args=(), l
     env = dict(os.environ, HH_ELASTIC_HOSTS=str(hosts), HH_ELASTIC_LOG=str(log), **env,
                PYTHONPATH=os.pathsep.join([str(Path.cwd()), os.environ.get("PYTHONPATH", "")]))
     # --network-interface: without it Horovod's elastic Gloo launcher waits for two hosts to compare their NICs
-    cmd = [str(HOROVODRUN), "-np", str(np), "--min-np", "2", "--max-np", "4", "--network-interface", "lo",
+    cmd = [*HOROVODRUN, "-np", str(np), "--min-np", "2", "--max-np", "4", "--network-interface", "lo",
            "--host-discovery-script", str(discover), *launch, "--gloo", sys.executable, str(worker), strategy, *args]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     (tmp_path / "job.txt").write_text(done.stdout + done.stderr)     # for a test's message (job_output)
