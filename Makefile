@@ -126,20 +126,20 @@ test-checks: $(READY)
 	[ $$single -eq 0 ] && [ $$others -eq 0 ]
 
 #: the tiers whose jobs mostly wait (on Horovod's Gloo timeout after a killed worker, on a frozen or cut rank's
-#: timeout, on host discovery): test-mpi-faults, test-elastic then test-bench beside test-faults,
-#: test-multihost then test-mpi-jobs (the MPI parallel jobs: two minutes, which fill the waits), on the same
-#: cores; their outputs follow in turn once both sides end (both run to their end; the part fails if either
-#: failed)
+#: timeout, on host discovery): test-mpi-faults, test-elastic, test-bench then test-mpi-jobs (the MPI parallel
+#: jobs: two minutes, which fill the waits) beside test-faults then test-multihost, on the same cores, one
+#: compute thread per rank (torch's and TensorFlow's pools: two jobs of four ranks share two cores); their
+#: outputs follow in turn once both sides end (both run to their end; the part fails if either failed)
 WAITING_LOGS = $(dir $(TIMING_LOG))waiting
 .PHONY: test-waiting
 test-waiting: $(READY)
-	@mkdir -p $(WAITING_LOGS); \
+	@mkdir -p $(WAITING_LOGS); export OMP_NUM_THREADS=1 TF_NUM_INTRAOP_THREADS=1 TF_NUM_INTEROP_THREADS=1; \
 	{ tools/timed test-mpi-faults $(MAKE) --no-print-directory test-mpi-faults && \
 	  tools/timed test-elastic $(MAKE) --no-print-directory test-elastic && \
-	  tools/timed test-bench $(MAKE) --no-print-directory test-bench; } >$(WAITING_LOGS)/elastic.log 2>&1 & elastic=$$!; \
+	  tools/timed test-bench $(MAKE) --no-print-directory test-bench && \
+	  tools/timed test-mpi-jobs $(MAKE) --no-print-directory test-mpi-jobs; } >$(WAITING_LOGS)/elastic.log 2>&1 & elastic=$$!; \
 	{ tools/timed test-faults $(MAKE) --no-print-directory test-faults && \
-	  tools/timed test-multihost $(MAKE) --no-print-directory test-multihost && \
-	  tools/timed test-mpi-jobs $(MAKE) --no-print-directory test-mpi-jobs; } >$(WAITING_LOGS)/others.log 2>&1; others=$$?; \
+	  tools/timed test-multihost $(MAKE) --no-print-directory test-multihost; } >$(WAITING_LOGS)/others.log 2>&1; others=$$?; \
 	wait $$elastic; elastic=$$?; cat $(WAITING_LOGS)/elastic.log $(WAITING_LOGS)/others.log; \
 	[ $$elastic -eq 0 ] && [ $$others -eq 0 ]
 
