@@ -191,9 +191,9 @@ def catch_background_abort(mpi: bool = False) -> None:
     hook ends it with ``os._exit(1)`` before Horovod's shutdown, which would wait for the held
     thread), or, if the main thread is still running after ``HOLD_S`` s (blocked inside Horovod on the
     lock the failed thread holds), from the handler, which prints the error itself, the type of the C++
-    exception (``cxx_exception_type``) and every thread's Python stack. While an enqueue of ours runs (``enqueueing``), which would wait for that lock holding the GIL that this handler needs,
-    the C++ runtime's handler stands in for it. On the main thread, or on a second failure, it aborts
-    as before.
+    exception (``cxx_exception_type``) and every thread's Python stack. While an enqueue of ours runs
+    (``enqueueing``), which would wait for that lock holding the GIL that this handler needs, the C++
+    runtime's handler stands in for it. On the main thread, or on a second failure, it aborts as before.
 
     ``mpi``: Horovod's controller is MPI (``hvd.mpi_enabled()``). There a rank that stops answering
     (stopped, or cut off) leaves the background thread in an MPI collective for ever: our own wait
