@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from horovod_hetero.strategies import ModelAveraging, Plan, RoundStats
+from horovod_hetero.strategies import DSSP, ElasticBSP, ModelAveraging, Plan, RoundStats
 from horovod_hetero.validation import check_int
 
 
@@ -52,3 +52,8 @@ def replan(make, recorded):
                        loss=np.array(nan(recorded["loss"])), samples=np.array(recorded["samples"]),
                        done=np.array(recorded["done"], dtype=bool))
     return make().on_round(SimpleNamespace(stats=stats)).steps
+
+
+#: the test-only strategy and the library's planned ones, as both contract tests build them (fresh each call)
+PLANNED = {"test-only": SpeedProportional, "ElasticBSP": lambda: ElasticBSP(lookahead=8),
+           "DSSP": lambda: DSSP(staleness=(1, 6))}

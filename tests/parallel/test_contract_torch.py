@@ -7,14 +7,11 @@ import torch
 import horovod.torch as hvd
 import horovod_hetero.torch as hh
 import job
-from contract_strategy import SpeedProportional, replan
+from contract_strategy import PLANNED, replan
 from horovod_hetero.runtime.straggler import Slowdown
 
 job.init(hvd, hh)
 RANK, SIZE = hvd.rank(), hvd.size()
-#: the test-only strategy and the library's planned ones, built the same way
-PLANNED = {"test-only": SpeedProportional, "ElasticBSP": lambda: hh.ElasticBSP(lookahead=8),
-           "DSSP": lambda: hh.DSSP(staleness=(1, 6))}
 
 
 def run(make, rounds, slowdown="1,1,1,4"):
