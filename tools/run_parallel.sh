@@ -2,16 +2,18 @@
 # Run the parallel test tier under a Horovod launcher and print rank 0's pytest report.
 # Usage: [LAUNCHER=gloo|mpi|mpirun] tools/run_parallel.sh NP TEST_FILE... ; the whole job is bounded by
 # PARALLEL_TIMEOUT seconds. LAUNCHER: horovodrun --gloo (default), horovodrun --mpi (both tools/horovodrun:
-# Horovod's launcher, its build check answered from a cache), or Open MPI's own mpirun (as srun or a cluster's scheduler starts the ranks: no horovodrun at all).
+# Horovod's launcher, its build check answered from a cache), or Open MPI's own mpirun (as srun or a
+# cluster's scheduler starts the ranks: no horovodrun at all).
 set -uo pipefail
 np="$1"; shift
 VENV="${VENV:-.venv}"
 export PATH="$VENV/bin:$PATH"                  # horovodrun --mpi runs the mpirun it finds on PATH
 LAUNCHER="${LAUNCHER:-gloo}"
+horovodrun=("$VENV/bin/python" "$(dirname "$0")/horovodrun")
 case "$LAUNCHER" in
-  gloo) launch=("$VENV/bin/python" "$(dirname "$0")/horovodrun" -np "$np" -H "localhost:$np" --gloo) ;;
+  gloo) launch=("${horovodrun[@]}" -np "$np" -H "localhost:$np" --gloo) ;;
   # Open MPI 5's mpirun refuses the single-dash -bind-to/-map-by horovodrun passes by default
-  mpi) launch=("$VENV/bin/python" "$(dirname "$0")/horovodrun" -np "$np" -H "localhost:$np" --mpi --binding-args="--bind-to none --map-by slot") ;;
+  mpi) launch=("${horovodrun[@]}" -np "$np" -H "localhost:$np" --mpi --binding-args="--bind-to none --map-by slot") ;;
   # -H localhost:NP: NP slots on this host whatever its cores; --bind-to none: 4 ranks may share 2 cores
   mpirun) launch=("$VENV/bin/mpirun" -np "$np" -H "localhost:$np" --bind-to none --tag-output
                   $( [ "$(id -u)" = 0 ] && echo --allow-run-as-root )) ;;
