@@ -137,9 +137,10 @@ class Runner(abc.ABC):
 
     def epoch_shares(self, steps: int, speeds: Speeds | None) -> list[int] | None:
         """Every rank's batches of an epoch of ``steps`` batches, by speed (``rules.partition.epoch_steps``), or
-        ``None`` (the framework's own count, every rank alike): a lockstep strategy's, before every speed is
-        measured, or where the speeds do not differ beyond their measured noise."""
-        if self.lockstep or speeds is None or speeds.step_times is None or not speeds.differ():
+        ``None`` (the framework's own count, every rank alike): a lockstep strategy's, before the speeds are
+        ``settled``, or where they do not differ beyond their measured noise."""
+        if (self.lockstep or speeds is None or speeds.step_times is None or not speeds.settled
+                or not speeds.differ()):
             return None
         return [int(s) for s in epoch_steps(steps, speeds.step_times)]
 

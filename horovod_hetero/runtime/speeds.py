@@ -4,7 +4,9 @@ Each round carries every rank's mean (or median) step time since the previous ro
 rank (``RoundStats``), so every rank that saw the same rounds holds the same ``Speeds`` and splits an
 epoch the same way without a message. A rank's speed is its median over the last ``SHARE_ROUNDS`` rounds
 that measured it: one quick or slow round (a step that missed a progress bar's print, a rank's
-evaluation) does not set a whole epoch's split.
+evaluation) does not set a whole epoch's split. The first round that measured every rank is left out (it
+holds the start-up), and no epoch is split before ``SETTLE_ROUNDS`` more have measured every rank: a
+rank's first steps after Keras traces its step function can take twice its usual time.
 """
 from __future__ import annotations
 
@@ -21,12 +23,15 @@ from horovod_hetero.strategies.base import RoundStats
 HISTORY = 8
 #: rounds whose median step time is a rank's speed (``Speeds.step_times``)
 SHARE_ROUNDS = 5
+#: rounds that measured every rank, after the start-up's, before the speeds split an epoch (``Speeds.settled``)
+SETTLE_ROUNDS = 3
 
 
 class Speeds:
     """Every rank's seconds per step (its median over the last ``SHARE_ROUNDS`` rounds that measured it, the
     first round that measured every rank left out: it holds the start-up), its local steps over the rounds,
-    and whether the ranks' speeds differ beyond the noise the rounds measured.
+    whether ``SETTLE_ROUNDS`` rounds have measured every rank since, and whether the ranks' speeds differ
+    beyond the noise the rounds measured.
 
     Args:
         size: the number of ranks the rounds carry.
@@ -37,8 +42,8 @@ class Speeds:
         >>> for step_s in ([0.5, 0.9], [0.1, 0.4], [0.1, 0.41], [0.1, 0.39], [0.05, 0.4]):
         ...     speeds.record(RoundStats(np.array([3, 1]), np.array(step_s), np.full(2, np.nan), np.zeros(2, int),
         ...                              np.zeros(2, bool)))
-        >>> speeds.step_times.tolist(), speeds.steps_seen.tolist(), speeds.differ()
-        ([0.1, 0.4], [15, 5], True)
+        >>> speeds.step_times.tolist(), speeds.steps_seen.tolist(), speeds.settled, speeds.differ()
+        ([0.1, 0.4], [15, 5], True, True)
     """
 
     def __init__(self, size: int) -> None:
@@ -49,7 +54,8 @@ class Speeds:
         self.steps_seen: npt.NDArray[np.int64] = np.zeros(size, dtype=np.int64)
         #: ``(steps_seen, step_times)`` at the second round that measured every rank (the first holds the
         #: start-up: a rank's first step counts from the optimizer's construction); a sampler that began an
-        #: epoch before then splits what is left with them
+        #: epoch before then splits what is left with them (early, before its loader draws half its part:
+        #: unlike an epoch's split by ``settled`` speeds, which can end a Keras epoch at any batch)
         self.measured: tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]] | None = None
         self._complete = 0
         self._history: deque[npt.NDArray[np.float64]] = deque(maxlen=HISTORY)
@@ -72,6 +78,13 @@ class Speeds:
         self.step_times = typical_step_times(self._latest, self._recent)
         if self.measured is None and self._complete == 2:
             self.measured = (self.steps_seen, self.step_times)
+
+    @property
+    def settled(self) -> bool:
+        """Whether ``SETTLE_ROUNDS`` rounds have measured every rank since the start-up's (the first that
+        did, left out): before then no epoch is split by speed, as a rank's first steps after the start-up
+        still hold some of it (measured under Keras: the second step of each rank 1.5-4x its usual)."""
+        return self._complete > SETTLE_ROUNDS
 
     def restart(self) -> None:
         """Forget the recent rounds' step times (another strategy runs from now on, its steps maybe of other

@@ -2,7 +2,9 @@
 import numpy as np
 
 from horovod_hetero.rules.partition import epoch_steps
+from horovod_hetero.runtime.runner import runner_for
 from horovod_hetero.runtime.speeds import SHARE_ROUNDS, Speeds
+from horovod_hetero.strategies import ESync
 from horovod_hetero.strategies.base import RoundStats
 
 NAN = float("nan")
@@ -72,3 +74,24 @@ def test_the_start_up_round_is_left_out_and_an_unmeasured_rank_keeps_its_latest(
     assert speeds.measured is None                           # one round has measured every rank since
     speeds.record(round_of(0.2, 0.1))
     assert [a.tolist() for a in speeds.measured] == [[5, 5], [0.2, 0.1]]      # 0.1, 0.3, 0.2; 0.1 alone
+    speeds.record(round_of(0.25, 0.12))
+    assert not speeds.settled                                # two rounds have measured every rank since
+    speeds.record(round_of(0.2, 0.1))
+    assert speeds.settled and speeds.measured[0].tolist() == [5, 5]           # kept: what a sampler split by
+
+
+def test_an_epoch_is_split_once_three_rounds_after_the_start_up_measured_every_rank():
+    """Measured under Keras (Horovod's Keras example, 1,1,1,4 of 0.1-s steps): the round after the start-up's
+    held each fast rank's second step, 1.5-2x its usual (0.15, 0.17, 0.21 s). Split there, a fast rank looked
+    slow and the slow rank was given 19 batches of 50, 1.5x the fast ranks' epoch; three rounds on, each
+    rank's median is its speed and the slow rank takes 12."""
+    rows = [[5.2, 5.2, 5.3, 5.2], [0.15, 0.17, 0.21, 0.4], [0.1, 0.1, 0.1, 0.4], [0.11, 0.1, 0.1, 0.4]]
+    speeds = Speeds(4)
+    for row in rows[:2]:
+        speeds.record(round_of(*row))
+    runner = runner_for(ESync())
+    assert speeds.differ() and not speeds.settled and runner.epoch_shares(50, speeds) is None
+    assert epoch_steps(50, speeds.step_times).tolist() == [50, 44, 36, 19]        # what that round alone gave
+    for row in rows[2:]:
+        speeds.record(round_of(*row))
+    assert speeds.settled and runner.epoch_shares(50, speeds) == [45, 50, 50, 12]
