@@ -94,10 +94,10 @@ def test_fit_shares_each_epoch_by_speed_and_every_rank_ends_it_together(steps_pe
 
     The rounds come on a fixed schedule (every second batch, a strategy that lets fast ranks take more
     batches: LocalSGD's ranks step together, and never share), so that the first epoch holds the four
-    measuring rounds on every rank (at its 8th batch of 12). With ESync they come when the state server answers: a slow rank
-    whose queries time out under load falls back to 8 local steps a round and can end a first epoch of 12
-    batches after the start-up round alone, without shares (CI, once: the slow rank had none while a
-    fast one took them from a later round)."""
+    measuring rounds on every rank (at its 8th batch of 12). With ESync they come when the state server
+    answers: a slow rank whose queries time out under load falls back to 8 local steps a round and can end
+    a first epoch of 12 batches after the start-up round alone, without shares (CI, once: the slow rank had
+    none while a fast one took them from a later round)."""
     steps = steps_per_epoch or 12
     x, y = rank_data(RANK, 8 * steps)
     model = make_model(RANK)
