@@ -255,7 +255,7 @@ class HeteroController:
         transports = Transports(self.rank, self.size, self.collectives, self.model_changed)
         try:
             self.strategy.start(Context(self.rank, self.size, transports, self.collectives, self._clock,
-                                        self.batches_planned, self._session))
+                                        self.batches_planned, self._session, self.speeds.known()))
         except BaseException:
             transports.close()                 # a half-opened strategy stays closed; the next step retries
             raise

@@ -86,6 +86,14 @@ class Speeds:
         still hold some of it (measured under Keras: the second step of each rank 1.5-4x its usual)."""
         return self._complete > SETTLE_ROUNDS
 
+    def known(self) -> tuple[float, ...] | None:
+        """Every rank's seconds per step once ``settled`` (each finite and positive), else ``None``: what a
+        strategy started again may plan its first round from (``Context.step_s``)."""
+        times = self.step_times
+        if not self.settled or times is None or not (np.isfinite(times).all() and (times > 0).all()):
+            return None
+        return tuple(float(t) for t in times)
+
     def restart(self) -> None:
         """Forget the recent rounds' step times (another strategy runs from now on, its steps maybe of other
         batches): every rank's speed is its latest until new rounds measure it."""

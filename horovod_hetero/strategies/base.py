@@ -108,6 +108,10 @@ class Context:
         session: the controller's, the same on every rank; another after ``hvd.elastic``'s reset (where a new
             worker may have replaced a lost one), the same whenever this controller starts a strategy again
             (after ``sync_model()``, a switch, ``set_strategy``). Empty where there is none (the simulator).
+        step_s: every rank's seconds per step as this controller's rounds have measured them (the same on
+            every rank: ``runtime.speeds.Speeds`` once settled), or ``None`` where they have not yet (a job's
+            start, a new controller after ``hvd.elastic``'s reset, the simulator): a strategy started again
+            (after ``sync_model()``, at a switch) may plan its first round from them instead of measuring.
     """
 
     rank: int
@@ -117,6 +121,7 @@ class Context:
     clock: Callable[[], float] = time.perf_counter
     batches_planned: bool = False
     session: str = ""
+    step_s: tuple[float, ...] | None = None
 
 
 @dataclass(frozen=True)

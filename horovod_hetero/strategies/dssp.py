@@ -46,8 +46,9 @@ class DSSP(RoundPlanned):
     own model (local SGD), and the staleness between the fastest and the slowest is the
     difference of their local steps in a round (at most ``s_upper``). The slowest never
     waits for a push of the others, and ranks of equal speed average after every step (with
-    pushes after every iteration the paper's workers never diverge further either). The first
-    two rounds come after one step each (the first step is start-up, not speed).
+    pushes after every iteration the paper's workers never diverge further either). At a job's
+    start the first two rounds come after one step each (the first step is start-up, not speed);
+    after ``sync_model()`` the first round is planned from the speeds measured before it.
 
     Args:
         staleness: ``(s_lower, s_upper)``, ints with 0 <= s_lower <= s_upper.

@@ -21,9 +21,10 @@ class ElasticBSP(RoundPlanned):
     round together, so rank p's i-th iteration ends at ``i * step_s[p]``; the round's own cost
     delays every rank alike and leaves the choice unchanged), runs ZipLine on the same inputs and
     gets the same plan; no server and no extra message. Each rank then runs its chosen number of
-    local steps and enters the next round. Ties go to the earliest barrier. The first two
-    rounds come after one step each (the first step is start-up, not speed); the plan follows a
-    change of speed from the next round on.
+    local steps and enters the next round. Ties go to the earliest barrier. At a job's start
+    the first two rounds come after one step each (the first step is start-up, not speed); after
+    ``sync_model()`` the first round is planned from the speeds measured before it; the plan
+    follows a change of speed from the next round on.
 
     Args:
         lookahead: R, an int >= 1: iterations predicted per rank (the most local steps per round).

@@ -56,3 +56,29 @@ def test_ranks_that_stop_early_end_identical_without_a_hang(name):
     opt.sync_model()
     finals = hvd.allgather_object(p.tolist(), name=f"contract.torch.uneven.{name}")
     assert all(f == finals[0] for f in finals) and np.isfinite(finals[0]).all()
+
+
+@pytest.mark.parametrize("name", ["ElasticBSP", "DSSP"])
+def test_after_sync_model_the_first_round_is_planned_from_the_measured_speeds(name):
+    """A restart after ``sync_model()`` (an epoch's end) plans its first round from the speeds the rounds
+    measured, not from two rounds of one step each; the slow rank's one step there is the first after the sync
+    (not timed), so the next round runs that plan again."""
+    p = torch.nn.Parameter(torch.full((3,), float(RANK)))
+    opt = hh.DistributedOptimizer(torch.optim.SGD([p], lr=0.1), named_parameters=[("p", p)],
+                                  strategy=PLANNED[name](), slowdown=Slowdown(RANK, "1,1,1,4", base_step_s=0.02))
+    for _ in range(12 if RANK < 3 else 6):
+        p.grad = torch.ones_like(p)
+        opt.step()
+    opt.sync_model()
+    known = opt._hh.speeds.known()
+    seen = len(opt.telemetry.records)
+    while sum(r["synced"] for r in opt.telemetry.records[seen:]) < 2:
+        p.grad = torch.ones_like(p)
+        opt.step()
+    opt.sync_model()
+    first, second = [r["ranks"]["local_steps"] for r in opt.telemetry.records[seen:] if r["synced"]][:2]
+    everyone = hvd.allgather_object((known, first, second), name=f"contract.torch.restart.{name}")
+    assert known is not None and all(k == known for k, _, _ in everyone)
+    want = PLANNED[name]().plan_steps(np.array(known))
+    assert want[3] == 1 and min(want[:3]) >= 2, want
+    assert all(f == want and s == want for _, f, s in everyone), everyone

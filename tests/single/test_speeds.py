@@ -75,9 +75,10 @@ def test_the_start_up_round_is_left_out_and_an_unmeasured_rank_keeps_its_latest(
     speeds.record(round_of(0.2, 0.1))
     assert [a.tolist() for a in speeds.measured] == [[5, 5], [0.2, 0.1]]      # 0.1, 0.3, 0.2; 0.1 alone
     speeds.record(round_of(0.25, 0.12))
-    assert not speeds.settled                                # two rounds have measured every rank since
+    assert not speeds.settled and speeds.known() is None     # two rounds have measured every rank since
     speeds.record(round_of(0.2, 0.1))
     assert speeds.settled and speeds.measured[0].tolist() == [5, 5]           # kept: what a sampler split by
+    assert speeds.known() == (0.2, 0.1)                      # what a strategy started again plans from
 
 
 def test_an_epoch_is_split_once_three_rounds_after_the_start_up_measured_every_rank():
