@@ -67,8 +67,10 @@ class Cluster:
         step_factors: per worker, measured step times over its typical step (``advise`` takes them
             from telemetry): each step's time is ``step_times[q]`` times a factor drawn from worker
             q's list (instead of ``jitter``; e.g. a transient straggler's occasional 4x steps).
-        replay: with ``step_factors``, take each worker's factors in turn (from the first, again after
-            the last) instead of drawing them: a run's measured steps replayed in order (``bench``).
+        replay: with ``step_factors``, take each worker's factors in turn instead of drawing them: a run's
+            measured steps replayed in order (``bench``). A worker that runs out of them goes on with the newer
+            half of its list, in turn: the cluster as the run left it (a straggler that appeared mid-run stays),
+            not as it began.
         staleness: the synthetic training loss every step reports (what ``ADSP`` searches on):
             ``1 / (1 + progress / 1000) + 0.05``, where every step adds ``1 / (1 + k / staleness)``
             to the cluster's progress, k being the worker's local steps since its last round (a
@@ -153,13 +155,18 @@ class Cluster:
         return mean * max(0.05, 1.0 + self.jitter * self._normals.pop())
 
     def _factors(self, q: int, k: int) -> npt.NDArray[np.float64]:
-        """The next ``k`` step factors of worker ``q``: drawn from its ``step_factors``, or in turn (``replay``)."""
+        """The next ``k`` step factors of worker ``q``: drawn from its ``step_factors``, or in turn (``replay``;
+        past the last, the newer half again)."""
         factors = self.step_factors[q]
         if not self.replay:
             return self.rng.choice(factors, k)
         taken = self._replayed[q]
         self._replayed[q] = taken + k
-        return factors[(taken + np.arange(k)) % factors.size]
+        index = taken + np.arange(k)
+        tail = max(1, factors.size // 2)                # past the end: the newest ``tail`` factors, in turn
+        past = index >= factors.size
+        index[past] = factors.size - tail + (index[past] - factors.size) % tail
+        return factors[index]
 
     def loss(self, progress: float) -> float:
         """The synthetic training loss after ``progress`` (see ``staleness``)."""

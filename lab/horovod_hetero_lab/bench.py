@@ -28,6 +28,7 @@ strategy would reach if communication were free (the same replay, rounds costing
 """
 import dataclasses
 import json
+import logging
 import os
 import pathlib
 import platform
@@ -418,7 +419,8 @@ def predict(by_rank, strategy, wall, batch_size, round_cost):
     seconds (``0``: free communication, the bound). The simulation covers the steady part of the run,
     from the end of the last rank's first step (start-up: process start, the first collective) to the
     last record; the first steps' samples count, the rest of the wall time (start-up, the final
-    synchronisation) trains nothing, as in the run."""
+    synchronisation) trains nothing, as in the run. The simulated strategy's own log lines (``hh.Auto``'s
+    switches on the simulated rank 0) are kept out of the bench's output: they speak of no job."""
     ranks = sorted(by_rank, key=int)
     begin = max(by_rank[k][0]["time"] for k in ranks)
     end = max(r["time"] for k in ranks for r in by_rank[k])
@@ -430,7 +432,12 @@ def predict(by_rank, strategy, wall, batch_size, round_cost):
     cluster = sim.Cluster(means, step_factors=[[s / mean for s in t] for t, mean in zip(traces, means)], replay=True,
                           model_bytes=0.0, latency_s=(round_cost or 0.0) / (2 * (n - 1)) if n > 1 else 0.0,
                           samples_per_step=batch_size)
-    steady = sim.simulate(cluster, strategy, max(end - begin, 1e-3))
+    library = logging.getLogger("horovod_hetero")
+    was, library.disabled = library.disabled, True
+    try:
+        steady = sim.simulate(cluster, strategy, max(end - begin, 1e-3))
+    finally:
+        library.disabled = was
     return (steady.samples.sum() + n * batch_size) / wall
 
 

@@ -2,6 +2,7 @@
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import pathlib
 import sys
@@ -95,6 +96,20 @@ def test_prediction_replays_the_measured_step_times():
     assert esync > 2 * sync                                              # the fast rank keeps stepping
     assert bench.predict(by_rank, Synchronous(), wall, 32, 0.1) == pytest.approx(
         (2 * 32 + 2) * 32 / wall, rel=0.05)                              # 0.5 s a step with the round
+
+
+def test_the_simulated_autos_switches_stay_out_of_the_bench_log(caplog):
+    """The prediction runs ``hh.Auto`` on a simulated cluster; its switches there are no job's: the bench's
+    output leaves them out, and the library's logger is as it was afterwards."""
+    from horovod_hetero import simulate as sim
+    from horovod_hetero.auto import Auto
+    by_rank = records([0.05, 0.05, 0.05, 0.2], 0.0, rounds=False, steps=200)
+    caplog.set_level("INFO", logger="horovod_hetero")
+    assert bench.predict(by_rank, Auto(), 40.0, 32, 0.0) > 0
+    assert not [r for r in caplog.records if r.name == "horovod_hetero"]
+    assert not logging.getLogger("horovod_hetero").disabled
+    sim.simulate(sim.Cluster([0.05, 0.05, 0.05, 0.2]), Auto(), 40.0)             # the same, outside the bench
+    assert any("Auto switches from sync" in r.getMessage() for r in caplog.records)
 
 
 def test_quality_at_equal_steps_in_the_table():

@@ -130,11 +130,16 @@ def test_an_answer_that_is_not_a_decision_is_refused_by_the_simulator_as_by_the_
         simulate(free_network([1, 2]), Answers(), duration=4.0)
 
 
-def test_replay_takes_each_workers_measured_steps_in_turn():
-    cluster = Cluster([1.0, 2.0], step_factors=[[1.0, 2.0, 3.0], [0.5]], replay=True)
-    assert [cluster.draw_one(0.0, 0) for _ in range(4)] == [1.0, 2.0, 3.0, 1.0]
+def test_replay_takes_each_workers_measured_steps_in_turn_then_the_newer_half_again():
+    """A worker that runs out of its measured steps goes on with the newer half of them: where a straggler
+    appeared mid-run (worker 0's last two steps 4x), the replay past the end keeps it, never starting again
+    from the run's first, even steps."""
+    cluster = Cluster([1.0, 2.0], step_factors=[[1.0, 1.0, 4.0, 4.0], [0.5]], replay=True)
+    assert [cluster.draw_one(0.0, 0) for _ in range(7)] == [1.0, 1.0, 4.0, 4.0, 4.0, 4.0, 4.0]
     assert [cluster.draw_one(0.0, 1) for _ in range(2)] == [1.0, 1.0]
-    assert cluster.draw(0.0, 2).tolist() == [[2.0, 3.0], [1.0, 1.0]]          # the vector path goes on in turn
+    assert cluster.draw(0.0, 2).tolist() == [[4.0, 4.0], [1.0, 1.0]]          # the vector path goes on in turn
+    odd = Cluster([1.0], step_factors=[[1.0, 2.0, 3.0, 5.0, 7.0]], replay=True)
+    assert odd.draw(0.0, 9).tolist() == [[1.0, 2.0, 3.0, 5.0, 7.0, 5.0, 7.0, 5.0, 7.0]]   # the newest 2 of 5
     drawn = Cluster([1.0], step_factors=[[1.0, 2.0, 3.0]], seed=1)
     assert sorted({drawn.draw_one(0.0, 0) for _ in range(50)}) == [1.0, 2.0, 3.0]   # drawn, not in turn
 
