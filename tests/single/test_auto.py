@@ -158,12 +158,13 @@ def test_the_guard_does_not_judge_the_switch_that_answers_a_change(changed):
     assert auto.current_name == ("elasticbsp" if changed else "sync"), auto.switches
 
 
-@pytest.mark.parametrize("steps, after", [(8, 2), (1, 12)])
+@pytest.mark.parametrize("steps, after", [(8, 2), (1, 12), (12, 1), (5, 3)])
 def test_a_rank_that_slows_is_answered_on_the_rounds_since_it_slowed(steps, after):
     """Rank 3 turns 4x slower. The change is read once its newest 12 steps are all slow, and the rounds whose
     every step of it was slow are kept and decided on at once. Rounds of 8 steps (a model-averaging
     strategy's): read and decided at the second, on 16 steps of each rank. Rounds of one step: at the 12th, on
-    12 rounds (not ``min_rounds`` more)."""
+    12 rounds (not ``min_rounds`` more). Rounds of 12 steps (Synchronous's rounds of statistics, by default):
+    at the first, on its 12 steps. Rounds of 5: at the third, on 15."""
     auto = Auto(candidates=["sync", "elasticbsp"], trial_rounds=0)
     auto.start(Context(0, 4, None, None, lambda: 0.0))
     feed(auto, [statistics([0.05] * 4, steps=steps) for _ in range(STARTUP_ROUNDS + HISTORY)])
