@@ -126,16 +126,18 @@ test-checks: $(READY)
 	[ $$single -eq 0 ] && [ $$others -eq 0 ]
 
 #: the tiers whose jobs mostly wait (on Horovod's Gloo timeout after a killed worker, on a frozen or cut rank's
-#: timeout, on host discovery): test-mpi-faults, test-elastic, test-bench then test-mpi-jobs (the MPI parallel
-#: jobs: two minutes, which fill the waits) beside test-faults then test-multihost, on the same cores, one
-#: compute thread per rank (torch's and TensorFlow's pools: two jobs of four ranks share two cores); their
-#: outputs follow in turn once both sides end (both run to their end; the part fails if either failed)
+#: timeout, on host discovery): test-mpi-faults, test-elastic, test-elastic-soak-short, test-bench then
+#: test-mpi-jobs (the MPI parallel jobs: two minutes, which fill the waits) beside test-faults then
+#: test-multihost, on the same cores, one compute thread per rank (torch's and TensorFlow's pools: two jobs of
+#: four ranks share two cores); their outputs follow in turn once both sides end (both run to their end; the
+#: part fails if either failed)
 WAITING_LOGS = $(dir $(TIMING_LOG))waiting
 .PHONY: test-waiting
 test-waiting: $(READY)
 	@mkdir -p $(WAITING_LOGS); export OMP_NUM_THREADS=1 TF_NUM_INTRAOP_THREADS=1 TF_NUM_INTEROP_THREADS=1; \
 	{ tools/timed test-mpi-faults $(MAKE) --no-print-directory test-mpi-faults && \
 	  tools/timed test-elastic $(MAKE) --no-print-directory test-elastic && \
+	  tools/timed test-elastic-soak-short $(MAKE) --no-print-directory test-elastic-soak-short && \
 	  tools/timed test-bench $(MAKE) --no-print-directory test-bench && \
 	  tools/timed test-mpi-jobs $(MAKE) --no-print-directory test-mpi-jobs; } >$(WAITING_LOGS)/elastic.log 2>&1 & elastic=$$!; \
 	{ tools/timed test-faults $(MAKE) --no-print-directory test-faults && \
@@ -154,6 +156,14 @@ test-elastic: $(READY)
 .PHONY: test-elastic-kill
 test-elastic-kill: $(READY)
 	HH_TIMING_BY=test $(PY) -m pytest -q -s -p no:cacheprovider --timeout 300 tests/elastic/test_elastic_kill.py
+
+#: the soak's three kills in one job for three strategies whose runners differ (Synchronous in Horovod's loop,
+#: ESync's state server, ElasticBSP's planned rounds): about 5 min, in make test's waiting tier
+SOAK_IN_TEST = sync esync elasticbsp
+.PHONY: test-elastic-soak-short
+test-elastic-soak-short: $(READY)
+	HH_TIMING_BY=test $(PY) -m pytest -q -s -p no:cacheprovider --timeout 600 $(foreach s,$(SOAK_IN_TEST),\
+	  "tests/elastic/test_elastic_soak.py::test_a_host_that_keeps_failing_and_coming_back[$(s)]")
 
 #: a host that keeps failing and coming back under hvd.elastic: three kills in one job, seven strategies,
 #: and a kill about once a minute, two strategies; each job's goodput against the same job without failures
