@@ -158,7 +158,7 @@ test-elastic-kill: $(READY)
 	HH_TIMING_BY=test $(PY) -m pytest -q -s -p no:cacheprovider --timeout 300 tests/elastic/test_elastic_kill.py
 
 #: the soak's three kills in one job for three strategies whose runners differ (Synchronous in Horovod's loop,
-#: ESync's state server, ElasticBSP's planned rounds): about 5 min, in make test's waiting tier
+#: ESync's state server, ElasticBSP's planned rounds): about 6 min, in make test's waiting tier
 SOAK_IN_TEST = sync esync elasticbsp
 .PHONY: test-elastic-soak-short
 test-elastic-soak-short: $(READY)
