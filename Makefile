@@ -253,8 +253,9 @@ CONVERGE_RUN = $(PY) -m horovod_hetero.cli bench $(CONVERGE_COMMON) --profile 1,
 #: hh.Auto against every fixed strategy to the converged target (CONVERGE_TARGET), one target per cluster profile
 #: (each resumes, and each can run alone): per profile a screening of every fixed strategy once, then Auto,
 #: Synchronous and the two fastest of the screening, 3 repeats in one run (horovod-hetero benchmark auto);
-#: about 40 minutes a profile
-AUTO_RUN = $(PY) -m horovod_hetero.cli benchmark auto --target $(CONVERGE_TARGET)
+#: about 40 minutes a profile; AUTO_ARGS="--finalists dssp,esync" skips the screening (about 15 minutes)
+AUTO_ARGS ?=
+AUTO_RUN = $(PY) -m horovod_hetero.cli benchmark auto --target $(CONVERGE_TARGET) $(AUTO_ARGS)
 AUTO_PROFILES = padded linear random midrun even
 .PHONY: bench-publish-auto $(addprefix bench-publish-auto-,$(AUTO_PROFILES))
 bench-publish-auto: $(addprefix bench-publish-auto-,$(AUTO_PROFILES))

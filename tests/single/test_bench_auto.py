@@ -1,7 +1,10 @@
 """``horovod-hetero benchmark auto``'s verdict on a final run (``bench``'s jobs): medians of time to the target,
 a job that missed it counting as never, Synchronous's time over each strategy's per repeat, Auto against the
 best fixed strategy and against Synchronous (0.95x on a cluster of equal workers)."""
-from horovod_hetero_lab.benchmarks.auto import equal_workers, median_time, speedups, table, verdict
+import json
+
+from horovod_hetero_lab.benchmarks.auto import (by_target, equal_workers, median_time, speedups, table, target_table,
+                                                verdict)
 
 
 def job(strategy, repeat, seconds):
@@ -42,3 +45,20 @@ def test_a_slower_auto_fails_the_verdict_and_equal_workers_allow_five_percent():
 
 def test_equal_workers_is_a_constant_profile():
     assert equal_workers("1,1,1,1") and not equal_workers("random") and not equal_workers("1,1,1,1;15:1,1,1,4")
+
+
+def test_lower_targets_are_read_from_each_jobs_curve(tmp_path):
+    curves = {"auto": [(5.0, 0.85), (10.0, 0.875), (15.0, 0.86), (20.0, 0.891)],
+              "sync": [(5.0, 0.80), (10.0, 0.862), (15.0, 0.87)]}
+    jobs = []
+    for name, points in curves.items():
+        jobs.append({"id": f"{name}-r0", "strategy": name, "repeat": 0, "status": "done"})
+        (tmp_path / "jobs" / f"{name}-r0").mkdir(parents=True)
+        (tmp_path / "jobs" / f"{name}-r0" / "curve.jsonl").write_text(
+            "".join(json.dumps({"t": t, "accuracy": a}) + "\n" for t, a in points))
+    jobs.append({"id": "sync-r1", "strategy": "sync", "repeat": 1, "status": "failed"})
+    found = by_target(tmp_path, jobs, "fashion-cnn", [0.86, 0.87, 0.89])
+    assert found["auto"] == {0.86: 10.0, 0.87: 10.0, 0.89: 20.0}
+    # a failed repeat counts as never: the median of (10, never) is never, as for the verdict
+    assert found["sync"] == {0.86: None, 0.87: None, 0.89: None}
+    assert "| Auto against the best fixed | - | - | - |" in target_table(found, [0.86, 0.87, 0.89])

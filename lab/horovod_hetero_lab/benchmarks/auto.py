@@ -9,6 +9,9 @@ Two ``horovod-hetero bench`` runs into DIR (each resumes where a finished ``resu
 2. ``final/``: Auto, Synchronous and the two fixed strategies that reached the target soonest in the screening,
    ``--repeats`` times each, in one run.
 
+``--finalists A,B`` names the final run's fixed strategies instead (those of an earlier screening of the same
+profile, for example, when only Auto changed) and skips the screening.
+
 Then the table of the final run: each strategy's median time to the target (and its range), its speed-up over
 Synchronous (the median of the per-repeat ratios, as ``bench`` reports it), and the verdict the project asks of
 Auto: its median time to the target within 10 % of the best fixed strategy's in the same run, and at least
@@ -20,6 +23,8 @@ import pathlib
 import statistics
 import subprocess
 import sys
+
+from horovod_hetero_lab.bench import read_curve, time_to_target
 
 #: the fixed strategies screened by default (bench's names)
 FIXED = ("sync", "localsgd", "esync", "wagma", "elasticbsp", "dssp", "adsp", "balanced")
@@ -118,6 +123,43 @@ def table(rows, said):
     return "\n".join(lines)
 
 
+def by_target(out, jobs, task, targets):
+    """``{strategy: {target: median seconds or None}}``: each finished job's curve (``out/jobs/ID/curve.jsonl``)
+    read for the first point at each of ``targets``, a job whose curve never reached it counting as never
+    (``median_time``)."""
+    found: dict[str, dict[float, list[float | None]]] = {}
+    for job in jobs:
+        curve = read_curve(pathlib.Path(out) / "jobs" / job["id"] / "curve.jsonl") if job["status"] == "done" else []
+        for target in targets:
+            found.setdefault(job["strategy"], {}).setdefault(target, []).append(time_to_target(curve, task, target))
+    return {name: {t: median_time(v) for t, v in per.items()} for name, per in found.items()}
+
+
+def target_table(medians, targets):
+    """The markdown table of ``by_target``'s medians, and each target's Auto against the best fixed strategy.
+
+    >>> print(target_table({"sync": {0.8: 20.0, 0.9: None}, "auto": {0.8: 10.0, 0.9: 30.0},
+    ...                     "esync": {0.8: 12.0, 0.9: 27.0}}, [0.8, 0.9]))
+    | strategy | to 0.8 s | to 0.9 s |
+    | --- | ---: | ---: |
+    | sync | 20.0 | - |
+    | auto | 10.0 | 30.0 |
+    | esync | 12.0 | 27.0 |
+    | Auto against the best fixed | 1.20x | 0.90x |
+    """
+    lines = ["| strategy | " + " | ".join(f"to {t:g} s" for t in targets) + " |",
+             "| --- | " + " | ".join("---:" for _ in targets) + " |"]
+    for name, per in medians.items():
+        lines.append(f"| {name} | " + " | ".join("-" if per[t] is None else f"{per[t]:.1f}" for t in targets) + " |")
+    ratios = []
+    for t in targets:
+        fixed = [per[t] for name, per in medians.items() if name != "auto" and per[t] is not None]
+        auto = medians.get("auto", {}).get(t)
+        ratios.append("-" if not fixed or auto is None else f"{min(fixed) / auto:.2f}x")
+    lines.append("| Auto against the best fixed | " + " | ".join(ratios) + " |")
+    return "\n".join(lines)
+
+
 def equal_workers(profile):
     """Whether ``profile`` slows no worker more than another, ever (``1,1,1,1``; not ``random`` nor a schedule).
 
@@ -131,6 +173,24 @@ def equal_workers(profile):
     return len(set(factors)) == 1
 
 
+def finalists(text):
+    """``--finalists``: fixed strategies of ``FIXED`` but Synchronous (always in the final run), comma-separated.
+
+    >>> finalists("esync,wagma")
+    ['esync', 'wagma']
+    >>> finalists("esync,auto")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: --finalists: fixed strategies among localsgd, esync, wagma, elasticbsp, dssp, adsp, \
+balanced, comma-separated, got 'esync,auto'
+    """
+    names = [n for n in text.split(",") if n]
+    allowed = [n for n in FIXED if n != "sync"]
+    if not names or any(n not in allowed for n in names) or len(set(names)) != len(names):
+        raise argparse.ArgumentTypeError(f"--finalists: fixed strategies among {', '.join(allowed)}, comma-separated, "
+                                         f"got {text!r}")
+    return names
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="horovod-hetero benchmark auto", description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", required=True, help="bench's --profile (1,1,1,4; random; 1,1,1,1;15:1,1,1,4)")
@@ -141,29 +201,42 @@ def main(argv=None):
     parser.add_argument("--strategies", default=",".join(FIXED), help="the fixed strategies screened")
     parser.add_argument("--repeats", type=int, default=3, help="repeats of the final run")
     parser.add_argument("--screen-repeats", type=int, default=1)
+    parser.add_argument("--finalists", default=None, type=finalists,
+                        help="the final run's fixed strategies (comma-separated), instead of a screening")
     parser.add_argument("--budget", type=float, default=1200.0, help="seconds a job may train at most")
     parser.add_argument("--cap", type=float, default=3.0, help="a strategy's budget: at most CAP x Synchronous's time")
     parser.add_argument("--eval-interval", type=float, default=5.0)
+    parser.add_argument("--lower", default="0.86,0.87,0.88",
+                        help="lower targets whose medians are also printed (comma-separated, may be empty)")
     parser.add_argument("--base-step", type=float, default=0.05)
     parser.add_argument("--np", type=int, default=4)
     args = parser.parse_args(argv)
-    screened = [s for s in args.strategies.split(",") if s]
-    if "sync" not in screened:
-        screened.insert(0, "sync")
-    screen = bench(args, screened, args.screen_repeats, args.out / "screen")
-    medians = {n: median_time(v) for n, v in times(screen).items() if n != "sync"}
-    reached = {n: t for n, t in medians.items() if t is not None}
-    ranked = sorted(reached, key=lambda n: reached[n])
-    chosen = ranked[:2] if ranked else []
-    print(f"screening: {', '.join(f'{n} {reached[n]:.1f} s' for n in ranked) or 'none reached the target'}; "
-          f"the final run: auto, sync, {', '.join(chosen)}", flush=True)
+    if args.finalists is not None:
+        medians, chosen = None, args.finalists
+        print(f"no screening (--finalists); the final run: auto, sync, {', '.join(chosen)}", flush=True)
+    else:
+        screened = [s for s in args.strategies.split(",") if s]
+        if "sync" not in screened:
+            screened.insert(0, "sync")
+        screen = bench(args, screened, args.screen_repeats, args.out / "screen")
+        medians = {n: median_time(v) for n, v in times(screen).items() if n != "sync"}
+        reached = {n: t for n, t in medians.items() if t is not None}
+        ranked = sorted(reached, key=lambda n: reached[n])
+        chosen = ranked[:2] if ranked else []
+        print(f"screening: {', '.join(f'{n} {reached[n]:.1f} s' for n in ranked) or 'none reached the target'}; "
+              f"the final run: auto, sync, {', '.join(chosen)}", flush=True)
     final = bench(args, ["sync", "auto", *chosen], args.repeats, args.out / "final")
     even = equal_workers(args.profile)
     rows, said = verdict(final, even)
     text = table(rows, said)
     print(text)
+    targets = [float(t) for t in args.lower.split(",") if t] + [args.target]
+    lower = by_target(args.out / "final", final, args.task, targets)
+    print("\nMedian seconds to each target, on the same curves:\n" + target_table(lower, targets))
     (args.out / "summary.json").write_text(json.dumps({"profile": args.profile, "slowdown": args.slowdown,
-                                                       "screening": medians, "final": rows, **said}, indent=1))
+                                                       "screening": medians, "final": rows, **said,
+                                                       "by_target": {n: {str(t): v for t, v in per.items()}
+                                                                     for n, per in lower.items()}}, indent=1))
     return 0
 
 
