@@ -61,8 +61,8 @@ log = logging.getLogger("horovod_hetero")
 #: the candidates ``Auto`` predicts by default: every registered strategy but itself and ADSP (Balanced where the
 #: adapter plans batches, WAGMA where its process sets exist). ADSP is left to ``candidates=``: the simulator
 #: predicts it among the fastest wherever ranks differ (its fast ranks never wait), yet on the benchmarks
-#: (Fashion-MNIST to 0.89, five clusters) it took the longest or second longest to the accuracy of every
-#: model-averaging strategy, and each trial of it cost 50-420 steps at its own pace without being kept
+#: (Fashion-MNIST to 0.89, five clusters) it was never the fastest model-averaging strategy to the accuracy
+#: (third to sixth of six), and each trial of it cost 50-420 steps at its own pace without being kept
 DEFAULT = ("sync", "balanced", "esync", "elasticbsp", "dssp", "localsgd", "wagma")
 #: rounds of statistics kept for a decision (the newest)
 HISTORY = 12
