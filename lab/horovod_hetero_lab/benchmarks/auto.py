@@ -191,6 +191,24 @@ balanced, comma-separated, got 'esync,auto'
     return names
 
 
+def lower_targets(text):
+    """``--lower``: test accuracies, comma-separated, each in (0, 1); may be empty.
+
+    >>> lower_targets("0.86,0.87"), lower_targets("")
+    ([0.86, 0.87], [])
+    >>> lower_targets("0.86,high")
+    Traceback (most recent call last):
+    argparse.ArgumentTypeError: --lower: accuracies in (0, 1), comma-separated, got '0.86,high'
+    """
+    try:
+        values = [float(t) for t in text.split(",") if t]
+    except ValueError:
+        values = [-1.0]
+    if any(not 0.0 < v < 1.0 for v in values):
+        raise argparse.ArgumentTypeError(f"--lower: accuracies in (0, 1), comma-separated, got {text!r}")
+    return values
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="horovod-hetero benchmark auto", description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", required=True, help="bench's --profile (1,1,1,4; random; 1,1,1,1;15:1,1,1,4)")
@@ -198,27 +216,29 @@ def main(argv=None):
     parser.add_argument("--out", required=True, type=pathlib.Path, help="results directory (resumed)")
     parser.add_argument("--task", default="fashion-cnn")
     parser.add_argument("--target", type=float, default=0.89)
-    parser.add_argument("--strategies", default=",".join(FIXED), help="the fixed strategies screened")
+    parser.add_argument("--strategies", default=None, help=f"the fixed strategies screened (default {','.join(FIXED)})")
     parser.add_argument("--repeats", type=int, default=3, help="repeats of the final run")
-    parser.add_argument("--screen-repeats", type=int, default=1)
+    parser.add_argument("--screen-repeats", type=int, default=None, help="repeats of the screening (default 1)")
     parser.add_argument("--finalists", default=None, type=finalists,
                         help="the final run's fixed strategies (comma-separated), instead of a screening")
     parser.add_argument("--budget", type=float, default=1200.0, help="seconds a job may train at most")
     parser.add_argument("--cap", type=float, default=3.0, help="a strategy's budget: at most CAP x Synchronous's time")
     parser.add_argument("--eval-interval", type=float, default=5.0)
-    parser.add_argument("--lower", default="0.86,0.87,0.88",
+    parser.add_argument("--lower", default="0.86,0.87,0.88", type=lower_targets,
                         help="lower targets whose medians are also printed (comma-separated, may be empty)")
     parser.add_argument("--base-step", type=float, default=0.05)
     parser.add_argument("--np", type=int, default=4)
     args = parser.parse_args(argv)
+    if args.finalists is not None and (args.strategies is not None or args.screen_repeats is not None):
+        parser.error("--finalists skips the screening: --strategies and --screen-repeats cannot go with it")
     if args.finalists is not None:
         medians, chosen = None, args.finalists
         print(f"no screening (--finalists); the final run: auto, sync, {', '.join(chosen)}", flush=True)
     else:
-        screened = [s for s in args.strategies.split(",") if s]
+        screened = [s for s in (args.strategies or ",".join(FIXED)).split(",") if s]
         if "sync" not in screened:
             screened.insert(0, "sync")
-        screen = bench(args, screened, args.screen_repeats, args.out / "screen")
+        screen = bench(args, screened, args.screen_repeats or 1, args.out / "screen")
         medians = {n: median_time(v) for n, v in times(screen).items() if n != "sync"}
         reached = {n: t for n, t in medians.items() if t is not None}
         ranked = sorted(reached, key=lambda n: reached[n])
@@ -230,7 +250,7 @@ def main(argv=None):
     rows, said = verdict(final, even)
     text = table(rows, said)
     print(text)
-    targets = [float(t) for t in args.lower.split(",") if t] + [args.target]
+    targets = [*args.lower, args.target]
     lower = by_target(args.out / "final", final, args.task, targets)
     print("\nMedian seconds to each target, on the same curves:\n" + target_table(lower, targets))
     (args.out / "summary.json").write_text(json.dumps({"profile": args.profile, "slowdown": args.slowdown,
