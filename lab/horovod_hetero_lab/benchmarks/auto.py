@@ -82,13 +82,24 @@ def speedups(jobs, name):
     return [sync / other for sync, other in pairs if sync and other]
 
 
+def against_best(medians):
+    """The best fixed strategy of ``{strategy: median time or None}`` and its time over Auto's (None where
+    either is missing).
+
+    >>> against_best({"sync": 30.0, "auto": 12.0, "esync": 10.0, "dssp": None})
+    ('esync', 0.8333333333333334)
+    """
+    fixed = {n: t for n, t in medians.items() if n != "auto" and t is not None}
+    best = min(fixed, key=lambda n: fixed[n]) if fixed else None
+    auto = medians.get("auto")
+    return best, None if auto is None or best is None else fixed[best] / auto
+
+
 def verdict(final, even):
     """The table's rows and the verdict on Auto (``even``: a cluster of equal workers)."""
     found = times(final)
     medians = {name: median_time(values) for name, values in found.items()}
-    fixed = {n: t for n, t in medians.items() if n != "auto" and t is not None}
-    best = min(fixed, key=lambda n: fixed[n]) if fixed else None
-    auto = medians.get("auto")
+    best, ratio = against_best(medians)
     rows = []
     for name, values in found.items():
         ups = speedups(final, name)
@@ -96,11 +107,11 @@ def verdict(final, even):
         rows.append({"strategy": name, "median_s": medians[name], "min_s": min(done) if done else None,
                      "max_s": max(done) if done else None, "reached": f"{len(done)}/{len(values)}",
                      "speedup": statistics.median(ups) if ups else None})
-    within = auto is not None and best is not None and auto <= 1.10 * fixed[best]
+    within = ratio is not None and medians["auto"] <= 1.10 * medians[best]
     auto_up = next((r["speedup"] for r in rows if r["strategy"] == "auto"), None)
     floor = 0.95 if even else 1.0
     not_behind = auto_up is not None and auto_up >= floor
-    return rows, {"best_fixed": best, "auto_vs_best": None if auto is None or best is None else fixed[best] / auto,
+    return rows, {"best_fixed": best, "auto_vs_best": ratio,
                   "within_10_percent": within, "auto_vs_sync": auto_up, "not_behind_sync": not_behind,
                   "sync_floor": floor}
 
@@ -153,9 +164,8 @@ def target_table(medians, targets):
         lines.append(f"| {name} | " + " | ".join("-" if per[t] is None else f"{per[t]:.1f}" for t in targets) + " |")
     ratios = []
     for t in targets:
-        fixed = [per[t] for name, per in medians.items() if name != "auto" and per[t] is not None]
-        auto = medians.get("auto", {}).get(t)
-        ratios.append("-" if not fixed or auto is None else f"{min(fixed) / auto:.2f}x")
+        ratio = against_best({name: per[t] for name, per in medians.items()})[1]
+        ratios.append("-" if ratio is None else f"{ratio:.2f}x")
     lines.append("| Auto against the best fixed | " + " | ".join(ratios) + " |")
     return "\n".join(lines)
 
@@ -203,8 +213,8 @@ def lower_targets(text):
     try:
         values = [float(t) for t in text.split(",") if t]
     except ValueError:
-        values = [-1.0]
-    if any(not 0.0 < v < 1.0 for v in values):
+        values = None
+    if values is None or any(not 0.0 < v < 1.0 for v in values):
         raise argparse.ArgumentTypeError(f"--lower: accuracies in (0, 1), comma-separated, got {text!r}")
     return values
 
