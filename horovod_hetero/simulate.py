@@ -12,7 +12,7 @@ duration is drawn from the cluster; the strategy's decisions are carried out as 
 ``AVERAGE`` waits for every worker and costs one ring allreduce, ``GroupAverage`` costs a group
 allreduce (wait-avoiding, ideally: a group never waits for a slow member), and the ``RoundResult``
 handed to every worker carries every worker's step statistics, as a real round does; ``MEASURE``
-rounds carry them alone (a small allreduce). A strategy that averages gradients waits for every worker
+rounds carry them alone (a small allreduce; ``MEASURE_OVERLAPPED`` alike, its result handed over at once). A strategy that averages gradients waits for every worker
 at every step (one gradient allreduce); one that plans batch sizes (``Balanced``) has each step's time
 scaled by its batch over the cluster's ``samples_per_step`` (time proportional to the batch; with
 ``batch_share`` below 1 only that share of it grows with the batch, the rest is fixed). Nothing here
@@ -42,7 +42,7 @@ import numpy.typing as npt
 from horovod_hetero.rules.esync_state import ESyncState
 from horovod_hetero.runtime.runner import runner_for
 from horovod_hetero.strategies.base import (
-    AVERAGE, MEASURE, Context, Decision, GroupAverage, RoundResult, RoundStats, StepReport, Strategy, check_decision)
+    AVERAGE, MEASURES, Context, Decision, GroupAverage, RoundResult, RoundStats, StepReport, Strategy, check_decision)
 from horovod_hetero.validation import check_float
 
 
@@ -355,7 +355,7 @@ def simulate(cluster: Cluster, strategy: Strategy, duration: float) -> SimResult
         if t >= duration:
             past.add(q)
         # a gradient allreduce after every step (the runner's steps_together), a round when the strategy says so
-        if together[0] or decision is AVERAGE or decision is MEASURE:
+        if together[0] or decision is AVERAGE or decision in MEASURES:
             barrier[q] = (t, decision)
             if len(barrier) < n:
                 continue
@@ -369,7 +369,7 @@ def simulate(cluster: Cluster, strategy: Strategy, duration: float) -> SimResult
             since_comm += arrived.max() - arrived + cost
             syncs += 1
             sent += cluster.ring_bytes(n) if averaged else 0.0
-            if AVERAGE in decisions or MEASURE in decisions:
+            if AVERAGE in decisions or any(d in MEASURES for d in decisions):
                 rounds += 1
                 with np.errstate(invalid="ignore", divide="ignore"):
                     stats = RoundStats(local_steps=since.copy(), step_s=since_s / since, loss=since_loss / since,

@@ -33,8 +33,8 @@ from horovod_hetero.runtime.rounds import RoundProtocol, check_counters
 from horovod_hetero.runtime.speeds import Speeds
 from horovod_hetero.runtime.telemetry import Telemetry
 from horovod_hetero.strategies.aggregation import Aggregation
-from horovod_hetero.strategies.base import (AVERAGE, MEASURE, Context, GroupAverage, RoundResult, StepReport,
-                                            Strategy, check_decision, check_kind)
+from horovod_hetero.strategies.base import (AVERAGE, MEASURE, MEASURE_OVERLAPPED, MEASURES, Context, GroupAverage,
+                                            RoundResult, StepReport, Strategy, check_decision, check_kind)
 from horovod_hetero.strategies.registry import rebuild
 from horovod_hetero.runtime.strategy_transports import Transports
 
@@ -203,6 +203,7 @@ class HeteroController:
         self._started = False          # the first start() takes the set's first rank's counters
         self._session = ""             # this controller's (its first start's collectives' session: Context.session)
         self._activity: str | None = None  # the collective this rank is in (names it if a rank is lost)
+        self._overlapped: Callable[[], RoundResult] | None = None   # a round of statistics begun at the latest step
 
     def _runner(self, strategy: Strategy) -> Runner:
         check_kind(strategy)
@@ -292,6 +293,7 @@ class HeteroController:
         return the rank whose integer state every rank should take (``None``: the set's first)."""
         self.start()
         try:
+            self._collect_round()
             root = self.runner.sync(self, self.gradients)
         finally:
             self.close()
@@ -320,7 +322,9 @@ class HeteroController:
         self.add_comm(self._clock() - t0)
 
     def close(self) -> None:
-        """Close what the strategy opened (idempotent); the next step opens it again."""
+        """Close what the strategy opened (idempotent); the next step opens it again. A round of statistics
+        still under way is left to Horovod (a new controller after ``hvd.elastic``'s reset names its own)."""
+        self._overlapped = None
         if self.transports is not None:
             self.transports.close()
             self.transports = None
@@ -378,12 +382,15 @@ class HeteroController:
         if self._left:                                  # training again after a join
             self._left = False
             self._changed()
+        fields = self._collect_round()                 # the round of statistics begun at the previous step
+        met = bool(fields)                              # a global round ended at this step
         decision = check_decision(self.strategy, self.strategy.after_step(report))
-        fields: dict[str, Any] = {}
         if decision is AVERAGE:
             fields = self._round_fields(self._round())
             bytes_sent += ring_bytes(self.model.nbytes, self.size)
-        elif decision is MEASURE:
+        elif decision is MEASURE_OVERLAPPED and self.collectives.overlaps:
+            self._begin_round()
+        elif decision in MEASURES:
             fields = self._round_fields(self._round(measure=True))
         elif isinstance(decision, GroupAverage):
             fields = self._group_average(decision)
@@ -393,8 +400,8 @@ class HeteroController:
         self.telemetry.record(step=self.strategy.step, local_steps=local_steps, compute_s=compute,
                               comm_s=comm_s + self._extra_comm, bytes_sent=bytes_sent, synced=decision is AVERAGE,
                               **fields, **self.strategy.telemetry_fields())
-        if (decision is AVERAGE or decision is MEASURE) and (
-                self.handover_at_rounds or (self.runner.lockstep and not self.batches_planned)):
+        met = met or decision is AVERAGE or (decision in MEASURES and self._overlapped is None)
+        if met and (self.handover_at_rounds or (self.runner.lockstep and not self.batches_planned)):
             self._hand_over()
         self._extra_comm = 0.0
         self._t_last = self._clock()
@@ -434,6 +441,33 @@ class HeteroController:
         agg.begin(self.model.tensors())
         return control[:head]
 
+    def _begin_round(self) -> None:
+        """Begin a round of statistics whose result the next step collects (``MEASURE_OVERLAPPED``): its sum runs
+        in Horovod's background thread meanwhile, beside the next step's compute and gradient allreduce."""
+        tensors = self.model.tensors()
+        began = self._clock()
+
+        def start(control: list[float]) -> Callable[[], list[float]]:
+            return self.collectives.start_sum(control, name="horovod_hetero.measure", what="statistics round",
+                                              like=tensors[0] if tensors else None)
+        self._activity = "statistics round"
+        self._overlapped = self.protocol.begin_round(start, wall_s=began - self._round_t)
+        self._round_t = began
+
+    def _collect_round(self, tell: bool = True) -> dict[str, Any]:
+        """Wait for the round of statistics begun at an earlier step, if any, and hand its result to the strategy
+        and the speeds (``tell``; else only wait for it); return its telemetry fields (``{}``: none)."""
+        wait, self._overlapped = self._overlapped, None
+        if wait is None:
+            return {}
+        self._activity = "statistics round"
+        result = wait()
+        self._activity = None
+        if not tell:
+            return {}
+        self._after_round(result)
+        return self._round_fields(result)
+
     def _round(self, done: bool = False, measure: bool = False) -> RoundResult:
         began = self._clock()          # the wall seconds from one round's start to the next: its cost included
         result = self.protocol.run_round(done, average=self._measure if measure else None,
@@ -448,6 +482,7 @@ class HeteroController:
         and run the other from the next step on (its runner chosen again: the kind may have changed)."""
         successor = self.strategy.handover()
         if successor is not None:
+            self._collect_round(tell=False)    # statistics of the strategy it leaves: the successor measures afresh
             self.close()
             self.set_strategy(successor)
 
@@ -494,6 +529,7 @@ class HeteroController:
     def join(self) -> int:
         """Join rounds until every rank has joined; all ranks then hold identical tensors."""
         self.start()
+        self._collect_round()
         t0 = self._clock()
         self._left, self._all_joined = True, False
         self.strategy.leave()
@@ -522,6 +558,7 @@ class HeteroController:
         switches to it (``strategies.registry.rebuild``), as every rank that loads it does; a strategy that runs
         another (``hh.Auto``) and now runs one of another kind gets that kind's runner."""
         check_state(state)
+        self._collect_round(tell=False)        # under way: its name is used again by the next one
         if state["strategy"].get("kind") != type(self.strategy).__name__:
             self.close()
             self.set_strategy(rebuild(state["strategy"]))

@@ -27,6 +27,10 @@ in another round; its block reads as no steps, and plans made from the statistic
 round carries as a rank's step time (the mean of its steps, or their median) is the runner's too:
 the protocol takes both from its ``policy`` (a ``RoundPolicy``: ``runtime.runner``'s runners).
 
+A round of statistics may also be begun and read later (``begin_round``, ``MEASURE_OVERLAPPED``): its sum is
+started, the rank steps on (those steps belong to the next round), and the result is read at the next step.
+Every rank begins and reads the same rounds in the same order, so they stay identical on every rank.
+
 The collective is injected (``average``), as Horovod's ``common/elastic.py`` takes its
 broadcast: the protocol runs unchanged over torch, TensorFlow or a fake in tests.
 """
@@ -158,31 +162,52 @@ class RoundProtocol:
         control vector alone: a round of statistics); by default the protocol's. ``wall_s``: this rank's
         wall-clock seconds from the previous round's start to this one's, carried in its statistics.
         """
+        weight, control = self._enter(done, wall_s)
+        summed = (average or self._average)(weight, control)
+        self.steps_since_round = 0
+        self._reset_stats()
+        return self._read(self.round, weight, control, summed)
+
+    def begin_round(self, start: Callable[[list[float]], Callable[[], Sequence[float]]],
+                    wall_s: float = math.nan) -> Callable[[], RoundResult]:
+        """Enter the next round of statistics without waiting for it (``MEASURE_OVERLAPPED``): ``start(control)``
+        starts the sum of the control vector and returns what waits for it (``Collectives.start_sum``). Return
+        what waits for the round and returns its ``RoundResult``; the steps this rank takes meanwhile belong to
+        the round after it. The round carries no model: its weight is that of a round of statistics."""
+        weight, control = self._enter(False, wall_s)
+        summed = start(control)
+        number = self.round
+        self.steps_since_round = 0
+        self._reset_stats()
+        return lambda: self._read(number, weight, control, summed())
+
+    def _enter(self, done: bool, wall_s: float) -> tuple[float, list[float]]:
+        """The next round's number taken, and this rank's weight and control vector for it."""
         weight = 1.0 if (self.steps_since_round > 0 or self.round == 0) else 0.0
         self.round += 1
-        mine = tag(self.round, self.size)
-        control = self._control(weight, done, mine, wall_s)
-        summed = (average or self._average)(weight, control)
+        return weight, self._control(weight, done, tag(self.round, self.size), wall_s)
+
+    def _read(self, number: int, weight: float, control: list[float], summed: Sequence[float]) -> RoundResult:
+        """Round ``number``'s ``RoundResult`` from its summed control vector, or ``RoundMismatchError``."""
+        mine = tag(number, self.size)
         present, absent = self.size, None
         if summed[2] != mine * present and len(summed) == len(control):
             absent = self.policy.absent(np.reshape(np.asarray(summed[_HEAD:], dtype=np.float64), (self.size, _WIDTH)))
             present -= 0 if absent is None else int(absent.sum())
         if summed[2] != mine * present:
             raise RoundMismatchError(
-                f"round {self.round}: ranks entered different rounds (sum of round tags {summed[2]}, "
+                f"round {number}: ranks entered different rounds (sum of round tags {summed[2]}, "
                 f"expected {mine * present}). Every rank must synchronise through the same "
                 f"strategy and end with sync_model()/join().")
         if len(summed) != len(control):
-            raise RoundMismatchError(f"round {self.round}: control vectors of {len(summed)} and {len(control)} "
+            raise RoundMismatchError(f"round {number}: control vectors of {len(summed)} and {len(control)} "
                                      f"values: ranks disagree on the number of ranks")
-        self.steps_since_round = 0
-        self._reset_stats()
         blocks = np.array(np.reshape(summed[_HEAD:], (self.size, _WIDTH)), dtype=np.float64)
         if absent is not None:          # read as a rank with no step since the round: no time, no loss
             blocks[absent, 2:4] = math.nan
             blocks[absent, 5:] = math.nan
         stats = RoundStats.from_block(blocks)
-        return RoundResult(self.round, weight, float(summed[0]), int(round(summed[1])), stats)
+        return RoundResult(number, weight, float(summed[0]), int(round(summed[1])), stats)
 
     def join(self, on_round: Callable[[RoundResult], object] | None = None) -> int:
         """Enter rounds as *done* until every rank has joined; return the number of rounds entered.

@@ -68,6 +68,18 @@ class Collectives(ABC):
         Raises ``CollectiveTimeoutError`` naming ``what`` after ``timeout`` (the adapter's own wait).
         """
 
+    #: ``start_sum`` starts a sum and returns before it is done (torch), so a round of statistics can overlap a step
+    overlaps = False
+
+    def start_sum(self, control: Sequence[float], *, name: str, what: str,
+                  like: Tensor | None = None) -> Callable[[], list[float]]:
+        """Start summing the float list ``control`` over the set and return at once (where ``overlaps``; else sum
+        it now); return what waits for the sum (``CollectiveTimeoutError`` naming ``what`` after ``timeout``, as
+        ``allreduce_sum``) and returns it as floats. Every rank starts the same sums in the same order, and waits
+        for each before it starts the next of the same ``name``."""
+        _, summed = self.allreduce_sum([], control, name=name, what=what, like=like)
+        return lambda: summed
+
     @abstractmethod
     def copy(self, tensors: Sequence[Tensor]) -> list[Tensor]:
         """New tensors equal to ``tensors`` (a snapshot)."""

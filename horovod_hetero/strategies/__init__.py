@@ -23,7 +23,7 @@ Adding one: see docs/architecture.md ("Adding a strategy").
 from typing import TYPE_CHECKING, Any
 
 from horovod_hetero.strategies.base import (  # noqa: F401
-    AVERAGE, CONTINUE, MEASURE, Context, Decision, GradientAveraging, GradientWeighting, GroupAverage, ModelAveraging,
+    AVERAGE, CONTINUE, MEASURE, MEASURE_OVERLAPPED, Context, Decision, GradientAveraging, GradientWeighting, GroupAverage, ModelAveraging,
     Plan, RoundResult, RoundStats, StepReport, Strategy, check_decision)
 from horovod_hetero.strategies.adsp import Steps  # noqa: F401
 from horovod_hetero.strategies.aggregation import AGGREGATES, Aggregation, Mean, Normalized, OuterSGD  # noqa: F401

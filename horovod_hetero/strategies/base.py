@@ -9,7 +9,8 @@ transports, timing, telemetry. The runtime
    runtime closes when training ends;
 2. reports every local step (``StepReport``: compute seconds, loss and samples when known) to
    ``after_step``, which answers a ``Decision``: ``CONTINUE``, ``AVERAGE`` (a global averaging
-   round now) or ``GroupAverage(group, tag)`` (average within a group of ranks now);
+   round now), ``MEASURE`` (a round of statistics now; ``MEASURE_OVERLAPPED``: its result at the next step)
+   or ``GroupAverage(group, tag)`` (average within a group of ranks now);
 3. hands it every round's ``RoundResult`` (``after_round``), which holds every rank's step
    statistics since the previous round, identical on every rank; the strategy may answer with a
    ``Plan``: how many local steps each rank runs before the next round (the runtime then runs the
@@ -256,24 +257,31 @@ AVERAGE = _Named("AVERAGE")
 #: same order): how a strategy whose gradients are averaged every step (``Balanced``) learns every
 #: rank's speed, with the control vector alone in the collective.
 MEASURE = _Named("MEASURE")
+#: ``MEASURE`` whose result the strategy takes at the next step instead (``after_round`` runs then, before that
+#: step's ``after_step``): where the framework can start a collective and go on (torch), the round's collective
+#: overlaps the next step's compute and costs the ranks no wait; elsewhere (Keras) it is a ``MEASURE``.
+MEASURE_OVERLAPPED = _Named("MEASURE_OVERLAPPED")
+
+#: the decisions that run a round of statistics
+MEASURES = (MEASURE, MEASURE_OVERLAPPED)
 
 
 def check_decision(strategy: object, decision: object) -> Decision:
     """``decision`` if it is one ``strategy.after_step`` may answer (``CONTINUE``, ``AVERAGE``,
-    ``MEASURE`` or a ``GroupAverage``), else a ``TypeError`` naming the strategy: the runtime and the
-    simulator carry out the same four.
+    ``MEASURE``, ``MEASURE_OVERLAPPED`` or a ``GroupAverage``), else a ``TypeError`` naming the strategy: the
+    runtime and the simulator carry out the same five.
 
     Example:
         >>> check_decision(object(), "AVERAGE")
         Traceback (most recent call last):
         ...
-        TypeError: object.after_step answered 'AVERAGE'; a strategy answers CONTINUE, AVERAGE, MEASURE or a GroupAverage
+        TypeError: object.after_step answered 'AVERAGE'; a strategy answers CONTINUE, AVERAGE, MEASURE, MEASURE_OVERLAPPED or a GroupAverage
     """
-    if isinstance(decision, Decision) and (decision is CONTINUE or decision is AVERAGE or decision is MEASURE
+    if isinstance(decision, Decision) and (decision is CONTINUE or decision is AVERAGE or decision in MEASURES
                                            or isinstance(decision, GroupAverage)):
         return decision
     raise TypeError(f"{type(strategy).__name__}.after_step answered {decision!r}; "
-                    f"a strategy answers CONTINUE, AVERAGE, MEASURE or a GroupAverage")
+                    f"a strategy answers CONTINUE, AVERAGE, MEASURE, MEASURE_OVERLAPPED or a GroupAverage")
 
 
 @dataclass(frozen=True)
@@ -425,8 +433,8 @@ class Strategy(abc.ABC):
         return self
 
     def handover(self) -> Strategy | None:
-        """Asked by the runtime after every global round (``AVERAGE``, ``MEASURE``), where every rank holds the
-        same model: a strategy to run from the next step on (it takes over the step count), or ``None`` to go
+        """Asked by the runtime after every global round (``AVERAGE``, a round of statistics), where every rank
+        holds the same model: a strategy to run from the next step on (it takes over the step count), or ``None`` to go
         on. Every rank must answer alike: decide from the rounds' statistics alone. ``Auto`` answers itself
         when it changes the strategy it runs (its kind may change)."""
         return None

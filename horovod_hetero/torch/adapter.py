@@ -65,6 +65,42 @@ class TorchCollectives(HorovodCollectives):
                                           process_set=self.process_set_of(ranks)), what)
         return out[:-1], out[-1].tolist()
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deferred: list[Callable[[], None]] = []      # sums started, to enqueue with the gradients (flush)
+
+    overlaps = True
+
+    def start_sum(self, control: Sequence[float], *, name: str, what: str,
+                  like: torch.Tensor | None = None) -> Callable[[], list[float]]:
+        """The allreduce of ``control`` (float64, on ``like``'s device), enqueued with the next step's gradient
+        allreduce (``flush``, when the optimizer waits for it: in the same Horovod cycle, where the ranks wait
+        anyway), or where it is waited for if no gradient allreduce comes first; return what polls it (``wait``).
+        Enqueued at once, beside the next step's compute, it cost that step 0-20 ms on 4 ranks sharing 2 cores."""
+        vector = torch.tensor(control, dtype=torch.float64, device=like.device if like is not None else "cpu")
+        handle: list[int] = []
+
+        def enqueue() -> None:
+            if not handle:
+                with self.enqueueing(what):
+                    handle.append(hvd.allreduce_async_(vector, op=hvd.Sum, name=self.named(name),
+                                                       process_set=self.process_set))
+
+        def result() -> list[float]:
+            enqueue()
+            if enqueue in self._deferred:
+                self._deferred.remove(enqueue)
+            return wait(handle[0], self.timeout, what).tolist()
+        self._deferred.append(enqueue)
+        return result
+
+    def flush(self) -> None:
+        """Enqueue the sums started since the last flush (``start_sum``): the optimizer calls it when it waits for
+        the step's gradient allreduce."""
+        deferred, self._deferred = self._deferred, []
+        for enqueue in deferred:
+            enqueue()
+
     def broadcast_object(self, obj: Any, *, what: str, root: int | None = None,
                          name: str = "horovod_hetero.broadcast") -> Any:
         """``obj`` of the set's first rank (or of global rank ``root``) on every rank of the set, as

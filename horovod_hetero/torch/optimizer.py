@@ -336,9 +336,10 @@ class HorovodGradients:
         ranks at 1,1,1,4: steps stalled for seconds, 7-12 s of every 30 s, and none with polling).
         Under MPI, whose collectives have no timeout, it also bounds the wait by ``timeout``: a rank
         that stopped answering is a ``CollectiveTimeoutError``, not a hang."""
-        collectives = self._current().collectives
+        collectives = cast(TorchCollectives, self._current().collectives)
         if collectives is None:
             return
+        collectives.flush()             # a round of statistics begun at the previous step: with the gradients
         for handle, _ in list(handles.values()):
             if isinstance(handle, int):
                 wait_done(handle, collectives.timeout, "the gradient allreduce")

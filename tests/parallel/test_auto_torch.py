@@ -1,6 +1,8 @@
 """``hh.Auto`` under horovodrun (torch): with a persistent straggler (slowdown 1,1,1,4) it starts as
-Synchronous, measures every step and leaves it at the sixth (its first decision: four rounds after the
-two start-up rounds) for a model-averaging strategy, every rank at the same round and step, and the models end
+Synchronous, measures every step and decides at the sixth round (its first decision: four rounds after the
+two start-up rounds), which holds the sixth step's statistics and comes at the seventh step (its allreduce
+overlaps that step), so the model-averaging strategy it chose runs from the eighth, every rank at the same
+round and step, and the models end
 identical; the switch is in the telemetry and in ``state_dict()``; with equal ranks it keeps Synchronous;
 where the training loss stops falling after the switch, the guard takes it back to Synchronous."""
 import torch
@@ -36,22 +38,24 @@ def train(factors, steps, candidates=("sync", "esync", "elasticbsp", "localsgd")
         opt.step()
     opt.sync_model()
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist()
-    switches = [r["switch"] for r in opt.telemetry.records if "switch" in r]
+    switches = [(r["step"], r["switch"]) for r in opt.telemetry.records if "switch" in r]
+    ran = [(r["step"], r["auto"]) for r in opt.telemetry.records]
     return hvd.allgather_object((flat, opt.strategy.switches, opt.strategy.current_name, switches,
-                                 opt.state_dict()["param_groups"][0]["horovod_hetero"]["strategy"]["current"]),
+                                 opt.state_dict()["param_groups"][0]["horovod_hetero"]["strategy"]["current"], ran),
                                 name=f"test.auto.{factors}")
 
 
 def test_a_persistent_straggler_makes_auto_leave_synchronous_at_one_round_on_every_rank():
     everyone = train("1,1,1,4", 80)
-    flats, decided, current, recorded, saved = zip(*everyone)
+    flats, decided, current, recorded, saved, ran = zip(*everyone)
     assert all(f == flats[0] for f in flats)                                   # identical models at the end
     assert all(d == decided[0] for d in decided) and decided[0]               # the same switches everywhere
     first = decided[0][0]
     assert first["from"] == "sync" and first["to"] in ("esync", "elasticbsp") and first["step"] == 6, first
     assert first["round"] == 6, first                                           # a round of statistics a step
     assert "persistent" in first["why"] and len(set(current)) == 1 and current[0] != "sync"
-    assert recorded[0][0] == first and saved[0] == current[0]                  # in the telemetry and the state
+    assert recorded[0][0] == (7, first) and saved[0] == current[0]             # in the telemetry and the state
+    assert ran[0][6:8] == [(7, "sync"), (8, first["to"])], ran[0][:10]          # the round came at step 7
 
 
 def test_equal_ranks_keep_synchronous_where_no_candidate_saves_them_time():
@@ -59,7 +63,7 @@ def test_equal_ranks_keep_synchronous_where_no_candidate_saves_them_time():
     (LocalSGD would save collectives: with them costly enough, over the 2.09x that equal ranks ask of a
     model-averaging strategy, Auto may move there.)"""
     everyone = train("1,1,1,1", 60, ("sync", "esync", "elasticbsp"))
-    flats, decided, current, _, _ = zip(*everyone)
+    flats, decided, current, _, _, _ = zip(*everyone)
     assert all(f == flats[0] for f in flats)
     assert set(current) == {"sync"} and decided[0] == [], decided[0]
 
@@ -74,7 +78,7 @@ def test_the_guard_takes_auto_back_where_the_loss_stops_falling_after_a_switch()
         return 2.0 - 0.01 * (auto.step if left is None else left)
 
     everyone = train("1,1,1,4", 60, ("sync", "esync"), loss_of, trial_rounds=0)
-    flats, decided, current, _, _ = zip(*everyone)
+    flats, decided, current, _, _, _ = zip(*everyone)
     assert all(f == flats[0] for f in flats) and all(d == decided[0] for d in decided)
     there, back = decided[0][:2]
     assert (there["from"], there["to"], there["step"]) == ("sync", "esync", 6), there

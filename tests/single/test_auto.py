@@ -11,7 +11,7 @@ from horovod_hetero import advise
 from horovod_hetero import simulate as sim
 from horovod_hetero.auto import BANNED_ROUNDS, CHANGE_STEPS, DEFAULT, HISTORY, STARTUP_ROUNDS, TRIED, Auto, undelayed
 from horovod_hetero.runtime.runner import GradientRunner, ModelAveragingRunner, runner_for
-from horovod_hetero.strategies.base import MEASURE, Context, RoundResult, RoundStats, StepReport
+from horovod_hetero.strategies.base import MEASURE_OVERLAPPED, Context, RoundResult, RoundStats, StepReport
 from horovod_hetero.strategies.registry import configured, rebuild
 
 CANDIDATES = ["sync", "esync", "elasticbsp", "dssp", "localsgd"]
@@ -98,19 +98,19 @@ def rounds_of(auto, steps):
     said = []
     for _ in range(steps):
         said.append(auto.after_step(StepReport(0.1)))
-        if said[-1] is MEASURE:
+        if said[-1] is MEASURE_OVERLAPPED:
             auto.after_round(RoundResult(len(said), 1.0, 4.0, 0, None))
     return [str(d) for d in said]
 
 
 def test_it_adds_rounds_of_statistics_while_synchronous_runs_and_decides_alike_on_every_rank():
     auto = Auto(candidates=CANDIDATES, measure_every=3)
-    assert rounds_of(auto, 3) == ["MEASURE"] * 3                   # every step until it has decided
+    assert rounds_of(auto, 3) == ["MEASURE_OVERLAPPED"] * 3                   # every step until it has decided
     decided = copy.deepcopy(auto)
     feed(decided, [statistics([0.05] * 4) for _ in range(6)])       # equal ranks: it decides to stay, on 4 rounds
-    assert decided.handover() is None and rounds_of(decided, 3) == ["MEASURE"] * 3   # and decides again on HISTORY
+    assert decided.handover() is None and rounds_of(decided, 3) == ["MEASURE_OVERLAPPED"] * 3   # and decides again on HISTORY
     feed(decided, [statistics([0.05] * 4) for _ in range(HISTORY)], start=10)
-    assert decided.handover() is None and rounds_of(decided, 6) == ["CONTINUE", "CONTINUE", "MEASURE"] * 2
+    assert decided.handover() is None and rounds_of(decided, 6) == ["CONTINUE", "CONTINUE", "MEASURE_OVERLAPPED"] * 2
     assert type(runner_for(auto)) is GradientRunner and auto.runs is auto.current
     ranks = [copy.deepcopy(auto) for _ in range(4)]
     rounds = [statistics([0.05, 0.05, 0.05, 0.2], loss=2.0 - 0.1 * i) for i in range(6)]
@@ -273,7 +273,7 @@ def test_after_a_trial_that_went_back_it_decides_once_more_on_twelve_rounds_with
     assert switched(auto) is auto and auto.current_name == "elasticbsp"
     feed(auto, paced(1e6, STARTUP_ROUNDS) + paced(105.0, 3), start=5)
     assert switched(auto) is auto and auto.current_name == "sync"
-    assert rounds_of(auto, 3) == ["MEASURE"] * 3                              # every step, as after a start
+    assert rounds_of(auto, 3) == ["MEASURE_OVERLAPPED"] * 3                              # every step, as after a start
     feed(auto, paced(1e6, STARTUP_ROUNDS) + paced(100.0, HISTORY - 1), start=10)
     assert switched(auto) is None                                           # a round short of twelve
     feed(auto, paced(100.0), start=10 + STARTUP_ROUNDS + HISTORY - 1)
@@ -458,15 +458,15 @@ def test_a_worker_that_replaced_a_lost_one_measures_as_the_others_do():
     survivor = Auto(candidates=CANDIDATES, measure_every=3)
     survivor.start(Context(1, 4, None, None, lambda: 0.0, session=".a"))
     feed(survivor, [statistics([0.05] * 4, steps=1) for _ in range(STARTUP_ROUNDS + HISTORY)])
-    assert survivor.handover() is None and rounds_of(copy.deepcopy(survivor), 3) == ["CONTINUE", "CONTINUE", "MEASURE"]
+    assert survivor.handover() is None and rounds_of(copy.deepcopy(survivor), 3) == ["CONTINUE", "CONTINUE", "MEASURE_OVERLAPPED"]
     newcomer = Auto(candidates=CANDIDATES, measure_every=3)
     survivor.start(Context(1, 4, None, None, lambda: 0.0, session=".a"))      # sync_model(): the same controller
-    assert rounds_of(copy.deepcopy(survivor), 3) == ["CONTINUE", "CONTINUE", "MEASURE"]
+    assert rounds_of(copy.deepcopy(survivor), 3) == ["CONTINUE", "CONTINUE", "MEASURE_OVERLAPPED"]
     state = survivor.state_dict()
     for rank, auto in ((1, survivor), (3, newcomer)):
         auto.load_state_dict(state)
         auto.start(Context(rank, 4, None, None, lambda: 0.0, session=".b"))
-    assert rounds_of(survivor, 20) == rounds_of(newcomer, 20) == ["MEASURE"] * 20
+    assert rounds_of(survivor, 20) == rounds_of(newcomer, 20) == ["MEASURE_OVERLAPPED"] * 20
 
 
 def test_noise_and_equal_ranks_never_make_it_switch():

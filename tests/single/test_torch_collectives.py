@@ -25,6 +25,7 @@ class RecordingHorovod:
         self.polls_left, self.polls_per_op, self.objects = {}, polls_per_op, []
         monkeypatch.setattr(hvd, "grouped_allreduce_async_", lambda t, **kw: self._enqueue(t, kw, inplace=True))
         monkeypatch.setattr(hvd, "grouped_allreduce_async", lambda t, **kw: self._enqueue(t, kw, inplace=False))
+        monkeypatch.setattr(hvd, "allreduce_async_", self._enqueue_one)
         monkeypatch.setattr(hvd, "poll", self._poll)
         monkeypatch.setattr(hvd, "synchronize", self._synchronize)
         monkeypatch.setattr(hvd, "rank", lambda: 0)
@@ -51,6 +52,11 @@ class RecordingHorovod:
         assert self.polls_left[handle] <= 0, "synchronize before poll said done"
         return self._out.pop(handle)
 
+    def _enqueue_one(self, tensor, **kwargs):
+        handle = self._enqueue([tensor], kwargs, inplace=True)
+        self._out[handle] = self._out[handle][0]
+        return handle
+
     def _enqueue(self, tensors, kwargs, inplace):
         self.groups.append((kwargs["name"], [(t.device, t.dtype) for t in tensors]))
         if tensors[0].device.type == "meta":                 # no data: a control vector that checks out
@@ -64,7 +70,7 @@ def collectives(sets=None):
     """A TorchCollectives of one rank, built without hvd.init (this tier never initialises Horovod)."""
     c = object.__new__(TorchCollectives)
     c.rank, c.size, c.timeout, c.process_set, c._sets = 0, 1, 5.0, hvd.global_process_set, dict(sets or {})
-    c.root = 0
+    c.root, c._deferred = 0, []
     return c
 
 
@@ -223,3 +229,20 @@ def test_flat_false_keeps_every_tensor_where_it_is():
     ptrs = [t.data_ptr() for t in _floating(net)]
     model = TorchModel(_floating(net), flat=False)
     assert [t.data_ptr() for t in model.tensors()] == ptrs
+
+
+def test_a_round_of_statistics_is_enqueued_with_the_next_steps_gradients_or_when_waited_for(monkeypatch):
+    """``start_sum`` enqueues nothing; the optimizer's wait for the gradient allreduce enqueues it (``flush``),
+    in float64 on the model's device; a sum waited for before any flush is enqueued then, once."""
+    fake = RecordingHorovod(monkeypatch)
+    c = collectives()
+    waited = c.start_sum([1.0, 0.0, 2.0], name="horovod_hetero.measure", what="statistics round",
+                         like=torch.empty(3, device="meta"))
+    assert fake.groups == []
+    c.flush()
+    c.flush()
+    assert fake.groups == [("horovod_hetero.measure", [(torch.device("meta"), torch.float64)])]
+    late = c.start_sum([3.0, 1.0, 4.0], name="horovod_hetero.measure", what="statistics round")
+    assert late() == [3.0, 1.0, 4.0] and len(fake.groups) == 2       # enqueued when waited for
+    c.flush()
+    assert len(fake.groups) == 2 and callable(waited)
