@@ -386,12 +386,12 @@ class HeteroController:
         met = bool(fields)                              # a global round ended at this step
         decision = check_decision(self.strategy, self.strategy.after_step(report))
         if decision is AVERAGE:
-            fields = self._round_fields(self._round())
+            fields, met = self._round_fields(self._round()), True
             bytes_sent += ring_bytes(self.model.nbytes, self.size)
         elif decision is MEASURE_OVERLAPPED and self.collectives.overlaps:
             self._begin_round()
         elif decision in MEASURES:
-            fields = self._round_fields(self._round(measure=True))
+            fields, met = self._round_fields(self._round(measure=True)), True
         elif isinstance(decision, GroupAverage):
             fields = self._group_average(decision)
             bytes_sent += ring_bytes(self.model.nbytes, len(decision.group))
@@ -400,7 +400,6 @@ class HeteroController:
         self.telemetry.record(step=self.strategy.step, local_steps=local_steps, compute_s=compute,
                               comm_s=comm_s + self._extra_comm, bytes_sent=bytes_sent, synced=decision is AVERAGE,
                               **fields, **self.strategy.telemetry_fields())
-        met = met or decision is AVERAGE or (decision in MEASURES and self._overlapped is None)
         if met and (self.handover_at_rounds or (self.runner.lockstep and not self.batches_planned)):
             self._hand_over()
         self._extra_comm = 0.0
@@ -442,8 +441,8 @@ class HeteroController:
         return control[:head]
 
     def _begin_round(self) -> None:
-        """Begin a round of statistics whose result the next step collects (``MEASURE_OVERLAPPED``): its sum runs
-        in Horovod's background thread meanwhile, beside the next step's compute and gradient allreduce."""
+        """Begin a round of statistics whose result the next step collects (``MEASURE_OVERLAPPED``): the
+        collectives start its sum (torch: with the next step's gradient allreduce, ``Collectives.start_sum``)."""
         tensors = self.model.tensors()
         began = self._clock()
 

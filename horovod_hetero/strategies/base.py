@@ -259,7 +259,8 @@ AVERAGE = _Named("AVERAGE")
 MEASURE = _Named("MEASURE")
 #: ``MEASURE`` whose result the strategy takes at the next step instead (``after_round`` runs then, before that
 #: step's ``after_step``): where the framework can start a collective and go on (torch), the round's collective
-#: overlaps the next step's compute and costs the ranks no wait; elsewhere (Keras) it is a ``MEASURE``.
+#: goes with the next step's gradient allreduce and costs the ranks little wait; elsewhere (Keras) it is a
+#: ``MEASURE``.
 MEASURE_OVERLAPPED = _Named("MEASURE_OVERLAPPED")
 
 #: the decisions that run a round of statistics

@@ -53,6 +53,11 @@ class TorchCollectives(HorovodCollectives):
     """
 
     hvd = hvd
+    overlaps = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deferred: list[Callable[[], None]] = []      # sums started, to enqueue with the gradients (flush)
 
     @torch.no_grad()
     def allreduce_sum(self, tensors: Sequence[torch.Tensor], control: Sequence[float], *,
@@ -64,12 +69,6 @@ class TorchCollectives(HorovodCollectives):
         out = self.polled(lambda: enqueue(group, op=hvd.Sum, name=self.named(name),
                                           process_set=self.process_set_of(ranks)), what)
         return out[:-1], out[-1].tolist()
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._deferred: list[Callable[[], None]] = []      # sums started, to enqueue with the gradients (flush)
-
-    overlaps = True
 
     def start_sum(self, control: Sequence[float], *, name: str, what: str,
                   like: torch.Tensor | None = None) -> Callable[[], list[float]]:
