@@ -17,7 +17,6 @@ done, so every rank ends with the same model.
 """
 import argparse
 import math
-import os
 import time
 
 import torch
@@ -102,12 +101,19 @@ def main():
     p.add_argument("--stop-at", type=float, default=None,
                    help="end training once rank 0's curve reaches this quality (needs --curve; the ranks share "
                         "one file system: CURVE.stop tells them)")
+    p.add_argument("--check-interval", type=float, default=None,
+                   help="with --stop-at: seconds at least between two evaluations during training (default: "
+                        "--eval-interval; the snapshots between them are evaluated after training)")
     args = p.parse_args()
     task = TASKS[args.task]
     if args.stop_at is not None and args.curve is None:
         p.error("--stop-at needs --curve (the curve's evaluations decide when the quality is reached)")
     if args.stop_at is not None and not (math.isfinite(args.stop_at) and args.stop_at > 0):
         p.error(f"--stop-at must be a quality > 0, got {args.stop_at!r}")
+    if args.check_interval is not None and args.stop_at is None:
+        p.error("--check-interval needs --stop-at (it spaces the evaluations that decide when to stop)")
+    if args.check_interval is not None and not args.check_interval >= 0:
+        p.error(f"--check-interval must be seconds >= 0, got {args.check_interval!r}")
     stop_file = None if args.stop_at is None else args.curve + ".stop"
 
     if args.strategy in ("wagma", "auto"):   # WAGMA's group process sets (Auto's candidate too), at init
@@ -142,9 +148,8 @@ def main():
     snapshot = lambda: {k: v.detach().clone() for k, v in model.state_dict().items()}     # noqa: E731
     curve = Curve(args.curve if hvd.rank() == 0 else None, args.eval_interval, snapshot,
                   evaluator(task, model, x_test[subset], y_test[subset]), task.metric,
-                  stop_at=None if stop_file is None else (args.stop_at, task.reached), stop_file=stop_file)
-    if stop_file is not None and hvd.rank() == 0 and os.path.exists(stop_file):
-        os.remove(stop_file)             # an earlier run's
+                  stop_at=None if stop_file is None else (args.stop_at, task.reached), stop_file=stop_file,
+                  check_interval=args.check_interval)
     hvd.barrier()                        # the time budget starts together on every rank (start-up differs by seconds)
     start = last_report = time.perf_counter()
     curve.begin()

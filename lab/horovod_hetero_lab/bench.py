@@ -287,6 +287,8 @@ def job_command(job, settings, job_dir, budget=None):
         "--curve", str(job_dir / "curve.jsonl"), "--result", str(job_dir / "result.json")]
     if settings.get("stop_at_target"):
         cmd += ["--stop-at", repr(settings["targets"][job.task])]
+        if settings.get("check_interval") is not None:
+            cmd += ["--check-interval", str(settings["check_interval"])]
     return cmd, env
 
 
@@ -527,11 +529,12 @@ SLOWDOWNS = ("padded", "padded-linear", "proportional")
 
 
 def settings_of(num_proc, base_step, budget, targets=None, eval_interval=0.5, batch_size=32, hosts=None,
-                outer=OUTER, slowdown="padded", stop_at_target=False, cap=None):
+                outer=OUTER, slowdown="padded", stop_at_target=False, cap=None, check_interval=None):
     """The bench's settings, checked (a ``ValueError`` names the option); ``targets``: task -> a quality or
     ``"sync"`` (Synchronous's final quality in the same group and repeat); ``outer``: ``(lr, momentum)``
     of the ``+nesterov`` aggregations; ``stop_at_target``: every job ends once its curve reaches the
-    target (``check_stop`` checks the jobs allow it); ``cap``: ``None`` or a factor > 0 (``job_budget``)."""
+    target (``check_stop`` checks the jobs allow it), checked on line at most once per ``check_interval``
+    seconds (``None``: at every snapshot, ``eval_interval``); ``cap``: ``None`` or a factor > 0 (``job_budget``)."""
     targets = dict(targets or {})
     for name, value in targets.items():
         task = check_task(name, "--target TASK")
@@ -552,11 +555,16 @@ def settings_of(num_proc, base_step, budget, targets=None, eval_interval=0.5, ba
                          "directory): leave --hosts out")
     if cap is not None:
         check_float("--cap", cap, 0.0, min_exclusive=True)
+    if check_interval is not None:
+        if not stop_at_target:
+            raise ValueError("--check-interval spaces the checks of --stop-at-target: give --stop-at-target too")
+        check_float("--check-interval", check_interval, 0.0)
     return {"np": check_int("--np", num_proc, 1), "outer": [float(lr), float(momentum)], "slowdown": slowdown,
             "stop_at_target": stop_at_target, "cap": None if cap is None else float(cap),
             "base_step": check_float("--base-step", base_step, 0.0, min_exclusive=True),
             "budget": check_float("--budget", budget, 0.0, min_exclusive=True),
             "eval_interval": check_float("--eval-interval", eval_interval, 0.0),
+            "check_interval": None if check_interval is None else float(check_interval),
             "batch_size": check_int("--batch-size", batch_size, 1), "hosts": hosts,
             "targets": {name: targets.get(name, "sync" if task.target is None else task.target)
                         for name, task in TASKS.items()}}

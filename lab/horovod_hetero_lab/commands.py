@@ -90,16 +90,21 @@ def _interrupt(signum, frame):
 @click.option("--target", "targets", multiple=True,
               help="TASK=VALUE, the quality to reach, or TASK=sync: what Synchronous reaches in its budget "
                    "(default: the task's; sync for fashion-cnn and shakespeare-char)")
-@click.option("--eval-interval", default=0.5, show_default=True, help="seconds at least between two evaluations")
+@click.option("--eval-interval", default=0.5, show_default=True,
+              help="seconds at least between two snapshots of rank 0's curve (each evaluated after training)")
 @click.option("--stop-at-target", is_flag=True,
               help="end each job once rank 0's curve reaches the target (a number: --target TASK=VALUE); "
-                   "its evaluations then run during training, their time left out of the curve's clock")
+                   "snapshots are then checked during training, every rank waiting and the checks' time left "
+                   "out of the curve's clock")
+@click.option("--check-interval", type=float, default=None,
+              help="with --stop-at-target: seconds at least between two checks during training "
+                   "(default: every snapshot)")
 @click.option("--cap", type=float, default=None,
               help="each strategy's budget: at most CAP x the time Synchronous took to the target in the same "
                    "group and repeat (--budget where it missed)")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="results directory (new or empty)")
 def bench_command(strategies, tasks, splits, aggregates, outer, profiles, num_proc, frameworks, hosts, repeat, budget,
-                  base_step, slowdown_mode, targets, eval_interval, stop_at_target, cap, out):
+                  base_step, slowdown_mode, targets, eval_interval, stop_at_target, check_interval, cap, out):
     """Time to a target accuracy of each strategy, under horovodrun with simulated stragglers."""
     try:
         parsed = {}
@@ -117,7 +122,7 @@ def bench_command(strategies, tasks, splits, aggregates, outer, profiles, num_pr
             raise ValueError(f"--outer must be LR,MOMENTUM, e.g. 0.7,0.5, got {outer!r}") from None
         settings = bench.settings_of(num_proc, base_step, budget, parsed, eval_interval, hosts=hosts,
                                      outer=(outer_lr, outer_momentum), slowdown=slowdown_mode,
-                                     stop_at_target=stop_at_target, cap=cap)
+                                     stop_at_target=stop_at_target, cap=cap, check_interval=check_interval)
         for prof in profiles:
             bench.parse_profile(prof, num_proc, base_step)
         jobs = bench.plan(csv(frameworks, "--framework"), csv(tasks, "--task"), list(profiles),

@@ -15,6 +15,7 @@ it gives) and aggregation (``aggregation``): the torch example hands them to
 import contextlib
 import json
 import os
+import sys
 import time
 
 import numpy as np
@@ -199,10 +200,14 @@ class Curve:
     ``{"t", "step", metric, "classes" (per-class accuracy, for classification), "final"}``; ``t`` counts
     from ``begin()`` (after the common start barrier) and leaves out the time the snapshots took.
 
-    With ``stop_at``, training ends once the quality is reached: each snapshot taken during training is
-    evaluated when it is taken (its time left out of ``t`` as well: ``clock()``), and the first that
-    reaches ``stop_at`` sets ``reached`` and creates the file ``stop_file``, which every rank watches
-    (``stop_requested``; the ranks share one file system, as the bench's do on one host).
+    With ``stop_at``, training ends once the quality is reached: a snapshot taken at least
+    ``check_interval`` seconds after the last one checked is evaluated when it is taken, and the first
+    that reaches ``stop_at`` sets ``reached`` and creates the file ``stop_file``, which every rank watches
+    (``stop_requested``; the ranks share one file system, as the bench's do on one host). The other
+    snapshots are still evaluated after training, so the curve keeps every ``interval``'s point. While
+    rank 0 checks, the file ``stop_file + ".eval"`` exists and every other rank waits at its next
+    ``stop_requested``: the check is left out of every rank's clock (``clock()``), and no rank trains
+    meanwhile (a strategy that lets ranks run ahead would otherwise gain the check's seconds for free).
 
     Args:
         path: the JSON-lines file, or ``None`` (no curve: every call is a no-op; ranks other than 0).
@@ -212,7 +217,10 @@ class Curve:
         metric: the quality's name in the records (``accuracy``, ``distance``, ``bpc``).
         stop_at: ``None``, or ``(quality, reached)``: the quality that ends training and
             ``reached(value, quality) -> bool`` (``data.Task.reached``).
-        stop_file: the file that tells every rank to stop (needed with ``stop_at``).
+        stop_file: the file that tells every rank to stop (needed with ``stop_at``); rank 0's curve
+            removes an earlier run's (and its ``.eval`` file) when it is made.
+        check_interval: with ``stop_at``, seconds at least between two checks during training, a
+            number >= 0 (default ``interval``: every snapshot is checked).
 
     Example:
         >>> c = Curve(None, 0.5, lambda: [1.0], lambda w: {"accuracy": 1.0}, "accuracy")
@@ -220,7 +228,11 @@ class Curve:
         []
     """
 
-    def __init__(self, path, interval, snapshot, evaluate, metric, stop_at=None, stop_file=None):
+    #: seconds another rank waits at most for rank 0's check (then it goes on, and says so)
+    PAUSE_TIMEOUT_S = 300.0
+
+    def __init__(self, path, interval, snapshot, evaluate, metric, stop_at=None, stop_file=None,
+                 check_interval=None):
         self.path, self.interval, self.metric = path, interval, metric
         self.snapshot, self.evaluate = snapshot, evaluate
         self.points, self.eval_s, self._start, self._last = [], 0.0, 0.0, float("-inf")
@@ -228,7 +240,16 @@ class Curve:
         self.snapshot_s = 0.0
         if stop_at is not None and stop_file is None:
             raise ValueError("stop_file: a path is needed with stop_at")
+        if check_interval is not None and not check_interval >= 0:
+            raise ValueError(f"check_interval: seconds >= 0 or None, got {check_interval!r}")
+        self.check_interval = interval if check_interval is None else check_interval
         self.stop_at, self.stop_file, self.reached = stop_at, stop_file, False
+        self.pause_file = "" if stop_file is None else f"{stop_file}.eval"      # "": no checks
+        self._checked = float("-inf")
+        if path is not None and stop_file is not None:
+            for earlier in (stop_file, self.pause_file):       # an earlier run's
+                if os.path.exists(earlier):
+                    os.remove(earlier)
 
     def begin(self):
         self._start = time.perf_counter()
@@ -245,36 +266,59 @@ class Curve:
         t0 = time.perf_counter()
         weights = self.snapshot()
         self._last = time.perf_counter()
-        self._pending.append((t0 - self._start - self.snapshot_s, step, weights, final))
-        if self.stop_at is not None and not self.reached and not final:
-            self.evaluate_all()                 # now, to know whether to stop (its time left out of t)
-            quality, reached = self.stop_at
-            if reached(self.points[-1][self.metric], quality):
-                self.reached = True
-                with open(self.stop_file, "w") as f:
-                    f.write(f"{self.points[-1]['t']}\n")
+        entry = [t0 - self._start - self.snapshot_s, step, weights, final, None]
+        self._pending.append(entry)
+        if (self.stop_at is not None and not self.reached and not final
+                and t0 - self._checked >= self.check_interval):
+            self._checked = t0
+            self._check(entry)                  # now, to know whether to stop (its time left out of t)
             self._last = time.perf_counter()
         self.snapshot_s += self._last - t0
 
+    def _check(self, entry):
+        """Evaluate the snapshot just taken while the other ranks wait; stop if it reaches the quality."""
+        with open(self.pause_file, "w"):
+            pass
+        try:
+            t0 = time.perf_counter()
+            entry[4] = self.evaluate(entry[2])
+            self.eval_s += time.perf_counter() - t0
+            quality, reached = self.stop_at
+            if reached(entry[4][self.metric], quality):
+                self.reached = True
+                with open(self.stop_file, "w") as f:
+                    f.write(f"{entry[0]}\n")
+        finally:
+            os.remove(self.pause_file)
+
     def clock(self):
-        """Seconds on the curve's clock: since ``begin()``, less the time the snapshots (and their
-        evaluations, with ``stop_at``) took; the wall clock on a rank without a curve."""
+        """Seconds on the curve's clock: since ``begin()``, less the time left out of it: the snapshots
+        (and their checks, with ``stop_at``), and on another rank its waits for rank 0's checks."""
         return time.perf_counter() - self._start - self.snapshot_s
 
     def stop_requested(self):
-        """Whether training should end here: the target was reached (on rank 0, or by its file elsewhere)."""
+        """Whether training should end here: the target was reached (on rank 0, or by its file elsewhere).
+        Another rank first waits while rank 0 checks a snapshot (its ``.eval`` file)."""
         if self.stop_file is None:
             return False
+        if self.path is None and os.path.exists(self.pause_file):
+            t0 = time.perf_counter()
+            while os.path.exists(self.pause_file) and time.perf_counter() - t0 < self.PAUSE_TIMEOUT_S:
+                time.sleep(0.002)
+            if os.path.exists(self.pause_file):
+                print(f"[curve] rank 0's check still runs after {self.PAUSE_TIMEOUT_S:.0f} s: going on",
+                      file=sys.stderr, flush=True)
+            self.snapshot_s += time.perf_counter() - t0
         if not self.reached and os.path.exists(self.stop_file):
             self.reached = True
         return self.reached
 
     def evaluate_all(self):
-        """Evaluate every snapshot, in order, and write the points (after training)."""
+        """Evaluate every snapshot not checked yet, and write the points in order (after training)."""
         t0 = time.perf_counter()
         with open(self.path, "a") if self.path is not None else contextlib.nullcontext() as f:
-            for t, step, weights, final in self._pending:
-                point = {"t": t, "step": step, **self.evaluate(weights), "final": final}
+            for t, step, weights, final, checked in self._pending:
+                point = {"t": t, "step": step, **(checked or self.evaluate(weights)), "final": final}
                 self.points.append(point)
                 if f is not None:
                     f.write(json.dumps(point) + "\n")

@@ -446,38 +446,91 @@ def test_each_slowdown_sets_its_variables_and_clears_the_others(monkeypatch, mod
     assert (env.get("HOROVOD_HETERO_BASE_STEP_S"), env.get("HOROVOD_HETERO_SAMPLE_S")) == (base, per_sample)
 
 
-def test_a_curve_with_stop_at_evaluates_when_it_snapshots_and_tells_every_rank_once_reached(tmp_path, monkeypatch):
+def test_a_curve_with_stop_at_checks_when_it_snapshots_and_tells_every_rank_once_reached(tmp_path, monkeypatch):
     import horovod_hetero_lab.harness as examples
     now = [100.0]
     monkeypatch.setattr(examples.time, "perf_counter", lambda: now[0])
     path, stop = tmp_path / "curve.jsonl", tmp_path / "curve.jsonl.stop"
+    stop.write_text("an earlier run's\n")
     snapshots = iter([0.5, 0.85, 0.95, 0.96])
+    pauses = []
 
     def evaluate(w):
+        pauses.append(pathlib.Path(str(stop) + ".eval").exists())
         now[0] += 5.0                                        # an evaluation of 5 s: off the curve's clock
         return {"accuracy": w}
     curve = Curve(str(path), 0.0, lambda: next(snapshots), evaluate, "accuracy",
                   stop_at=(0.9, TASKS["fashion-cnn"].reached), stop_file=str(stop))
+    assert not stop.exists()                                 # rank 0's curve removes an earlier run's file
     other = Curve(None, 0.0, lambda: 1 / 0, lambda w: 1 / 0, "accuracy", stop_at=(0.9, TASKS["fashion-cnn"].reached),
                   stop_file=str(stop))                     # another rank: no curve, the file only
     curve.begin()
     for step in (1, 2):
         now[0] += 1.0                                        # a step of 1 s
         curve.after_step(step, averaged=True)
-    assert [(p["t"], p["accuracy"]) for p in curve.points] == [(1.0, 0.5), (2.0, 0.85)]     # evaluated as taken
+    assert curve.points == [] and pauses == [True, True]    # checked as taken, the others told to wait
     assert not curve.stop_requested() and not other.stop_requested() and not stop.exists()
     now[0] += 1.0
     curve.after_step(3, averaged=True)
     assert curve.stop_requested() and other.stop_requested() and stop.read_text() == "3.0\n"
+    assert not pathlib.Path(str(stop) + ".eval").exists()
     now[0] += 1.0
     curve.final(4)                                           # after training: evaluated with the rest, writes no file
-    assert len(curve.points) == 3 and curve.clock() == 4.0
+    assert curve.clock() == 4.0
     curve.evaluate_all()
     assert [(p["t"], p["step"], p["accuracy"]) for p in bench.read_curve(path)] == [
         (1.0, 1, 0.5), (2.0, 2, 0.85), (3.0, 3, 0.95), (4.0, 4, 0.96)]
-    assert curve.eval_s == 20.0
+    assert curve.eval_s == 20.0 and len(pauses) == 4         # each snapshot evaluated once
     with pytest.raises(ValueError, match="stop_file: a path is needed with stop_at"):
         Curve(str(path), 0.0, list, dict, "accuracy", stop_at=(0.9, TASKS["fashion-cnn"].reached))
+    with pytest.raises(ValueError, match="check_interval: seconds >= 0 or None, got -1"):
+        Curve(str(path), 0.0, list, dict, "accuracy", check_interval=-1)
+
+
+def test_a_curve_checks_once_per_check_interval_and_evaluates_the_snapshots_between_after_training(tmp_path,
+                                                                                                    monkeypatch):
+    import horovod_hetero_lab.harness as examples
+    now = [0.0]
+    monkeypatch.setattr(examples.time, "perf_counter", lambda: now[0])
+    path, stop = tmp_path / "curve.jsonl", tmp_path / "curve.jsonl.stop"
+    snapshots, during = iter([0.1, 0.2, 0.3, 0.4, 0.5, 0.95, 0.6]), []
+    curve = Curve(str(path), 1.0, lambda: next(snapshots), lambda w: during.append(w) or {"accuracy": w}, "accuracy",
+                  stop_at=(0.9, TASKS["fashion-cnn"].reached), stop_file=str(stop), check_interval=3.0)
+    curve.begin()
+    for step in range(1, 7):                                 # a snapshot a second, a check every third
+        now[0] += 1.0
+        curve.after_step(step, averaged=True)
+    assert during == [0.1, 0.4] and not curve.reached     # the 0.95 at step 6 waits for the end
+    curve.final(7)
+    curve.evaluate_all()
+    assert during == [0.1, 0.4, 0.2, 0.3, 0.5, 0.95, 0.6]
+    points = bench.read_curve(path)
+    assert [(p["t"], p["accuracy"]) for p in points] == [(1.0, 0.1), (2.0, 0.2), (3.0, 0.3), (4.0, 0.4), (5.0, 0.5),
+                                                         (6.0, 0.95), (6.0, 0.6)]
+    assert bench.time_to_target(points, "fashion-cnn", 0.9) == 6.0       # the second's resolution, not the check's
+
+
+def test_another_rank_waits_while_rank_0_checks_and_leaves_the_wait_off_its_clock(tmp_path, monkeypatch):
+    import horovod_hetero_lab.harness as examples
+    now = [0.0]
+    stop = tmp_path / "curve.jsonl.stop"
+    pause = pathlib.Path(str(stop) + ".eval")
+    monkeypatch.setattr(examples.time, "perf_counter", lambda: now[0])
+
+    def sleep(s):                                            # rank 0's check ends after 0.5 s of waiting
+        now[0] += s
+        if now[0] >= 10.5:
+            pause.unlink(missing_ok=True)
+    monkeypatch.setattr(examples.time, "sleep", sleep)
+    other = Curve(None, 0.0, list, dict, "accuracy", stop_at=(0.9, TASKS["fashion-cnn"].reached), stop_file=str(stop))
+    other.begin()
+    now[0] = 10.0
+    pause.touch()
+    assert not other.stop_requested() and now[0] == pytest.approx(10.5) and other.clock() == pytest.approx(10.0)
+    pause.touch()                                            # a check that never ends: the wait gives up, says so
+    monkeypatch.setattr(examples.time, "sleep", lambda s: now.__setitem__(0, now[0] + s))
+    assert not other.stop_requested() and pause.exists()
+    assert now[0] == pytest.approx(10.5 + Curve.PAUSE_TIMEOUT_S, abs=0.01)
 
 
 def test_stop_at_target_passes_the_target_and_a_cap_shortens_every_strategy_but_synchronous(tmp_path, monkeypatch):
@@ -518,6 +571,9 @@ def test_stop_at_target_passes_the_target_and_a_cap_shortens_every_strategy_but_
     (["--stop-at-target", "--target", "fashion-cnn=0.9", "--framework", "keras"],
      "--stop-at-target runs the torch example only"),
     (["--stop-at-target", "--target", "fashion-cnn=0.9", "--hosts", "a:2,b:2"], "--stop-at-target runs on one host"),
+    (["--check-interval", "5", "--target", "fashion-cnn=0.9"],
+     "--check-interval spaces the checks of --stop-at-target: give --stop-at-target too"),
+    (["--stop-at-target", "--check-interval", "-1", "--target", "fashion-cnn=0.9"], "--check-interval must be a number >= 0.0, got -1.0"),
     (["--cap", "3", "--target", "fashion-cnn=0.9", "--strategies", "esync,elasticbsp"],
      "--cap bounds each strategy by Synchronous's time to the target: give --strategies sync and at least one"),
 ])

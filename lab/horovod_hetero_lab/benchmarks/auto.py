@@ -47,7 +47,8 @@ def bench(args, strategies, repeats, out):
     cmd = [sys.executable, "-m", "horovod_hetero.cli", "bench", "--np", str(args.np), "--base-step", str(args.base_step),
            "--task", args.task, "--split", "iid", "--eval-interval", str(args.eval_interval), "--profile", args.profile,
            "--slowdown", args.slowdown, "--repeat", str(repeats), "--budget", str(args.budget),
-           "--target", f"{args.task}={args.target}", "--stop-at-target", "--cap", str(args.cap),
+           "--target", f"{args.task}={args.target}", "--stop-at-target", "--check-interval", str(args.check_interval),
+           "--cap", str(args.cap),
            "--strategies", ",".join(strategies), "--out", str(out)]
     subprocess.run(cmd, check=False)
     found = results(out)
@@ -233,7 +234,10 @@ def main(argv=None):
                         help="the final run's fixed strategies (comma-separated), instead of a screening")
     parser.add_argument("--budget", type=float, default=1200.0, help="seconds a job may train at most")
     parser.add_argument("--cap", type=float, default=3.0, help="a strategy's budget: at most CAP x Synchronous's time")
-    parser.add_argument("--eval-interval", type=float, default=5.0)
+    parser.add_argument("--eval-interval", type=float, default=1.0,
+                        help="seconds between two snapshots of rank 0's curve: the times' resolution")
+    parser.add_argument("--check-interval", type=float, default=5.0,
+                        help="seconds between two checks of the target during training (every rank waits)")
     parser.add_argument("--lower", default="0.86,0.87,0.88", type=lower_targets,
                         help="lower targets whose medians are also printed (comma-separated, may be empty)")
     parser.add_argument("--base-step", type=float, default=0.05)
